@@ -1,0 +1,164 @@
+//! Command dispatch: turns a parsed CLI into work. This is the edge of the program, so it uses
+//! `anyhow` and writes human-readable output to stdout; everything it calls returns typed errors.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::cli::{Cli, Command, ConfigArgs, ProbeRole};
+use crate::config::{Config, JudgeKind};
+use crate::db;
+use crate::llm::{self, LlmClient, Role};
+
+fn out(line: impl AsRef<str>) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{}", line.as_ref());
+}
+
+fn load_config(args: &ConfigArgs) -> anyhow::Result<Config> {
+    Config::load(&args.experiment, &args.overrides()).context("configuration rejected")
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Migrate { database_url } => {
+            let applied = db::migrate(&database_url).await?;
+            db::check_migrations(&db::connect(&database_url, 1).await?, &database_url).await?;
+            out(format!(
+                "migrations up to date on {} ({} applied now, {} embedded)",
+                db::redact_url(&database_url),
+                applied.len(),
+                db::MIGRATOR.iter().count()
+            ));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::DbCheck { database_url } => {
+            db::open(&database_url, 1).await?;
+            out(format!(
+                "database {} is reachable and migrated",
+                db::redact_url(&database_url)
+            ));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config(args) => {
+            let cfg = load_config(&args)?;
+            out(cfg.to_toml());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Probe { config, role } => {
+            let cfg = load_config(&config)?;
+            let (role, pool_cfg) = match role {
+                ProbeRole::Policy => (Role::Policy, cfg.policy.clone()),
+                ProbeRole::Judge => (Role::Judge, cfg.judge.pool()),
+                ProbeRole::Embeddings => (Role::Embeddings, cfg.embeddings.clone()),
+            };
+            let client = client_for(&cfg, role, &pool_cfg)?;
+            let features = llm::detect_all(&client, role).await?;
+            out(serde_json::to_string_pretty(&features)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run { config, resume } => run_experiment(&config, resume).await,
+    }
+}
+
+fn client_for(
+    cfg: &Config,
+    role: Role,
+    pool: &crate::config::EndpointPoolConfig,
+) -> anyhow::Result<LlmClient> {
+    let http = llm::build_http(Duration::from_secs(10))?;
+    Ok(LlmClient::from_config(
+        http,
+        role,
+        pool,
+        &cfg.retry,
+        &cfg.health,
+    ))
+}
+
+/// Run an experiment. The RL pipeline (rollout -> judge -> credit -> train) is built on top of
+/// this in later work; today this performs every preflight that exists: configuration, the
+/// database and its migrations, run registration with the config snapshot, and feature
+/// detection of every configured server, then reports what is ready.
+async fn run_experiment(args: &ConfigArgs, resume: Option<uuid::Uuid>) -> anyhow::Result<ExitCode> {
+    let cfg = load_config(args)?;
+    let pool = db::open(&cfg.database.url, cfg.database.max_connections).await?;
+    if let Some(id) = resume {
+        let run = db::runs::get_run(&pool, id).await?.with_context(|| {
+            format!(
+                "no run {id} to resume in {}",
+                db::redact_url(&cfg.database.url)
+            )
+        })?;
+        out(format!(
+            "run {} ({}, {}) is {}",
+            run.id, run.name, run.recipe, run.status
+        ));
+    }
+    let snapshot = cfg.snapshot();
+    let exp_id =
+        db::runs::create_experiment(&pool, &cfg.experiment.name, &args.experiment, &snapshot)
+            .await?;
+    let mut runs = Vec::new();
+    for recipe in &cfg.experiment.recipes {
+        let id = db::runs::create_run(
+            &pool,
+            exp_id,
+            recipe.as_str(),
+            recipe.as_str(),
+            &snapshot,
+            cfg.experiment.seed as i64,
+        )
+        .await?;
+        runs.push((id, *recipe));
+    }
+    out(format!(
+        "experiment {} ({}) registered as {exp_id} with {} run(s), {} steps each",
+        cfg.experiment.name,
+        cfg.experiment.description,
+        runs.len(),
+        cfg.experiment.steps
+    ));
+
+    let mut ready = true;
+    let mut checks: Vec<(Role, crate::config::EndpointPoolConfig)> =
+        vec![(Role::Policy, cfg.policy.clone())];
+    if cfg.judge.kind == JudgeKind::Llm {
+        checks.push((Role::Judge, cfg.judge.pool()));
+    } else {
+        out(format!(
+            "judge: offline lexical judge `{}` (no server needed)",
+            cfg.judge.model
+        ));
+    }
+    if !cfg.embeddings.urls.is_empty() {
+        checks.push((Role::Embeddings, cfg.embeddings.clone()));
+    }
+    for (role, pool_cfg) in checks {
+        let client = client_for(&cfg, role, &pool_cfg)?;
+        match llm::detect_all(&client, role).await {
+            Ok(f) => out(format!(
+                "{}: ready ({} endpoint(s))",
+                role.as_str(),
+                f.len()
+            )),
+            Err(e) => {
+                ready = false;
+                out(format!("{}: NOT READY: {e}", role.as_str()));
+            }
+        }
+    }
+    let status = "cancelled";
+    let note = if ready {
+        "preflight passed; the training pipeline is not part of this build yet"
+    } else {
+        "preflight found missing servers (see above); the training pipeline is not part of this build yet"
+    };
+    for (id, _) in &runs {
+        db::runs::set_run_status(&pool, *id, status, Some(note)).await?;
+    }
+    out(note);
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,180 @@
+//! Command-line interface: clap structs only, no logic. Every flag is long and has an
+//! environment variable; `--help` is generated from these doc comments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "orchestrator",
+    version,
+    about = "RubricEM experiment orchestrator"
+)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, env = "ORCH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the database if needed and apply pending migrations.
+    Migrate {
+        /// Postgres URL.
+        #[arg(long, env = "DATABASE_URL", default_value = crate::config::DEFAULT_DATABASE_URL)]
+        database_url: String,
+    },
+    /// Check that the database is reachable and its migrations match this binary.
+    DbCheck {
+        /// Postgres URL.
+        #[arg(long, env = "DATABASE_URL", default_value = crate::config::DEFAULT_DATABASE_URL)]
+        database_url: String,
+    },
+    /// Print the resolved configuration (preset < file < env < flags) as TOML.
+    Config(ConfigArgs),
+    /// Feature-detect the inference servers of a role and report what each offers.
+    Probe {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Which role's endpoints to probe.
+        #[arg(long, env = "ORCH_PROBE_ROLE", value_enum, default_value_t = ProbeRole::Policy)]
+        role: ProbeRole,
+    },
+    /// Run an experiment preset.
+    Run {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Resume this run id instead of starting a new one.
+        #[arg(long, env = "ORCH_RESUME")]
+        resume: Option<uuid::Uuid>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProbeRole {
+    Policy,
+    Judge,
+    Embeddings,
+}
+
+/// Where the configuration comes from. Precedence: preset < --config file < env/flags < --set.
+#[derive(Debug, Clone, Args)]
+pub struct ConfigArgs {
+    /// Experiment preset embedded in the binary (smoke, ablation-600, rubricem, drtulu).
+    #[arg(long, env = "ORCH_EXPERIMENT", default_value = "smoke")]
+    pub experiment: String,
+    /// TOML file merged over the preset.
+    #[arg(long = "config", env = "ORCH_CONFIG")]
+    pub config_file: Option<PathBuf>,
+    /// Postgres URL (overrides database.url).
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Policy server base URLs, comma-separated (overrides policy.urls).
+    #[arg(long = "policy-url", env = "ORCH_POLICY_URLS", value_delimiter = ',')]
+    pub policy_urls: Option<Vec<String>>,
+    /// Judge server base URLs, comma-separated (overrides judge.urls).
+    #[arg(long = "judge-url", env = "ORCH_JUDGE_URLS", value_delimiter = ',')]
+    pub judge_urls: Option<Vec<String>>,
+    /// Embedding server base URLs, comma-separated (overrides embeddings.urls).
+    #[arg(
+        long = "embeddings-url",
+        env = "ORCH_EMBEDDINGS_URLS",
+        value_delimiter = ','
+    )]
+    pub embeddings_urls: Option<Vec<String>>,
+    /// Trainer service base URL (overrides trainer.url).
+    #[arg(long, env = "ORCH_TRAINER_URL")]
+    pub trainer_url: Option<String>,
+    /// Number of steps (overrides experiment.steps).
+    #[arg(long, env = "ORCH_STEPS")]
+    pub steps: Option<u32>,
+    /// KEY=VALUE override with a dotted key, e.g. --set rollout.n=8; repeatable
+    /// (environment: ';'-separated).
+    #[arg(long = "set", env = "ORCH_SET", value_delimiter = ';')]
+    pub sets: Vec<String>,
+}
+
+impl ConfigArgs {
+    pub fn overrides(&self) -> crate::config::Overrides {
+        crate::config::Overrides {
+            file: self.config_file.clone(),
+            database_url: self.database_url.clone(),
+            policy_urls: self.policy_urls.clone(),
+            judge_urls: self.judge_urls.clone(),
+            embeddings_urls: self.embeddings_urls.clone(),
+            trainer_url: self.trainer_url.clone(),
+            steps: self.steps,
+            sets: self.sets.clone(),
+        }
+    }
+}
+
+/// Every environment variable the CLI reads (used to check compose.yaml against the CLI).
+pub fn env_vars() -> Vec<String> {
+    use clap::CommandFactory;
+    fn walk(cmd: &clap::Command, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            if let Some(e) = a.get_env() {
+                out.push(e.to_string_lossy().into_owned());
+            }
+        }
+        for s in cmd.get_subcommands() {
+            walk(s, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&Cli::command(), &mut out);
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_is_long_with_env() {
+        fn walk(cmd: &clap::Command) {
+            for a in cmd.get_arguments() {
+                if a.is_positional() || a.get_id() == "help" || a.get_id() == "version" {
+                    continue;
+                }
+                assert!(a.get_long().is_some(), "{} has no long flag", a.get_id());
+                assert!(a.get_env().is_some(), "--{} has no env var", a.get_id());
+            }
+            for s in cmd.get_subcommands() {
+                walk(s);
+            }
+        }
+        walk(&Cli::command());
+    }
+
+    #[test]
+    fn env_vars_are_listed() {
+        let v = env_vars();
+        for e in [
+            "DATABASE_URL",
+            "ORCH_POLICY_URLS",
+            "ORCH_TRAINER_URL",
+            "ORCH_SET",
+        ] {
+            assert!(v.iter().any(|x| x == e), "{e} missing from {v:?}");
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! RubricEM orchestrator: experiment configuration, the Postgres store, the inference-server
+//! client, tokenizer/chat templates, and (as they land) rollout, judging, credit assignment,
+//! reflection, the rubric bank and the asynchronous pipeline. Binaries stay thin; all logic is
+//! reachable from here.
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod chat;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod llm;
+pub mod telemetry;
+pub mod trajectory;
+pub mod util;

@@ -1,0 +1,581 @@
+//! The Postgres store on real Postgres: migrations verified, trajectories round-tripped through
+//! binary COPY, bulk upserts, and the analysis queries of scripts/sql on fixture rows.
+//! Each test gets a fresh database from `#[sqlx::test]` (needs DATABASE_URL).
+
+use orchestrator::db::{self, DbError, MIGRATOR};
+use orchestrator::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+fn sql_file(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts/sql")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+async fn task(pool: &PgPool, ext: &str) -> Uuid {
+    let t = db::tasks::NewTask {
+        source: "fixture".into(),
+        external_id: ext.into(),
+        prompt: format!("question {ext}"),
+        answer_format: "long".into(),
+        persistent_rubrics: serde_json::json!([]),
+        metadata: serde_json::json!({}),
+    };
+    db::tasks::upsert(pool, &[t]).await.unwrap()[0]
+}
+
+async fn run(pool: &PgPool, name: &str) -> Uuid {
+    let exp = db::runs::create_experiment(pool, "exp", "smoke", &serde_json::json!({}))
+        .await
+        .unwrap();
+    db::runs::create_run(pool, exp, name, "full", &serde_json::json!({}), 1)
+        .await
+        .unwrap()
+}
+
+fn seg(kind: SegmentKind, stage: Option<Stage>, ids: Vec<u32>) -> Segment {
+    let logprobs =
+        (kind == SegmentKind::Model).then(|| ids.iter().map(|i| -(*i as f32) / 1000.0).collect());
+    Segment {
+        kind,
+        stage,
+        text: format!("{} tokens", ids.len()),
+        token_ids: ids,
+        logprobs,
+        policy_version: (kind == SegmentKind::Model).then_some(3),
+    }
+}
+
+fn traj(
+    run_id: Uuid,
+    step: i32,
+    task_id: Uuid,
+    sample: i32,
+    answer_tokens: usize,
+    citations: serde_json::Value,
+) -> Trajectory {
+    Trajectory {
+        id: Uuid::now_v7(),
+        run_id,
+        step,
+        task_id,
+        sample_index: sample,
+        policy_version: 3,
+        server: "http://127.0.0.1:8000".into(),
+        server_version: Some("0.33.0".into()),
+        prompt_token_ids: vec![1, 2, 3],
+        segments: vec![
+            seg(SegmentKind::Model, Some(Stage::Plan), vec![10, 11]),
+            seg(SegmentKind::Model, Some(Stage::Research), vec![12]),
+            seg(SegmentKind::ToolOutput, None, vec![13, 14, 15]),
+            seg(SegmentKind::Model, Some(Stage::Review), vec![16]),
+            seg(
+                SegmentKind::Model,
+                Some(Stage::Answer),
+                (0..answer_tokens as u32).map(|i| 100 + i).collect(),
+            ),
+        ],
+        finish_reason: "stop".into(),
+        parsed: serde_json::json!({ "citations": citations }),
+        timings: serde_json::json!({"rollout_ms": 12}),
+    }
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn applied_migrations_match_the_binary(pool: PgPool) {
+    db::check_migrations(&pool, "postgres://u:pw@h/db")
+        .await
+        .unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM stages")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 4);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn migration_drift_is_detected(pool: PgPool) {
+    let v = MIGRATOR.iter().next().unwrap().version;
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = '\\x00'::bytea WHERE version = $1")
+        .bind(v)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = db::check_migrations(&pool, "postgres://u:pw@h/db")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DbError::ChecksumMismatch { .. }), "{err}");
+    assert!(!err.to_string().contains("pw"), "password leaked: {err}");
+
+    sqlx::query("INSERT INTO _sqlx_migrations (version, description, installed_on, success, checksum, execution_time) VALUES (99991231000000, 'future', now(), true, '\\x00'::bytea, 0)")
+        .execute(&pool).await.unwrap();
+    let err = db::check_migrations(&pool, "x").await.unwrap_err();
+    assert!(
+        matches!(err, DbError::UnknownMigrations { ref unknown, .. } if unknown == &vec![99991231000000]),
+        "{err}"
+    );
+
+    sqlx::query("DELETE FROM _sqlx_migrations")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = db::check_migrations(&pool, "x").await.unwrap_err();
+    assert!(matches!(err, DbError::NotMigrated { .. }), "{err}");
+    assert!(err.to_string().contains("orchestrator migrate"));
+}
+
+#[tokio::test]
+async fn unreachable_database_names_url_without_password_and_hint() {
+    // A port with no listener.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://alice:s3cret@127.0.0.1:{port}/rubricem");
+    let err = db::open(&url, 1).await.unwrap_err().to_string();
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+    assert!(err.contains("scripts/setup.sh"), "{err}");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn trajectories_round_trip_exactly(pool: PgPool) {
+    let run_id = run(&pool, "r").await;
+    let task_id = task(&pool, "t1").await;
+    db::runs::begin_step(&pool, run_id, 0, 3, &[task_id])
+        .await
+        .unwrap();
+    let mut t = traj(
+        run_id,
+        0,
+        task_id,
+        0,
+        5,
+        serde_json::json!([{"id": "a1", "known": true}]),
+    );
+    t.segments[0].text = "nul\0 and unicode é ✓".into();
+    t.segments[0].logprobs = Some(vec![-0.125, -3.5e-8]);
+    db::trajectories::insert_batch(&pool, std::slice::from_ref(&t))
+        .await
+        .unwrap();
+    let back = db::trajectories::get(&pool, t.id).await.unwrap().unwrap();
+    assert_eq!(
+        back.segments[0].text, "nul\u{FFFD} and unicode é ✓",
+        "NUL replaced, rest kept"
+    );
+    let mut expect = t.clone();
+    expect.segments[0].text = back.segments[0].text.clone();
+    assert_eq!(back, expect);
+    assert_eq!(
+        db::trajectories::count_for_step(&pool, run_id, 0)
+            .await
+            .unwrap(),
+        1
+    );
+    let (m, tool): (i32, i32) =
+        sqlx::query_as("SELECT num_model_tokens, num_tool_tokens FROM trajectories WHERE id = $1")
+            .bind(t.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((m, tool), (9, 3));
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_bad_batch_writes_nothing(pool: PgPool) {
+    let run_id = run(&pool, "r").await;
+    let task_id = task(&pool, "t1").await;
+    db::runs::begin_step(&pool, run_id, 0, 0, &[])
+        .await
+        .unwrap();
+    let good = traj(run_id, 0, task_id, 0, 2, serde_json::json!([]));
+    let mut bad = traj(run_id, 0, task_id, 1, 2, serde_json::json!([]));
+    bad.segments[0].logprobs = Some(vec![-1.0]); // 1 logprob for 2 tokens
+    let err = db::trajectories::insert_batch(&pool, &[good.clone(), bad])
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("1 logprobs for 2 model tokens"),
+        "{err}"
+    );
+    assert_eq!(
+        db::trajectories::count_for_step(&pool, run_id, 0)
+            .await
+            .unwrap(),
+        0
+    );
+
+    // A duplicate (same run/step/task/sample) aborts the whole batch too.
+    db::trajectories::insert_batch(&pool, std::slice::from_ref(&good))
+        .await
+        .unwrap();
+    let mut dup = traj(run_id, 0, task_id, 0, 2, serde_json::json!([]));
+    dup.id = Uuid::now_v7();
+    let other = traj(run_id, 0, task_id, 5, 2, serde_json::json!([]));
+    assert!(
+        db::trajectories::insert_batch(&pool, &[other, dup])
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        db::trajectories::count_for_step(&pool, run_id, 0)
+            .await
+            .unwrap(),
+        1
+    );
+    let segs: i64 = sqlx::query_scalar("SELECT count(*) FROM trajectory_segments")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(segs, 5, "only the first good trajectory's segments exist");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn task_upsert_is_idempotent_and_ordered(pool: PgPool) {
+    let mk = |ext: &str, p: &str| db::tasks::NewTask {
+        source: "s".into(),
+        external_id: ext.into(),
+        prompt: p.into(),
+        answer_format: "short".into(),
+        persistent_rubrics: serde_json::json!([{"title": "r"}]),
+        metadata: serde_json::json!({"k": 1}),
+    };
+    let a = db::tasks::upsert(&pool, &[mk("b", "B"), mk("a", "A")])
+        .await
+        .unwrap();
+    let b = db::tasks::upsert(&pool, &[mk("a", "A2"), mk("b", "B")])
+        .await
+        .unwrap();
+    assert_eq!(a[0], b[1]);
+    assert_eq!(a[1], b[0]);
+    let prompt: String = sqlx::query_scalar("SELECT prompt FROM tasks WHERE id = $1")
+        .bind(a[1])
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(prompt, "A2");
+    let hash: String = sqlx::query_scalar("SELECT prompt_sha256 FROM tasks WHERE id = $1")
+        .bind(a[1])
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(hash, orchestrator::util::sha256_hex(b"A2"));
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn metrics_upsert_and_reject_non_finite(pool: PgPool) {
+    let run_id = run(&pool, "r").await;
+    db::metrics::record(
+        &pool,
+        run_id,
+        0,
+        &[("reward/plan".into(), 0.5), ("kl".into(), 0.01)],
+    )
+    .await
+    .unwrap();
+    db::metrics::record(&pool, run_id, 0, &[("reward/plan".into(), 0.75)])
+        .await
+        .unwrap();
+    db::metrics::record(&pool, run_id, 1, &[("reward/plan".into(), 0.8)])
+        .await
+        .unwrap();
+    assert_eq!(
+        db::metrics::fetch(&pool, run_id, "reward/plan")
+            .await
+            .unwrap(),
+        vec![(0, 0.75), (1, 0.8)]
+    );
+    let err = db::metrics::record(&pool, run_id, 2, &[("kl".into(), f64::NAN)])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("`kl`"), "{err}");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn run_status_transitions(pool: PgPool) {
+    let run_id = run(&pool, "r").await;
+    db::runs::set_run_status(&pool, run_id, "running", None)
+        .await
+        .unwrap();
+    db::runs::set_run_status(&pool, run_id, "completed", None)
+        .await
+        .unwrap();
+    let r = db::runs::get_run(&pool, run_id).await.unwrap().unwrap();
+    assert_eq!(r.status, "completed");
+    assert!(
+        db::runs::set_run_status(&pool, run_id, "exploded", None)
+            .await
+            .is_err(),
+        "CHECK constraint"
+    );
+    assert!(
+        db::runs::set_run_status(&pool, Uuid::now_v7(), "running", None)
+            .await
+            .is_err()
+    );
+}
+
+/// Fixture for the analysis queries: one run, one step, one task, four trajectories with known
+/// scores, tool calls, rubric judgments and citations.
+struct Fixture {
+    run_id: Uuid,
+    trajs: Vec<Uuid>,
+    rubrics: Vec<Uuid>,
+}
+
+async fn fixture(pool: &PgPool) -> Fixture {
+    let run_id = run(pool, "fixture-run").await;
+    let task_id = task(pool, "q").await;
+    db::runs::begin_step(pool, run_id, 0, 3, &[task_id])
+        .await
+        .unwrap();
+    db::runs::begin_step(pool, run_id, 1, 4, &[task_id])
+        .await
+        .unwrap();
+    let citations = [
+        serde_json::json!([{"id": "a", "known": true}, {"id": "b", "known": false}]),
+        serde_json::json!([{"id": "c", "known": true}]),
+        serde_json::json!([]),
+        serde_json::json!([{"id": "d", "known": true}, {"id": "e", "known": true}, {"id": "f", "known": false}]),
+    ];
+    let lengths = [10usize, 20, 30, 40];
+    let batch: Vec<Trajectory> = (0..4)
+        .map(|i| {
+            traj(
+                run_id,
+                0,
+                task_id,
+                i as i32,
+                lengths[i],
+                citations[i].clone(),
+            )
+        })
+        .collect();
+    db::trajectories::insert_batch(pool, &batch).await.unwrap();
+    // One trajectory at step 1 so trends have two points.
+    let later = traj(run_id, 1, task_id, 0, 50, serde_json::json!([]));
+    db::trajectories::insert_batch(pool, std::slice::from_ref(&later))
+        .await
+        .unwrap();
+    let mut trajs: Vec<Uuid> = batch.iter().map(|t| t.id).collect();
+    trajs.push(later.id);
+
+    // Stage scores: plan = 0.25 * i, answer = 0.2 + 0.2 * i (rises with length).
+    for (i, id) in trajs.iter().enumerate().take(4) {
+        for (stage, score) in [(0i16, 0.25 * i as f32), (3i16, 0.2 + 0.2 * i as f32)] {
+            sqlx::query("INSERT INTO stage_scores (trajectory_id, stage, judge_model, score) VALUES ($1, $2, 'lexical-v1', $3)")
+                .bind(id).bind(stage).bind(score).execute(pool).await.unwrap();
+        }
+    }
+    sqlx::query("INSERT INTO stage_scores (trajectory_id, stage, judge_model, score) VALUES ($1, 0, 'lexical-v1', 1.0)")
+        .bind(trajs[4]).execute(pool).await.unwrap();
+
+    // Tool calls: research stage google_search x3 (one error, one cached), answer stage browse x1.
+    let calls = [
+        (trajs[0], 1i16, "google_search", None::<&str>, false, 100),
+        (trajs[0], 1, "google_search", Some("timeout"), false, 300),
+        (trajs[1], 1, "google_search", None, true, 0),
+        (trajs[2], 3, "browse_webpage", None, false, 50),
+    ];
+    for (k, (tid, stage, tool, error, cached, lat)) in calls.iter().enumerate() {
+        sqlx::query("INSERT INTO tool_calls (id, trajectory_id, ordinal, stage, tool, arguments, error, cached, latency_ms) VALUES ($1, $2, $3, $4, $5, '{}', $6, $7, $8)")
+            .bind(Uuid::now_v7()).bind(tid).bind(k as i32).bind(stage).bind(tool).bind(error).bind(cached).bind(lat)
+            .execute(pool).await.unwrap();
+    }
+
+    // Rubrics: r0 discriminates (scores 0,1,2,1), r1 is constant (2,2,2,2).
+    let mut rubrics = Vec::new();
+    for (k, desc) in ["names the mechanism", "is written in English"]
+        .iter()
+        .enumerate()
+    {
+        let rid = Uuid::now_v7();
+        sqlx::query("INSERT INTO rubrics (id, task_id, stage, origin, description, negative) VALUES ($1, $2, 3, 'generated', $3, $4)")
+            .bind(rid).bind(task_id).bind(desc).bind(k == 1).execute(pool).await.unwrap();
+        rubrics.push(rid);
+    }
+    let scores = [[0.0f32, 2.0], [1.0, 2.0], [2.0, 2.0], [1.0, 2.0]];
+    for (i, tid) in trajs.iter().enumerate().take(4) {
+        for (k, rid) in rubrics.iter().enumerate() {
+            sqlx::query("INSERT INTO judgments (id, trajectory_id, rubric_id, stage, score, judge_model, judge_kind) VALUES ($1, $2, $3, 3, $4, 'lexical-v1', 'lexical')")
+                .bind(Uuid::now_v7()).bind(tid).bind(rid).bind(scores[i][k]).execute(pool).await.unwrap();
+        }
+    }
+    Fixture {
+        run_id,
+        trajs,
+        rubrics,
+    }
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn sql_stage_score_trends(pool: PgPool) {
+    let f = fixture(&pool).await;
+    let rows = sqlx::query(&sql_file("stage_score_trends.sql"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let got: Vec<(i32, String, f64, i64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("step"),
+                r.get("stage"),
+                r.get("mean_score"),
+                r.get("trajectories"),
+            )
+        })
+        .collect();
+    let want = [
+        (0, "plan", 0.375, 4),
+        (0, "answer", 0.5, 4),
+        (1, "plan", 1.0, 1),
+    ];
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!((g.0, g.1.as_str(), g.3), (w.0, w.1, w.3), "{got:?}");
+        assert!((g.2 - w.2).abs() < 1e-6, "{got:?}"); // scores are real (float4)
+    }
+    assert!(rows.iter().all(|r| r.get::<Uuid, _>("run_id") == f.run_id));
+    assert!(
+        rows.iter()
+            .all(|r| r.get::<String, _>("judge") == "lexical-v1")
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn sql_tool_use_per_stage(pool: PgPool) {
+    fixture(&pool).await;
+    let rows = sqlx::query(&sql_file("tool_use_per_stage.sql"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let got: Vec<(String, String, i64, f64, i64, i64, f64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("stage"),
+                r.get("tool"),
+                r.get("calls"),
+                r.get("calls_per_trajectory"),
+                r.get("errors"),
+                r.get("cache_hits"),
+                r.get("mean_latency_ms"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "research".into(),
+                "google_search".into(),
+                3,
+                0.75,
+                1,
+                1,
+                400.0 / 3.0
+            ),
+            (
+                "answer".into(),
+                "browse_webpage".into(),
+                1,
+                0.25,
+                0,
+                0,
+                50.0
+            ),
+        ]
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn sql_rubric_score_variance(pool: PgPool) {
+    let f = fixture(&pool).await;
+    let rows = sqlx::query(&sql_file("rubric_score_variance.sql"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let got: Vec<(Uuid, i64, f64, f64, bool)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("rubric_id"),
+                r.get("judged"),
+                r.get("mean_score"),
+                r.get("variance"),
+                r.get("negative"),
+            )
+        })
+        .collect();
+    // r0 scores 0,1,2,1: mean 1, population variance 0.5; r1 constant: variance 0.
+    assert_eq!(
+        got,
+        vec![
+            (f.rubrics[0], 4, 1.0, 0.5, false),
+            (f.rubrics[1], 4, 2.0, 0.0, true)
+        ]
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn sql_citation_validity(pool: PgPool) {
+    fixture(&pool).await;
+    let rows = sqlx::query(&sql_file("citation_validity.sql"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let got: Vec<(i32, i64, i64, i64, Option<f64>, i64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("step"),
+                r.get("trajectories"),
+                r.get("citations"),
+                r.get("valid_citations"),
+                r.get("valid_fraction"),
+                r.get("trajectories_without_citations"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![(0, 4, 6, 4, Some(4.0 / 6.0), 1), (1, 1, 0, 0, None, 1)]
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn sql_answer_length_vs_reward(pool: PgPool) {
+    let f = fixture(&pool).await;
+    let rows = sqlx::query(&sql_file("answer_length_vs_reward.sql"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let got: Vec<(i32, i64, f64, f64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("length_quartile"),
+                r.get("trajectories"),
+                r.get("mean_answer_tokens"),
+                r.get("mean_reward"),
+            )
+        })
+        .collect();
+    assert_eq!(got.len(), 4);
+    for (q, (quart, n, len, reward)) in got.iter().enumerate() {
+        assert_eq!(*quart as usize, q + 1);
+        assert_eq!(*n, 1);
+        assert_eq!(*len, 10.0 * (q + 1) as f64);
+        assert!((reward - (0.2 + 0.2 * q as f64)).abs() < 1e-6, "{reward}");
+    }
+    let corr: f64 = rows[0].get("length_reward_corr");
+    assert!(
+        (corr - 1.0).abs() < 1e-9,
+        "perfectly linear fixture: {corr}"
+    );
+    assert_eq!(f.trajs.len(), 5);
+}

@@ -11,7 +11,6 @@ async fn main() -> ExitCode {
     match orchestrator::app::run(cli).await {
         Ok(code) => code,
         Err(e) => {
-            tracing::error!("{e:#}");
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }

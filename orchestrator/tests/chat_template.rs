@@ -4,6 +4,12 @@
 //!
 //! Needs a Python with transformers (scripts/python-env.sh makes `.venv`); set ORCH_PYTHON to
 //! use another interpreter. Without one this test fails and says how to get one.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test and benchmark code fails loudly"
+)]
 
 use std::path::PathBuf;
 use std::process::Command;

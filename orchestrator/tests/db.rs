@@ -1,6 +1,12 @@
 //! The Postgres store on real Postgres: migrations verified, trajectories round-tripped through
 //! binary COPY, bulk upserts, and the analysis queries of scripts/sql on fixture rows.
 //! Each test gets a fresh database from `#[sqlx::test]` (needs DATABASE_URL).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test and benchmark code fails loudly"
+)]
 
 use orchestrator::db::{self, DbError, MIGRATOR};
 use orchestrator::trajectory::{Segment, SegmentKind, Stage, Trajectory};

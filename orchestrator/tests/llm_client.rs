@@ -1,5 +1,11 @@
 //! The inference client against the loopback fake: token-in/token-out, retries, failover,
 //! timeouts, health and feature detection.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test and benchmark code fails loudly"
+)]
 
 mod common;
 
@@ -450,7 +456,7 @@ async fn unreachable_server_fails_detection_with_connect_error() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://{}", l.local_addr().unwrap())
     };
-    let c = client(&[dead.clone()], Role::Policy, Duration::from_secs(2), 0);
+    let c = client(std::slice::from_ref(&dead), Role::Policy, Duration::from_secs(2), 0);
     let err = detect(&c, &c.pool().endpoints()[0], Role::Policy)
         .await
         .unwrap_err();

@@ -94,6 +94,17 @@ fn connect_error(url: &str, e: &sqlx::Error) -> DbError {
 
 /// Connect without checking migrations (only `migrate` should use this directly).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    // One direct connection first, so a refused or misaddressed server reports its real cause
+    // (a pool would only say that it timed out).
+    use sqlx::Connection;
+    let probe = tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect(url))
+        .await
+        .map_err(|_| DbError::Connect {
+            url: redact_url(url),
+            message: "no answer within 10 s".into(),
+        })?
+        .map_err(|e| connect_error(url, &e))?;
+    let _ = probe.close().await;
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))

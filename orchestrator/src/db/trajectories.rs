@@ -114,6 +114,15 @@ type TrajRow = (
     serde_json::Value,
 );
 
+type SegRow = (
+    String,
+    Option<i16>,
+    Vec<i32>,
+    Option<Vec<f32>>,
+    String,
+    Option<i32>,
+);
+
 /// Load one trajectory with its segments, or `None`.
 pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<Trajectory>, DbError> {
     let row: Option<TrajRow> = sqlx::query_as(
@@ -125,14 +134,7 @@ pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<Trajectory>, DbError>
     .fetch_optional(pool)
     .await?;
     let Some(r) = row else { return Ok(None) };
-    let segs: Vec<(
-        String,
-        Option<i16>,
-        Vec<i32>,
-        Option<Vec<f32>>,
-        String,
-        Option<i32>,
-    )> = sqlx::query_as(
+    let segs: Vec<SegRow> = sqlx::query_as(
         "SELECT kind, stage, token_ids, logprobs, text, policy_version
              FROM trajectory_segments WHERE trajectory_id = $1 ORDER BY ordinal",
     )

@@ -49,7 +49,7 @@ pub async fn detect(
 
     match client.models(endpoint).await {
         Ok(models) => {
-            if !models.iter().any(|m| *m == model) {
+            if !models.contains(&model) {
                 missing.push(format!(
                     "model `{model}` in /v1/models (served: {})",
                     if models.is_empty() {

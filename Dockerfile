@@ -1,0 +1,26 @@
+# Images for compose.yaml: `--target orchestrator` (no libtorch) and `--target trainer`
+# (libtorch from PyPI torch==2.11.0, as scripts do on a host).
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release -p orchestrator
+
+FROM debian:bookworm-slim AS orchestrator
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/target/release/orchestrator /usr/local/bin/orchestrator
+ENTRYPOINT ["orchestrator"]
+
+FROM rust:1.95-bookworm AS trainer-build
+RUN apt-get update && apt-get install -y --no-install-recommends python3-venv && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/torch && /opt/torch/bin/pip install --no-cache-dir torch==2.11.0
+ENV LIBTORCH_USE_PYTORCH=1 PATH=/opt/torch/bin:$PATH
+WORKDIR /src
+COPY . .
+RUN cargo build --release -p trainer
+
+FROM debian:bookworm-slim AS trainer
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates python3 && rm -rf /var/lib/apt/lists/*
+COPY --from=trainer-build /opt/torch /opt/torch
+COPY --from=trainer-build /src/target/release/trainer /usr/local/bin/trainer
+ENV LD_LIBRARY_PATH=/opt/torch/lib/python3.11/site-packages/torch/lib
+ENTRYPOINT ["trainer"]

@@ -1,0 +1,226 @@
+//! compose.yaml agrees with the orchestrator: every environment name it sets is one the CLI
+//! reads, every URL points at a service and its container port, published ports match the
+//! presets' default URLs and bind to loopback only, and vLLM is started for LoRA RL.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "test and benchmark code fails loudly"
+)]
+
+use std::collections::HashMap;
+
+use orchestrator::config::{Config, DEFAULT_DATABASE_URL, Overrides};
+use serde_json::Value;
+
+fn compose() -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../compose.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_norway::from_str(&text).unwrap()
+}
+
+/// `${NAME:-default}` resolves to its default; anything else is taken as is.
+fn resolve(raw: &str) -> String {
+    let mut out = String::new();
+    let mut rest = raw;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}').map(|e| start + e).unwrap();
+        let inner = &rest[start + 2..end];
+        out.push_str(inner.split_once(":-").map(|(_, d)| d).unwrap_or(""));
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// (host ip, host port, container port) of each `ports:` entry.
+fn ports(svc: &Value) -> Vec<(String, u16, u16)> {
+    svc["ports"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    let parts: Vec<&str> = p.as_str().unwrap().split(':').collect();
+                    assert_eq!(parts.len(), 3, "ports must name the host ip: {p}");
+                    (
+                        parts[0].to_string(),
+                        parts[1].parse().unwrap(),
+                        parts[2].parse().unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn url_host_port(u: &str) -> (String, u16) {
+    let u = url::Url::parse(u).unwrap();
+    (
+        u.host_str().unwrap().to_string(),
+        u.port_or_known_default().unwrap(),
+    )
+}
+
+#[test]
+fn services_exist_with_profiles_and_healthcheck() {
+    let c = compose();
+    let s = &c["services"];
+    for name in [
+        "postgres",
+        "vllm-policy",
+        "vllm-judge",
+        "trainer",
+        "orchestrator",
+    ] {
+        assert!(s.get(name).is_some(), "service {name} missing");
+    }
+    for gpu in ["vllm-policy", "vllm-judge"] {
+        assert_eq!(
+            s[gpu]["profiles"],
+            serde_json::json!(["gpu"]),
+            "{gpu} belongs to the gpu profile"
+        );
+    }
+    assert!(s["postgres"]["healthcheck"]["test"].is_array());
+    assert!(c["volumes"].get("pgdata").is_some());
+    assert_eq!(
+        s["orchestrator"]["depends_on"]["postgres"]["condition"], "service_healthy",
+        "the orchestrator waits for a healthy database"
+    );
+}
+
+#[test]
+fn every_port_binds_loopback_and_matches_defaults() {
+    let c = compose();
+    let s = &c["services"];
+    let smoke = Config::load("smoke", &Overrides::default()).unwrap();
+    let ablation = Config::load("ablation-600", &Overrides::default()).unwrap();
+    for (name, svc) in s.as_object().unwrap() {
+        for (ip, _, _) in ports(svc) {
+            assert_eq!(ip, "127.0.0.1", "{name} publishes on {ip}");
+        }
+    }
+    let host_port = |svc: &str| ports(&s[svc])[0].1;
+    assert_eq!(host_port("postgres"), url_host_port(DEFAULT_DATABASE_URL).1);
+    assert_eq!(host_port("trainer"), url_host_port(&smoke.trainer.url).1);
+    assert_eq!(
+        host_port("trainer"),
+        url_host_port(&smoke.policy.urls[0]).1,
+        "smoke policy = trainer serve"
+    );
+    assert_eq!(
+        host_port("vllm-policy"),
+        url_host_port(&ablation.policy.urls[0]).1
+    );
+    assert_eq!(
+        host_port("vllm-judge"),
+        url_host_port(&ablation.judge.urls[0]).1
+    );
+    assert_eq!(host_port("trainer"), url_host_port(&ablation.trainer.url).1);
+}
+
+#[test]
+fn orchestrator_environment_is_known_and_points_at_services() {
+    let c = compose();
+    let s = &c["services"];
+    let known = orchestrator::cli::env_vars();
+    let env: HashMap<String, String> = s["orchestrator"]["environment"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), resolve(v.as_str().unwrap())))
+        .collect();
+    for k in env.keys() {
+        if k == "RUST_LOG" {
+            continue;
+        }
+        assert!(
+            known.contains(k),
+            "compose sets {k}, which the orchestrator does not read ({known:?})"
+        );
+    }
+    let container_port = |svc: &str| ports(&s[svc])[0].2;
+    for key in [
+        "DATABASE_URL",
+        "ORCH_POLICY_URLS",
+        "ORCH_JUDGE_URLS",
+        "ORCH_TRAINER_URL",
+    ] {
+        for u in env[key].split(',') {
+            let (host, port) = url_host_port(u);
+            assert!(s.get(&host).is_some(), "{key}={u}: no service `{host}`");
+            assert_eq!(
+                port,
+                container_port(&host),
+                "{key}={u}: `{host}` listens on {}",
+                container_port(&host)
+            );
+        }
+    }
+    let db = url::Url::parse(&env["DATABASE_URL"]).unwrap();
+    let default = url::Url::parse(DEFAULT_DATABASE_URL).unwrap();
+    assert_eq!(db.path(), default.path(), "same database name");
+    assert_eq!(db.username(), default.username());
+    assert_eq!(
+        resolve(
+            s["postgres"]["environment"]["POSTGRES_DB"]
+                .as_str()
+                .unwrap()
+        ),
+        &default.path()[1..]
+    );
+    // The preset named by ORCH_EXPERIMENT exists.
+    assert!(orchestrator::config::preset_names().contains(&env["ORCH_EXPERIMENT"].as_str()));
+}
+
+#[test]
+fn vllm_servers_are_configured_for_rl() {
+    let c = compose();
+    let s = &c["services"];
+    let ablation = Config::load("ablation-600", &Overrides::default()).unwrap();
+    for (svc, model, port) in [
+        (
+            "vllm-policy",
+            ablation.policy.model.as_str(),
+            url_host_port(&ablation.policy.urls[0]).1,
+        ),
+        (
+            "vllm-judge",
+            ablation.judge.model.as_str(),
+            url_host_port(&ablation.judge.urls[0]).1,
+        ),
+    ] {
+        let args: Vec<String> = s[svc]["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| resolve(a.as_str().unwrap()))
+            .collect();
+        assert!(
+            args.contains(&format!("--served-model-name={model}")),
+            "{svc}: {args:?}"
+        );
+        assert!(args.contains(&format!("--port={port}")), "{svc}: {args:?}");
+        assert_eq!(ports(&s[svc])[0].2, port);
+    }
+    let policy: Vec<String> = s["vllm-policy"]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert!(policy.contains(&"--enable-lora".to_string()));
+    assert!(policy.contains(&"--logprobs-mode=processed_logprobs".to_string()));
+    assert_eq!(
+        s["vllm-policy"]["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"],
+        "True"
+    );
+    let trainer: Vec<String> = s["trainer"]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert!(trainer.contains(&format!("--port={}", ports(&s["trainer"])[0].2)));
+}

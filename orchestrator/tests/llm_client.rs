@@ -456,7 +456,12 @@ async fn unreachable_server_fails_detection_with_connect_error() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://{}", l.local_addr().unwrap())
     };
-    let c = client(std::slice::from_ref(&dead), Role::Policy, Duration::from_secs(2), 0);
+    let c = client(
+        std::slice::from_ref(&dead),
+        Role::Policy,
+        Duration::from_secs(2),
+        0,
+    );
     let err = detect(&c, &c.pool().endpoints()[0], Role::Policy)
         .await
         .unwrap_err();

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod llm;
+pub mod scaffold;
 pub mod telemetry;
 pub mod trajectory;
 pub mod util;

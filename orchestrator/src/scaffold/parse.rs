@@ -35,16 +35,20 @@ pub const TAGS: &[&str] = &[
 /// main text and of teacher outputs: `analysis`, `rubrics`, `rubrics_review`, `scratchpad`,
 /// and `call` as a closer of `call_tool`.
 pub fn canonical_tag(name: &str) -> Option<&'static str> {
-    let lower = name.to_ascii_lowercase();
-    let canon = match lower.as_str() {
-        "analysis" => "deep_analysis",
-        "rubrics" => "rubric",
-        "rubrics_review" => "rubric_review",
-        "scratchpad" => "think",
-        "call" => "call_tool",
-        other => return TAGS.iter().find(|t| **t == other).copied(),
-    };
-    Some(canon)
+    const ALIASES: &[(&str, &str)] = &[
+        ("analysis", "deep_analysis"),
+        ("rubrics", "rubric"),
+        ("rubrics_review", "rubric_review"),
+        ("scratchpad", "think"),
+        ("call", "call_tool"),
+    ];
+    if let Some(t) = TAGS.iter().find(|t| t.eq_ignore_ascii_case(name)) {
+        return Some(t);
+    }
+    ALIASES
+        .iter()
+        .find(|(a, _)| a.eq_ignore_ascii_case(name))
+        .map(|(_, c)| *c)
 }
 
 /// Tool-name variants teachers and models produce, normalised to the production names.
@@ -159,7 +163,7 @@ fn lex(text: &str) -> Vec<Lexeme> {
 }
 
 fn memchr_lt(b: &[u8]) -> Option<usize> {
-    b.iter().position(|c| *c == b'<')
+    memchr::memchr(b'<', b)
 }
 
 /// Attributes through quick-xml's lenient (HTML-style) attribute parser: unquoted values and

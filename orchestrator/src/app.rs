@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cli::{Cli, Command, ConfigArgs, ProbeRole};
+use crate::cli::{Cli, Command, ConfigArgs, IndexCommand, ProbeRole};
 use crate::config::{Config, JudgeKind};
 use crate::db;
 use crate::llm::{self, LlmClient, Role};
@@ -59,8 +59,68 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             out(serde_json::to_string_pretty(&features)?);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Index(cmd) => index(cmd).await,
         Command::Run { config, resume } => run_experiment(&config, resume).await,
     }
+}
+
+async fn index(cmd: IndexCommand) -> anyhow::Result<ExitCode> {
+    use crate::tools::local_search::{LocalIndex, read_corpus};
+    match cmd {
+        IndexCommand::Build { corpus, out: dir } => {
+            let started = std::time::Instant::now();
+            let n = tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
+                let docs = read_corpus(&corpus)?;
+                Ok(LocalIndex::build(&docs, Some(&dir))?.num_docs())
+            })
+            .await??;
+            out(format!(
+                "indexed {n} documents in {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+        IndexCommand::Eval {
+            index,
+            queries,
+            qrels,
+            k,
+        } => {
+            let report =
+                tokio::task::spawn_blocking(move || -> anyhow::Result<(usize, f64, f64)> {
+                    let idx = LocalIndex::open(&index)?;
+                    let qrels = crate::eval::retrieval::read_qrels(&qrels)
+                        .with_context(|| format!("reading {}", qrels.display()))?;
+                    let text = std::fs::read_to_string(&queries)
+                        .with_context(|| format!("reading {}", queries.display()))?;
+                    let pb = crate::telemetry::progress(qrels.len() as u64, "queries");
+                    let started = std::time::Instant::now();
+                    let (mut n, mut sum) = (0usize, 0.0f64);
+                    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                        let q: serde_json::Value = serde_json::from_str(line)?;
+                        let id = q["_id"]
+                            .as_str()
+                            .or_else(|| q["id"].as_str())
+                            .unwrap_or_default();
+                        let Some(rel) = qrels.get(id) else { continue };
+                        let qtext = q["text"].as_str().unwrap_or_default();
+                        let ranked: Vec<String> =
+                            idx.search(qtext, k)?.into_iter().map(|h| h.id).collect();
+                        sum += crate::eval::retrieval::ndcg_at_k(&ranked, rel, k);
+                        n += 1;
+                        pb.inc(1);
+                    }
+                    pb.finish_and_clear();
+                    let per_query_ms = started.elapsed().as_secs_f64() * 1000.0 / n.max(1) as f64;
+                    Ok((n, if n == 0 { 0.0 } else { sum / n as f64 }, per_query_ms))
+                })
+                .await??;
+            out(format!(
+                "nDCG@{k} = {:.4} over {} judged queries ({:.2} ms per query)",
+                report.1, report.0, report.2
+            ));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn client_for(

@@ -49,6 +49,9 @@ pub enum Command {
         #[arg(long, env = "ORCH_PROBE_ROLE", value_enum, default_value_t = ProbeRole::Policy)]
         role: ProbeRole,
     },
+    /// Build or evaluate a local BM25 index (the offline `local_search` tool).
+    #[command(subcommand)]
+    Index(IndexCommand),
     /// Run an experiment preset.
     Run {
         #[command(flatten)]
@@ -56,6 +59,34 @@ pub enum Command {
         /// Resume this run id instead of starting a new one.
         #[arg(long, env = "ORCH_RESUME")]
         resume: Option<uuid::Uuid>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IndexCommand {
+    /// Index a JSONL corpus ({"_id"|"id", "title", "text", "url"?} per line).
+    Build {
+        /// The corpus file.
+        #[arg(long, env = "ORCH_CORPUS")]
+        corpus: PathBuf,
+        /// Index directory to create (must not hold an index yet).
+        #[arg(long, env = "ORCH_INDEX_DIR")]
+        out: PathBuf,
+    },
+    /// nDCG@k of the index on BEIR-format queries and qrels.
+    Eval {
+        /// Index directory written by `index build`.
+        #[arg(long, env = "ORCH_INDEX_DIR")]
+        index: PathBuf,
+        /// Queries JSONL ({"_id", "text"} per line).
+        #[arg(long, env = "ORCH_EVAL_QUERIES")]
+        queries: PathBuf,
+        /// Qrels TSV (query-id, corpus-id, score).
+        #[arg(long, env = "ORCH_EVAL_QRELS")]
+        qrels: PathBuf,
+        /// Cut-off k.
+        #[arg(long, env = "ORCH_EVAL_K", default_value_t = 10)]
+        k: usize,
     },
 }
 

@@ -1,0 +1,7 @@
+//! Tools the policy calls between turns. Today: `local_search` (BM25 over a local corpus). The
+//! Tool trait, web search, snippet search, browsing with its SSRF guard, MCP and the Postgres
+//! result cache land with the rollout engine.
+
+pub mod local_search;
+
+pub use local_search::{CorpusDoc, Hit, IndexError, LocalIndex, read_corpus};

@@ -29,6 +29,37 @@ pub fn build_http(connect_timeout: Duration) -> Result<reqwest::Client, LlmError
         })
 }
 
+/// A client for fetching arbitrary web pages: every host name resolves through the SSRF guard,
+/// every redirect hop is checked (IP literals never reach a resolver), and redirects are capped.
+pub fn build_guarded_http(
+    guard: Arc<crate::tools::ssrf::AddressGuard>,
+    connect_timeout: Duration,
+    max_redirects: usize,
+) -> Result<reqwest::Client, LlmError> {
+    let policy_guard = guard.clone();
+    let policy = reqwest::redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() >= max_redirects {
+            let err = format!("more than {max_redirects} redirects");
+            return attempt.error(err);
+        }
+        match policy_guard.check_url(attempt.url()) {
+            Ok(()) => attempt.follow(),
+            Err(e) => attempt.error(e),
+        }
+    });
+    reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .dns_resolver(Arc::new(crate::tools::ssrf::GuardedResolver(guard)))
+        .redirect(policy)
+        .no_proxy()
+        .user_agent(concat!("rubricem-browse/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| LlmError::Request {
+            endpoint: "-".into(),
+            message: e.to_string(),
+        })
+}
+
 /// Where the time of one call went.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Timing {

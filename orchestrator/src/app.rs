@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cli::{Cli, Command, ConfigArgs, IndexCommand, ProbeRole};
+use crate::cli::{Cli, Command, ConfigArgs, IndexCommand, ProbeRole, WorldCommand};
 use crate::config::{Config, JudgeKind};
 use crate::db;
 use crate::llm::{self, LlmClient, Role};
@@ -60,6 +60,32 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Index(cmd) => index(cmd).await,
+        Command::World(WorldCommand::Generate {
+            seed,
+            docs,
+            tasks,
+            out: dir,
+        }) => {
+            anyhow::ensure!(docs >= 4, "--docs = {docs} is too small; allowed: >= 4");
+            anyhow::ensure!(
+                docs <= 10_000_000,
+                "--docs = {docs} is too large; allowed: <= 10000000"
+            );
+            anyhow::ensure!(
+                tasks <= 1_000_000,
+                "--tasks = {tasks} is too large; allowed: <= 1000000"
+            );
+            let world = crate::data::world::generate(seed, docs, tasks);
+            crate::data::world::write(&world, &dir)
+                .with_context(|| format!("writing the world to {}", dir.display()))?;
+            out(format!(
+                "world seed {seed}: {} documents, {} tasks written to {}",
+                world.docs.len(),
+                world.tasks.len(),
+                dir.display()
+            ));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Run { config, resume } => run_experiment(&config, resume).await,
     }
 }

@@ -52,6 +52,9 @@ pub enum Command {
     /// Build or evaluate a local BM25 index (the offline `local_search` tool).
     #[command(subcommand)]
     Index(IndexCommand),
+    /// Generate the offline research world (corpus + multi-hop tasks with rubrics).
+    #[command(subcommand)]
+    World(WorldCommand),
     /// Run an experiment preset.
     Run {
         #[command(flatten)]
@@ -59,6 +62,25 @@ pub enum Command {
         /// Resume this run id instead of starting a new one.
         #[arg(long, env = "ORCH_RESUME")]
         resume: Option<uuid::Uuid>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorldCommand {
+    /// Write corpus.jsonl and tasks.jsonl, deterministic per seed.
+    Generate {
+        /// Seed: the same seed always gives the same world.
+        #[arg(long, env = "ORCH_WORLD_SEED", default_value_t = 17)]
+        seed: u64,
+        /// Number of documents.
+        #[arg(long, env = "ORCH_WORLD_DOCS", default_value_t = 2000)]
+        docs: usize,
+        /// Number of tasks.
+        #[arg(long, env = "ORCH_WORLD_TASKS", default_value_t = 300)]
+        tasks: usize,
+        /// Output directory.
+        #[arg(long, env = "ORCH_WORLD_OUT")]
+        out: PathBuf,
     },
 }
 

@@ -5,6 +5,7 @@ mod copy;
 pub mod metrics;
 pub mod runs;
 pub mod tasks;
+pub mod tool_cache;
 pub mod trajectories;
 
 use std::collections::BTreeMap;

@@ -12,6 +12,7 @@ pub mod data;
 pub mod db;
 pub mod eval;
 pub mod llm;
+pub mod rollout;
 pub mod scaffold;
 pub mod telemetry;
 pub mod tools;

@@ -3,6 +3,7 @@
 
 mod copy;
 pub mod metrics;
+pub mod rollouts;
 pub mod runs;
 pub mod tasks;
 pub mod tool_cache;

@@ -60,6 +60,14 @@ fn encode_segments(batch: &[Trajectory]) -> Vec<u8> {
 /// Persist a batch of trajectories atomically. Fails without writing anything if any trajectory
 /// breaks the segment invariants or already exists.
 pub async fn insert_batch(pool: &PgPool, batch: &[Trajectory]) -> Result<(), DbError> {
+    let mut tx = pool.begin().await?;
+    copy_in(&mut tx, batch).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// COPY trajectories and segments on an open transaction (the caller commits).
+pub async fn copy_in(conn: &mut sqlx::PgConnection, batch: &[Trajectory]) -> Result<(), DbError> {
     if batch.is_empty() {
         return Ok(());
     }
@@ -78,15 +86,14 @@ pub async fn insert_batch(pool: &PgPool, batch: &[Trajectory]) -> Result<(), DbE
                 what: "encoder",
                 message: e.to_string(),
             })?;
-    let mut tx = pool.begin().await?;
-    let mut copy = tx
+    let mut copy = conn
         .copy_in_raw(&format!(
             "COPY trajectories ({TRAJ_COLS}) FROM STDIN (FORMAT binary)"
         ))
         .await?;
     copy.send(traj_bytes).await?;
     copy.finish().await?;
-    let mut copy = tx
+    let mut copy = conn
         .copy_in_raw(&format!(
             "COPY trajectory_segments ({SEG_COLS}) FROM STDIN (FORMAT binary)"
         ))
@@ -95,7 +102,6 @@ pub async fn insert_batch(pool: &PgPool, batch: &[Trajectory]) -> Result<(), DbE
         copy.send(chunk).await?;
     }
     copy.finish().await?;
-    tx.commit().await?;
     Ok(())
 }
 

@@ -284,6 +284,13 @@ async fn completions(State(s): State<Arc<FakeState>>, Json(body): Json<Value>) -
     let mut choices = Vec::new();
     for index in 0..n {
         let (ids, lps, text, finish, stop) = match s.scripted.lock().await.pop_front() {
+            Some(sc) if sc.token_ids.len() > max_tokens => {
+                // Like a real server: cut at max_tokens.
+                let ids = sc.token_ids[..max_tokens].to_vec();
+                let lps: Vec<f32> = (0..ids.len()).map(|i| -0.05 - 0.001 * i as f32).collect();
+                let text = toy_detokenize(&ids);
+                (ids, lps, text, "length".to_string(), None)
+            }
             Some(sc) => {
                 let lps: Vec<f32> = (0..sc.token_ids.len())
                     .map(|i| -0.05 - 0.001 * i as f32)

@@ -1,0 +1,12 @@
+//! Rollouts: the multi-turn token-in/token-out loop with tools (`engine`), the token codec it
+//! uses (`codec`), and batches of n rollouts per task across tasks with bounded concurrency and
+//! cancellation (`batch`).
+
+pub mod batch;
+pub mod codec;
+pub mod engine;
+
+pub use codec::{CodecError, TokenCodec};
+pub use engine::{
+    ExecutedCall, Rollout, RolloutConfig, RolloutCtx, RolloutError, RolloutSlot, RolloutTask, STOPS,
+};

@@ -1,0 +1,446 @@
+//! Rollouts end to end against the loopback fake (scripted multi-turn outputs with tool calls)
+//! and real Postgres: token ids exact, stage spans and masks exact, tool cache hit on rerun, and
+//! the documented finish reasons for models that never close a tag, stop early, or overuse tools.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::fake_openai::{FakeServer, Scripted, toy_detokenize, toy_tokenize};
+use orchestrator::db;
+use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
+use orchestrator::rollout::{
+    CodecError, RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, TokenCodec,
+};
+use orchestrator::tools::local_search::LocalIndex;
+use orchestrator::tools::runner::{ToolCache, ToolLimits, ToolRunner};
+use orchestrator::tools::search_apis::LocalSearch;
+use orchestrator::trajectory::{SegmentKind, Stage};
+use uuid::Uuid;
+
+/// The fake server's byte-level tokenizer, so scripted ids and our encoding agree.
+struct ToyCodec;
+impl TokenCodec for ToyCodec {
+    fn render_prompt(&self, system: &str, user: &str) -> Result<String, CodecError> {
+        Ok(format!("<|system|>{system}<|user|>{user}<|assistant|>"))
+    }
+    fn encode(&self, text: &str) -> Result<Vec<u32>, CodecError> {
+        Ok(toy_tokenize(text))
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, CodecError> {
+        Ok(toy_detokenize(ids))
+    }
+}
+
+fn scripted(text: &str, finish: &str) -> Scripted {
+    let stop = ["</call_tool>", "</answer>"]
+        .iter()
+        .find(|s| text.ends_with(**s))
+        .map(|s| s.to_string());
+    Scripted {
+        text: text.into(),
+        token_ids: toy_tokenize(text),
+        finish_reason: finish.into(),
+        stop_reason: stop,
+    }
+}
+
+const T1: &str = "<think>Plan it.</think><structured_plan><deep_analysis>two hops</deep_analysis><rubric>Knowledge checklist:\n- protein\n- compound</rubric><research_plan>gene then protein</research_plan></structured_plan><call_tool name=\"google_search\">GENE</call_tool>";
+const T2: &str = "<think>Found the protein.</think><state_evaluation>need compound</state_evaluation><call_tool name=\"snippet_search\" year=\"2000-2020\">PROTEIN binds</call_tool>";
+const T3: &str = "<think>Done.</think><state_evaluation>all covered</state_evaluation><review><rubric_review>ok</rubric_review><writing_plan>one line</writing_plan></review><answer>It binds <cite id=\"CITE\">COMPOUND</cite>. \\boxed{COMPOUND}</answer>";
+
+struct Setup {
+    server: FakeServer,
+    ctx: RolloutCtx,
+    world: orchestrator::data::world::World,
+}
+
+async fn setup(cache: Option<Arc<dyn ToolCache>>, max_tool_calls: u32, max_tokens: u32) -> Setup {
+    let server = FakeServer::start().await;
+    let pool = EndpointPool::new(
+        Role::Policy,
+        "policy",
+        &[server.url()],
+        64,
+        Duration::from_secs(5),
+        3,
+    );
+    let client = LlmClient::new(
+        build_http(Duration::from_secs(2)).unwrap(),
+        Arc::new(pool),
+        RetryPolicy::none(),
+    );
+    let world = orchestrator::data::world::generate(11, 80, 3);
+    let idx = Arc::new(LocalIndex::build(&world.docs, None).unwrap());
+    let mut tools = ToolRunner::new(cache);
+    for name in ["google_search", "snippet_search"] {
+        tools.register(
+            name,
+            Arc::new(LocalSearch {
+                index: idx.clone(),
+                description: "search.".into(),
+                default_k: 2,
+            }),
+            ToolLimits::default(),
+        );
+    }
+    let ctx = RolloutCtx {
+        client,
+        codec: Arc::new(ToyCodec),
+        tools: Arc::new(tools),
+        cfg: RolloutConfig {
+            max_tool_calls,
+            max_tokens,
+            forced_answer_tokens: 200,
+            temperature: 1.0,
+            top_p: 1.0,
+            seed: None,
+        },
+    };
+    Setup { server, ctx, world }
+}
+
+fn texts(w: &orchestrator::data::world::World) -> (String, String, String, String) {
+    // Queries that hit real documents of the generated world.
+    let t = &w.tasks[0];
+    let gene_doc = w
+        .docs
+        .iter()
+        .find(|d| d.id == t.rubrics[0].evidence[0])
+        .unwrap();
+    let gene = gene_doc.title.replace("The ", "").replace(" gene", "");
+    let protein = t.rubrics[0].key_terms[0].clone();
+    (gene, protein, t.answer.clone(), gene_doc.id.clone())
+}
+
+fn task(task_id: Uuid) -> RolloutTask {
+    RolloutTask {
+        task_id,
+        system: "SYS".into(),
+        user: "Which compound?".into(),
+    }
+}
+
+fn slot(run_id: Uuid) -> RolloutSlot {
+    RolloutSlot {
+        run_id,
+        step: 0,
+        sample_index: 0,
+        policy_version: 7,
+    }
+}
+
+#[tokio::test]
+async fn three_turn_rollout_has_exact_tokens_stages_and_masks() {
+    let s = setup(None, 10, 4000).await;
+    let (gene, protein, compound, gene_doc) = texts(&s.world);
+    let t1 = T1.replace("GENE", &format!("the {gene} gene"));
+    let t2 = T2.replace("PROTEIN", &protein);
+    let t3 = T3.replace("COMPOUND", &compound).replace("CITE", &gene_doc);
+    for t in [&t1, &t2, &t3] {
+        s.server.push_scripted(scripted(t, "stop")).await;
+    }
+    let r = s
+        .ctx
+        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
+        .await
+        .unwrap();
+    let traj = &r.trajectory;
+    assert_eq!(traj.finish_reason, "answer");
+    assert!(r.error.is_none());
+    assert_eq!(
+        traj.prompt_token_ids,
+        toy_tokenize("<|system|>SYS<|user|>Which compound?<|assistant|>")
+    );
+
+    // Model tokens are exactly the server's, in order; tool outputs sit between turns.
+    let model: Vec<u32> = traj
+        .segments
+        .iter()
+        .filter(|x| x.kind == SegmentKind::Model)
+        .flat_map(|x| x.token_ids.clone())
+        .collect();
+    let expected: Vec<u32> = [t1.as_str(), t2.as_str(), t3.as_str()]
+        .iter()
+        .flat_map(|t| toy_tokenize(t))
+        .collect();
+    assert_eq!(model, expected);
+    let kinds: Vec<SegmentKind> = traj.segments.iter().map(|x| x.kind).collect();
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| **k == SegmentKind::ToolOutput)
+            .count(),
+        2
+    );
+    for seg in &traj.segments {
+        match seg.kind {
+            SegmentKind::Model => {
+                assert_eq!(seg.logprobs.as_ref().unwrap().len(), seg.token_ids.len());
+                assert!(seg.stage.is_some());
+            }
+            _ => assert!(seg.stage.is_none() && seg.logprobs.is_none()),
+        }
+    }
+    // Each model token's stage follows the text boundaries of A.2.4.
+    let full = format!("{t1}{t2}{t3}");
+    let plan_end = full.find("</structured_plan>").unwrap() + "</structured_plan>".len();
+    let review = full.rfind("<think>Done.").unwrap();
+    let answer = full.find("<answer>").unwrap();
+    let mut pos = 0usize;
+    for seg in traj
+        .segments
+        .iter()
+        .filter(|x| x.kind == SegmentKind::Model)
+    {
+        for _ in &seg.token_ids {
+            let want = if pos < plan_end {
+                Stage::Plan
+            } else if pos < review {
+                Stage::Research
+            } else if pos < answer {
+                Stage::Review
+            } else {
+                Stage::Answer
+            };
+            assert_eq!(seg.stage, Some(want), "byte {pos}");
+            pos += 1; // one byte per token in the toy codec
+        }
+    }
+    assert_eq!(r.calls.len(), 2);
+    assert!(
+        r.calls.iter().all(|c| c.stage == Stage::Research),
+        "the first call_tool belongs to Research"
+    );
+    assert_eq!(
+        r.calls[1].result.args.attrs.get("year").map(String::as_str),
+        Some("2000-2020")
+    );
+    assert!(
+        r.calls[0].result.snippets.iter().any(|x| x.id == gene_doc),
+        "search found the gene doc"
+    );
+    assert_eq!(r.parsed.citations.len(), 1);
+    assert!(
+        r.parsed.citations[0].known,
+        "cited id came from a tool output"
+    );
+    assert_eq!(r.parsed.boxed.as_deref(), Some(compound.as_str()));
+    // The tool output the model saw is exactly what the next request's prompt contained.
+    let tool_seg = traj
+        .segments
+        .iter()
+        .find(|x| x.kind == SegmentKind::ToolOutput)
+        .unwrap();
+    assert!(tool_seg.text.contains("<tool_output><snippet id="));
+    assert_eq!(tool_seg.token_ids, toy_tokenize(&tool_seg.text));
+}
+
+#[tokio::test]
+async fn never_closing_a_tag_ends_with_length() {
+    let s = setup(None, 10, 400).await;
+    // 300 tokens of an unclosed think, cut by the budget; then the forced answer is cut too.
+    let long = format!("<think>{}", "x".repeat(293));
+    s.server.push_scripted(scripted(&long, "length")).await;
+    s.server
+        .push_scripted(scripted(&"y".repeat(150), "length"))
+        .await;
+    let r = s
+        .ctx
+        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
+        .await
+        .unwrap();
+    assert_eq!(r.trajectory.finish_reason, "length");
+    let injected = r
+        .trajectory
+        .segments
+        .iter()
+        .filter(|x| x.kind == SegmentKind::Injected)
+        .count();
+    assert_eq!(injected, 1, "one forced-answer prefix");
+    let all: usize = r
+        .trajectory
+        .segments
+        .iter()
+        .map(|x| x.token_ids.len())
+        .sum();
+    assert!(all <= 400, "budget respected: {all}");
+    assert_eq!(
+        r.trajectory.segments[0].stage,
+        Some(Stage::Plan),
+        "unrecognised text stays in Plan"
+    );
+}
+
+#[tokio::test]
+async fn stopping_without_answer_forces_one() {
+    let s = setup(None, 10, 2000).await;
+    s.server
+        .push_scripted(scripted("<think>I will just stop.</think>", "stop"))
+        .await;
+    s.server
+        .push_scripted(scripted("A guess.</answer>", "stop"))
+        .await;
+    let r = s
+        .ctx
+        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
+        .await
+        .unwrap();
+    assert_eq!(r.trajectory.finish_reason, "forced_answer");
+    let last = r.trajectory.segments.last().unwrap();
+    assert_eq!(
+        last.stage,
+        Some(Stage::Answer),
+        "the forced answer's tokens are Answer-stage model tokens"
+    );
+    assert!(r.parsed.answer_closed);
+}
+
+#[tokio::test]
+async fn tool_budget_is_enforced() {
+    let s = setup(None, 1, 4000).await;
+    let call = "<call_tool name=\"google_search\">q</call_tool>";
+    s.server
+        .push_scripted(scripted(
+            &format!("<structured_plan></structured_plan>{call}"),
+            "stop",
+        ))
+        .await;
+    s.server.push_scripted(scripted(call, "stop")).await;
+    s.server
+        .push_scripted(scripted("<answer>done</answer>", "stop"))
+        .await;
+    let r = s
+        .ctx
+        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
+        .await
+        .unwrap();
+    assert_eq!(r.calls.len(), 1, "the second call is refused");
+    let outputs: Vec<&str> = r
+        .trajectory
+        .segments
+        .iter()
+        .filter(|x| x.kind == SegmentKind::ToolOutput)
+        .map(|x| x.text.as_str())
+        .collect();
+    assert!(outputs[1].contains("budget of 1 tool calls"), "{outputs:?}");
+    assert_eq!(r.trajectory.finish_reason, "forced_answer");
+}
+
+#[tokio::test]
+async fn server_failure_keeps_what_was_generated() {
+    let s = setup(None, 10, 2000).await;
+    s.server
+        .push_scripted(scripted(
+            "<structured_plan></structured_plan><call_tool name=\"google_search\">q</call_tool>",
+            "stop",
+        ))
+        .await;
+    // Faults apply to requests in order: the first turn succeeds, the second gets a 400.
+    s.server
+        .push_fault(common::fake_openai::Fault::Delay(Duration::ZERO))
+        .await;
+    s.server
+        .push_fault(common::fake_openai::Fault::Status(400))
+        .await;
+    let r = s
+        .ctx
+        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
+        .await
+        .unwrap();
+    assert_eq!(r.trajectory.finish_reason, "error");
+    assert!(r.error.as_deref().unwrap().contains("400"));
+    assert_eq!(r.calls.len(), 1, "the first turn's tool call ran");
+    assert!(
+        r.trajectory
+            .segments
+            .iter()
+            .any(|x| x.kind == SegmentKind::Model),
+        "first turn kept"
+    );
+}
+
+#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+async fn persisted_and_tool_cache_hits_on_rerun(pool: sqlx::PgPool) {
+    let cache: Arc<dyn ToolCache> = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
+    let s = setup(Some(cache), 10, 4000).await;
+    let (gene, protein, compound, gene_doc) = texts(&s.world);
+    let t1 = T1.replace("GENE", &gene);
+    let t2 = T2.replace("PROTEIN", &protein);
+    let t3 = T3.replace("COMPOUND", &compound).replace("CITE", &gene_doc);
+    let exp = db::runs::create_experiment(&pool, "e", "smoke", &serde_json::json!({}))
+        .await
+        .unwrap();
+    let run_id = db::runs::create_run(&pool, exp, "r", "full", &serde_json::json!({}), 1)
+        .await
+        .unwrap();
+    let task_id = db::tasks::upsert(
+        &pool,
+        &[db::tasks::NewTask {
+            source: "t".into(),
+            external_id: "1".into(),
+            prompt: "Which compound?".into(),
+            answer_format: "exact".into(),
+            persistent_rubrics: serde_json::json!([]),
+            metadata: serde_json::json!({}),
+        }],
+    )
+    .await
+    .unwrap()[0];
+    db::runs::begin_step(&pool, run_id, 0, 7, &[task_id])
+        .await
+        .unwrap();
+    let mut rollouts = Vec::new();
+    for k in 0..2 {
+        for t in [&t1, &t2, &t3] {
+            s.server.push_scripted(scripted(t, "stop")).await;
+        }
+        let r = s
+            .ctx
+            .run(
+                &task(task_id),
+                RolloutSlot {
+                    sample_index: k,
+                    ..slot(run_id)
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            r.calls.iter().all(|c| c.result.cached),
+            k == 1,
+            "rerun is served from the cache"
+        );
+        rollouts.push(r);
+    }
+    db::rollouts::insert(&pool, &rollouts).await.unwrap();
+    for r in &rollouts {
+        let back = db::trajectories::get(&pool, r.trajectory.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(back.segments, r.trajectory.segments);
+        assert_eq!(back.prompt_token_ids, r.trajectory.prompt_token_ids);
+        assert_eq!(back.finish_reason, "answer");
+    }
+    let rows: Vec<(i16, String, bool, Vec<String>)> = sqlx::query_as(
+        "SELECT stage, tool, cached, snippet_ids FROM tool_calls ORDER BY created_at, ordinal",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 4);
+    assert!(rows.iter().all(|r| r.0 == Stage::Research as i16));
+    assert_eq!(rows.iter().filter(|r| r.2).count(), 2);
+    assert!(rows[0].3.contains(&gene_doc));
+    // Citations land where scripts/sql/citation_validity.sql reads them.
+    let known: bool = sqlx::query_scalar(
+        "SELECT (parsed->'citations'->0->>'known')::boolean FROM trajectories LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(known);
+}

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cli::{Cli, Command, ConfigArgs, IndexCommand, ProbeRole, WorldCommand};
+use crate::cli::{Cli, Command, ConfigArgs, IndexCommand, ProbeRole, RolloutArgs, WorldCommand};
 use crate::config::{Config, JudgeKind};
 use crate::db;
 use crate::llm::{self, LlmClient, Role};
+pub use crate::rollout::RolloutSummary;
 
 fn out(line: impl AsRef<str>) {
     let mut stdout = std::io::stdout().lock();
@@ -86,8 +87,161 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ));
             Ok(ExitCode::SUCCESS)
         }
+        Command::Rollout(args) => {
+            let summary = rollout(&args).await?;
+            out(summary.render());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Run { config, resume } => run_experiment(&config, resume).await,
     }
+}
+
+/// `orchestrator rollout`: load tasks, roll out, persist, summarise.
+pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
+    use std::sync::Arc;
+
+    use crate::chat::{ModelTokenizer, Scaffold};
+    use crate::rollout::{
+        RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch_summary,
+    };
+    use crate::tools::runner::{ToolLimits, ToolRunner};
+
+    let cfg = load_config(&args.config)?;
+    let scaffold: Scaffold =
+        serde_json::from_value(serde_json::Value::String(args.scaffold.clone())).map_err(|_| {
+            anyhow::anyhow!(
+                "--scaffold = {:?}; allowed: rubricem, drtulu, react",
+                args.scaffold
+            )
+        })?;
+    let n = args.n.unwrap_or(cfg.rollout.n);
+    anyhow::ensure!(
+        (1..=64).contains(&n),
+        "--n = {n} is out of range; allowed: 1..=64"
+    );
+    let mut tasks = crate::data::tasks::load(&args.tasks)?;
+    if let Some(l) = args.limit {
+        tasks.truncate(l);
+    }
+    anyhow::ensure!(!tasks.is_empty(), "{} holds no tasks", args.tasks.display());
+    let pool = db::open(&cfg.database.url, cfg.database.max_connections).await?;
+    let tokenizer = ModelTokenizer::from_dir(&args.tokenizer)?;
+    let client = client_for(&cfg, Role::Policy, &cfg.policy)?;
+    llm::detect_all(&client, Role::Policy).await?;
+
+    let cache = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
+    let mut runner = ToolRunner::new(Some(cache));
+    if let Some(dir) = &args.index {
+        let index = Arc::new(crate::tools::local_search::LocalIndex::open(dir)?);
+        for (name, desc) in [
+            ("google_search", "web search; returns snippets with ids."),
+            ("snippet_search", "search passages of scientific papers."),
+        ] {
+            runner.register(
+                name,
+                Arc::new(crate::tools::search_apis::LocalSearch {
+                    index: index.clone(),
+                    description: desc.into(),
+                    default_k: 5,
+                }),
+                ToolLimits::default(),
+            );
+        }
+    }
+    let system = crate::chat::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)?;
+
+    let new_tasks: Vec<db::tasks::NewTask> = tasks
+        .iter()
+        .map(|t| db::tasks::NewTask {
+            source: t.source.clone(),
+            external_id: t.external_id.clone(),
+            prompt: t.query.clone(),
+            answer_format: match t.format {
+                crate::chat::AnswerFormat::Exact => "exact",
+                crate::chat::AnswerFormat::Short => "short",
+                crate::chat::AnswerFormat::Long => "long",
+            }
+            .to_string(),
+            persistent_rubrics: serde_json::to_value(&t.rubrics).unwrap_or_default(),
+            metadata: t.metadata.clone(),
+        })
+        .collect();
+    let task_ids = db::tasks::upsert(&pool, &new_tasks).await?;
+    let snapshot = cfg.snapshot();
+    let exp =
+        db::runs::create_experiment(&pool, "rollout", &args.config.experiment, &snapshot).await?;
+    let run_id = db::runs::create_run(
+        &pool,
+        exp,
+        "rollout",
+        "rollout",
+        &snapshot,
+        cfg.experiment.seed as i64,
+    )
+    .await?;
+    db::runs::set_run_status(&pool, run_id, "running", None).await?;
+    db::runs::begin_step(&pool, run_id, 0, 0, &task_ids).await?;
+    let rtasks: Vec<RolloutTask> = tasks
+        .iter()
+        .zip(&task_ids)
+        .map(|(t, id)| RolloutTask {
+            task_id: *id,
+            system: system.clone(),
+            user: crate::chat::user_message(&t.query, t.format),
+        })
+        .collect();
+    let ctx = RolloutCtx {
+        client,
+        codec: Arc::new(tokenizer),
+        tools: Arc::new(runner),
+        cfg: RolloutConfig {
+            max_tool_calls: cfg.rollout.max_tool_calls,
+            max_tokens: cfg.rollout.max_tokens,
+            forced_answer_tokens: (cfg.rollout.max_tokens / 8).clamp(16, 2048),
+            temperature: cfg.rollout.temperature,
+            top_p: cfg.rollout.top_p,
+            seed: Some(cfg.experiment.seed),
+        },
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let ctrl_c = cancel.clone();
+    let watcher = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            tracing::warn!("interrupted: abandoning trajectories in flight");
+            ctrl_c.cancel();
+        }
+    });
+    let pb = crate::telemetry::progress((rtasks.len() * n as usize) as u64, "rollouts");
+    let started = std::time::Instant::now();
+    let slot = RolloutSlot {
+        run_id,
+        step: 0,
+        sample_index: 0,
+        policy_version: 0,
+    };
+    let (rollouts, mut summary) = rollout_batch_summary(
+        &ctx,
+        &rtasks,
+        n,
+        slot,
+        args.max_inflight,
+        &cancel,
+        Some(&pb),
+    )
+    .await;
+    pb.finish_and_clear();
+    watcher.abort();
+    db::rollouts::insert(&pool, &rollouts).await?;
+    let status = if cancel.is_cancelled() {
+        "cancelled"
+    } else {
+        "completed"
+    };
+    db::runs::set_step_status(&pool, run_id, 0, status).await?;
+    db::runs::set_run_status(&pool, run_id, status, None).await?;
+    summary.run_id = run_id;
+    summary.seconds = started.elapsed().as_secs_f64();
+    Ok(summary)
 }
 
 async fn index(cmd: IndexCommand) -> anyhow::Result<ExitCode> {

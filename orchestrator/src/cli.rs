@@ -55,6 +55,9 @@ pub enum Command {
     /// Generate the offline research world (corpus + multi-hop tasks with rubrics).
     #[command(subcommand)]
     World(WorldCommand),
+    /// Roll out the policy on a task file: n trajectories per task, stored in Postgres, with a
+    /// summary of finish reasons, tool calls per stage and parse failures.
+    Rollout(RolloutArgs),
     /// Run an experiment preset.
     Run {
         #[command(flatten)]
@@ -63,6 +66,33 @@ pub enum Command {
         #[arg(long, env = "ORCH_RESUME")]
         resume: Option<uuid::Uuid>,
     },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RolloutArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Task file (JSONL; our shape or DR Tulu RL rows).
+    #[arg(long, env = "ORCH_TASKS")]
+    pub tasks: PathBuf,
+    /// Rollouts per task (default: rollout.n of the preset).
+    #[arg(long, env = "ORCH_N")]
+    pub n: Option<u32>,
+    /// Use only the first N tasks.
+    #[arg(long, env = "ORCH_LIMIT")]
+    pub limit: Option<usize>,
+    /// Model directory with tokenizer.json and the chat template of the policy.
+    #[arg(long, env = "ORCH_TOKENIZER")]
+    pub tokenizer: PathBuf,
+    /// Local BM25 index (from `index build`) served as google_search and snippet_search.
+    #[arg(long, env = "ORCH_INDEX_DIR")]
+    pub index: Option<PathBuf>,
+    /// Agent scaffold: rubricem, drtulu or react.
+    #[arg(long, env = "ORCH_SCAFFOLD", default_value = "rubricem")]
+    pub scaffold: String,
+    /// Trajectories in flight at once.
+    #[arg(long, env = "ORCH_MAX_INFLIGHT", default_value_t = 256)]
+    pub max_inflight: usize,
 }
 
 #[derive(Debug, Subcommand)]

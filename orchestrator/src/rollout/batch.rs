@@ -55,3 +55,89 @@ pub async fn rollout_batch(
         .map(|r| r.unwrap_or(Err(RolloutError::Cancelled)))
         .collect()
 }
+
+/// Run a batch and keep the successful rollouts, with the counts `orchestrator rollout` reports.
+pub async fn rollout_batch_summary(
+    ctx: &RolloutCtx,
+    tasks: &[RolloutTask],
+    n: u32,
+    slot: RolloutSlot,
+    max_inflight: usize,
+    cancel: &CancellationToken,
+    progress: Option<&indicatif::ProgressBar>,
+) -> (Vec<Rollout>, RolloutSummary) {
+    let results = rollout_batch(ctx, tasks, n, slot, max_inflight, cancel, progress).await;
+    let mut summary = RolloutSummary::default();
+    let mut ok = Vec::new();
+    for r in results {
+        match r {
+            Ok(r) => {
+                *summary
+                    .finish_reasons
+                    .entry(r.trajectory.finish_reason.clone())
+                    .or_default() += 1;
+                for c in &r.calls {
+                    *summary
+                        .tool_calls
+                        .entry((c.stage.as_str().to_string(), c.result.tool.clone()))
+                        .or_default() += 1;
+                }
+                if !r.parsed.issues.is_empty()
+                    || !r.parsed.stages_present[0]
+                    || r.parsed.answer.is_none()
+                {
+                    summary.parse_failures += 1;
+                }
+                summary.model_tokens += r.trajectory.num_model_tokens();
+                ok.push(r);
+            }
+            Err(e) => {
+                *summary
+                    .finish_reasons
+                    .entry(format!("not_run ({e})"))
+                    .or_default() += 1;
+            }
+        }
+    }
+    summary.trajectories = ok.len();
+    (ok, summary)
+}
+
+/// What `orchestrator rollout` reports.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RolloutSummary {
+    pub run_id: uuid::Uuid,
+    pub trajectories: usize,
+    pub finish_reasons: std::collections::BTreeMap<String, usize>,
+    /// (stage, tool) -> calls
+    pub tool_calls: std::collections::BTreeMap<(String, String), usize>,
+    /// Trajectories with malformed tags or without a recognised plan or answer.
+    pub parse_failures: usize,
+    pub model_tokens: usize,
+    pub seconds: f64,
+}
+
+impl RolloutSummary {
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "run {}: {} trajectories in {:.1} s, {} model tokens ({:.0} tokens/s)\nfinish reasons:",
+            self.run_id,
+            self.trajectories,
+            self.seconds,
+            self.model_tokens,
+            self.model_tokens as f64 / self.seconds.max(1e-9)
+        );
+        for (k, v) in &self.finish_reasons {
+            s.push_str(&format!(" {k}={v}"));
+        }
+        s.push_str("\ntool calls per stage:");
+        if self.tool_calls.is_empty() {
+            s.push_str(" none");
+        }
+        for ((stage, tool), n) in &self.tool_calls {
+            s.push_str(&format!(" {stage}/{tool}={n}"));
+        }
+        s.push_str(&format!("\nparse failures: {}", self.parse_failures));
+        s
+    }
+}

@@ -6,6 +6,7 @@ pub mod batch;
 pub mod codec;
 pub mod engine;
 
+pub use batch::{RolloutSummary, rollout_batch, rollout_batch_summary};
 pub use codec::{CodecError, TokenCodec};
 pub use engine::{
     ExecutedCall, Rollout, RolloutConfig, RolloutCtx, RolloutError, RolloutSlot, RolloutTask, STOPS,

@@ -1,0 +1,174 @@
+//! `orchestrator rollout` end to end: a task file from the research world, a local BM25 index, a
+//! real tokenizer directory (byte-level, with ids that match the fake server's), the scripted
+//! fake policy server, and Postgres; checks the summary and what was stored.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+mod common;
+
+use std::path::Path;
+
+use common::fake_openai::{FakeServer, Scripted, toy_tokenize};
+use orchestrator::cli::{ConfigArgs, RolloutArgs};
+
+/// GPT-2's byte-to-unicode map, so a ByteLevel BPE with no merges has one token per byte; ids
+/// are byte + 10 like the fake server's toy tokenizer.
+fn write_byte_tokenizer(dir: &Path) {
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
+    let mut cs = bs.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !bs.contains(&b) {
+            bs.push(b);
+            cs.push(256 + n);
+            n += 1;
+        }
+    }
+    let vocab: serde_json::Map<String, serde_json::Value> = bs
+        .iter()
+        .zip(&cs)
+        .map(|(b, c)| {
+            (
+                char::from_u32(*c).unwrap().to_string(),
+                serde_json::json!(b + 10),
+            )
+        })
+        .collect();
+    let bl = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+    let tok = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": bl, "post_processor": null, "decoder": bl,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    });
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    let template = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../prompts/chat_template.jinja"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({"eos_token": "<|im_end|>", "chat_template": template}).to_string(),
+    )
+    .unwrap();
+}
+
+fn scripted(text: &str) -> Scripted {
+    let stop = ["</call_tool>", "</answer>"]
+        .iter()
+        .find(|s| text.ends_with(**s))
+        .map(|s| s.to_string());
+    Scripted {
+        text: text.into(),
+        token_ids: toy_tokenize(text),
+        finish_reason: "stop".into(),
+        stop_reason: stop,
+    }
+}
+
+#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+async fn rollout_command_stores_and_summarises(pool: sqlx::PgPool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok_dir = tmp.path().join("model");
+    write_byte_tokenizer(&tok_dir);
+    let tok = orchestrator::chat::ModelTokenizer::from_dir(&tok_dir).unwrap();
+    assert_eq!(
+        tok.encode("Hé").unwrap(),
+        toy_tokenize("Hé"),
+        "ids match the fake server's"
+    );
+
+    let world = orchestrator::data::world::generate(9, 60, 2);
+    orchestrator::data::world::write(&world, &tmp.path().join("world")).unwrap();
+    let idx_dir = tmp.path().join("idx");
+    orchestrator::tools::local_search::LocalIndex::build(&world.docs, Some(&idx_dir)).unwrap();
+
+    let server = FakeServer::start().await;
+    let n = 2;
+    // The start-up feature detection sends one completion first.
+    server.push_scripted(scripted("probe")).await;
+    for _ in 0..(n * world.tasks.len()) {
+        server.push_scripted(scripted("<think>plan</think><structured_plan><deep_analysis>a</deep_analysis><rubric>- fact</rubric><research_plan>search</research_plan></structured_plan><call_tool name=\"google_search\">gene protein</call_tool>")).await;
+        server.push_scripted(scripted("<think>ok</think><state_evaluation>enough</state_evaluation><review><rubric_review>r</rubric_review><writing_plan>w</writing_plan></review><answer>\\boxed{x}</answer>")).await;
+    }
+
+    let db_name = pool.connect_options().get_database().unwrap().to_string();
+    let mut url = url::Url::parse(&std::env::var("DATABASE_URL").unwrap()).unwrap();
+    url.set_path(&format!("/{db_name}"));
+    let args = RolloutArgs {
+        config: ConfigArgs {
+            experiment: "smoke".into(),
+            config_file: None,
+            database_url: Some(url.to_string()),
+            policy_urls: Some(vec![server.url()]),
+            judge_urls: None,
+            embeddings_urls: None,
+            trainer_url: None,
+            steps: None,
+            sets: vec!["rollout.max_tokens=4096".into()],
+        },
+        tasks: tmp.path().join("world/tasks.jsonl"),
+        n: Some(n as u32),
+        limit: None,
+        tokenizer: tok_dir,
+        index: Some(idx_dir),
+        scaffold: "rubricem".into(),
+        // One at a time: the fake's scripted replies are a single queue.
+        max_inflight: 1,
+    };
+    let summary = orchestrator::app::rollout(&args).await.unwrap();
+    assert_eq!(summary.trajectories, 4);
+    assert_eq!(
+        summary.finish_reasons.get("answer"),
+        Some(&4),
+        "{summary:?}"
+    );
+    assert_eq!(
+        summary
+            .tool_calls
+            .get(&("research".to_string(), "google_search".to_string())),
+        Some(&4)
+    );
+    assert_eq!(summary.parse_failures, 0);
+    assert!(summary.render().contains("answer=4"));
+
+    let n_traj: i64 = sqlx::query_scalar("SELECT count(*) FROM trajectories")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let n_calls: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_calls")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let cached: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_calls WHERE cached")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let status: String = sqlx::query_scalar("SELECT status FROM runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!((n_traj, n_calls, status.as_str()), (4, 4, "completed"));
+    assert_eq!(
+        cached, 3,
+        "the same query repeats: every call after the first is a cache hit"
+    );
+    // The prompt carries the RubricEM system prompt through the chat template.
+    let prompt: Vec<i32> = sqlx::query_scalar("SELECT prompt_token_ids FROM trajectories LIMIT 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let text = tok
+        .decode(&prompt.iter().map(|x| *x as u32).collect::<Vec<_>>())
+        .unwrap();
+    assert!(
+        text.starts_with("<|im_start|>system\n")
+            && text.contains("<structured_plan>")
+            && text.ends_with("<|im_start|>assistant\n"),
+        "{text}"
+    );
+}

@@ -76,6 +76,10 @@ pub struct FakeState {
     /// Bodies of completion requests, for assertions.
     pub last_bodies: Mutex<Vec<Value>>,
     pub record_bodies: std::sync::atomic::AtomicBool,
+    /// When set and nothing is scripted: the reply is turn k of this list, where k is the number
+    /// of `</tool_output>` already in the (toy-tokenised) prompt. Lets thousands of concurrent
+    /// agent trajectories run without a shared script.
+    pub auto_turns: std::sync::RwLock<Vec<String>>,
 }
 
 pub struct FakeServer {
@@ -283,7 +287,26 @@ async fn completions(State(s): State<Arc<FakeState>>, Json(body): Json<Value>) -
     let features = s.features.read().unwrap().clone();
     let mut choices = Vec::new();
     for index in 0..n {
-        let (ids, lps, text, finish, stop) = match s.scripted.lock().await.pop_front() {
+        let auto = s.auto_turns.read().unwrap().clone();
+        let next = match s.scripted.lock().await.pop_front() {
+            Some(x) => Some(x),
+            None if !auto.is_empty() => {
+                let done = toy_detokenize(&prompt).matches("</tool_output>").count();
+                let text = auto[done.min(auto.len() - 1)].clone();
+                let stop = ["</call_tool>", "</answer>"]
+                    .iter()
+                    .find(|e| text.ends_with(**e))
+                    .map(|e| e.to_string());
+                Some(Scripted {
+                    token_ids: toy_tokenize(&text),
+                    text,
+                    finish_reason: "stop".into(),
+                    stop_reason: stop,
+                })
+            }
+            None => None,
+        };
+        let (ids, lps, text, finish, stop) = match next {
             Some(sc) if sc.token_ids.len() > max_tokens => {
                 // Like a real server: cut at max_tokens.
                 let ids = sc.token_ids[..max_tokens].to_vec();

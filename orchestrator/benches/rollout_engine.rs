@@ -1,0 +1,239 @@
+//! Rollout engine overhead: turns per second, orchestrator CPU per turn and peak RSS with 256 and
+//! 2048 concurrent trajectories against the loopback fake answering at 0 ms and 50 ms. The fake
+//! runs in a child process, so CPU and memory figures are the orchestrator's alone. Each
+//! trajectory is 3 turns (plan + call, research + call, review + answer) with an instant tool.
+//! Reference, side by side: the ideal wall time at 50 ms (3 turns x 50 ms when nothing queues).
+//!
+//! Run: cargo bench -p orchestrator --bench rollout_engine
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    reason = "benchmark code fails loudly"
+)]
+
+#[path = "../tests/common/fake_openai.rs"]
+mod fake_openai;
+
+use std::io::{BufRead, BufReader};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
+use orchestrator::rollout::{
+    CodecError, RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, TokenCodec, rollout_batch,
+};
+use orchestrator::tools::runner::{Snippet, Tool, ToolArgs, ToolError, ToolLimits, ToolRunner};
+use uuid::Uuid;
+
+struct ToyCodec;
+impl TokenCodec for ToyCodec {
+    fn render_prompt(&self, system: &str, user: &str) -> Result<String, CodecError> {
+        Ok(format!("<|system|>{system}<|user|>{user}<|assistant|>"))
+    }
+    fn encode(&self, text: &str) -> Result<Vec<u32>, CodecError> {
+        Ok(fake_openai::toy_tokenize(text))
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, CodecError> {
+        Ok(fake_openai::toy_detokenize(ids))
+    }
+}
+
+struct Instant3;
+impl Tool for Instant3 {
+    fn name(&self) -> &str {
+        "google_search"
+    }
+    fn spec(&self) -> orchestrator::chat::ToolSpec {
+        orchestrator::chat::ToolSpec {
+            name: "google_search".into(),
+            description: "x".into(),
+            attributes: String::new(),
+        }
+    }
+    fn call<'a>(&'a self, a: &'a ToolArgs) -> BoxFuture<'a, Result<Vec<Snippet>, ToolError>> {
+        Box::pin(async move {
+            Ok((0..3)
+                .map(|i| {
+                    Snippet::new(
+                        "g",
+                        format!("t{i}"),
+                        None,
+                        format!("{} evidence {i} sentence about the topic.", a.query),
+                    )
+                })
+                .collect())
+        })
+    }
+}
+
+const TURNS: [&str; 3] = [
+    "<think>The question needs a mechanism and a use case; plan two searches.</think><structured_plan><deep_analysis>two parts</deep_analysis><rubric>Knowledge checklist:\n- mechanism\n- use</rubric><research_plan>search mechanism, then uses</research_plan></structured_plan><call_tool name=\"google_search\">mechanism of the enzyme</call_tool>",
+    "<think>Mechanism found.</think><state_evaluation>mechanism covered; uses missing</state_evaluation><call_tool name=\"google_search\">uses of the enzyme in sequencing</call_tool>",
+    "<think>Enough.</think><state_evaluation>all covered</state_evaluation><review><rubric_review>both items supported</rubric_review><writing_plan>two sentences</writing_plan></review><answer>It cuts and pastes <cite id=\"a\">DNA</cite>, and is used in sequencing.</answer>",
+];
+
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0 // utime + stime, USER_HZ = 100
+}
+
+fn rss_peak_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn serve(latency_ms: u64) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let server = fake_openai::FakeServer::start().await;
+        server.set_latency(Duration::from_millis(latency_ms));
+        *server.state.auto_turns.write().unwrap() = TURNS.iter().map(|s| s.to_string()).collect();
+        println!("{}", server.url());
+        // Serve until the parent closes our stdin.
+        let mut line = String::new();
+        let _ = tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line)).await;
+    });
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--serve") {
+        serve(args[i + 1].parse().unwrap());
+        return;
+    }
+    println!("rollout engine: 3-turn trajectories, instant tool, fake server in a child process");
+    println!(
+        "{:>10} {:>8} | {:>8} {:>9} {:>11} {:>12} | {:>10} {:>10}",
+        "concurrent",
+        "latency",
+        "turns/s",
+        "wall s",
+        "CPU us/turn",
+        "CPU % of turn",
+        "ideal s",
+        "wall/ideal"
+    );
+    for latency in [0u64, 50] {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--serve", &latency.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut url = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut url)
+            .unwrap();
+        let url = url.trim().to_string();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for concurrent in [256usize, 2048] {
+            rt.block_on(async {
+                let pool = EndpointPool::new(
+                    Role::Policy,
+                    "policy",
+                    std::slice::from_ref(&url),
+                    4096,
+                    Duration::from_secs(120),
+                    3,
+                );
+                let client = LlmClient::new(
+                    build_http(Duration::from_secs(5)).unwrap(),
+                    Arc::new(pool),
+                    RetryPolicy::none(),
+                );
+                let mut tools = ToolRunner::new(None);
+                tools.register(
+                    "google_search",
+                    Arc::new(Instant3),
+                    ToolLimits {
+                        max_concurrency: 4096,
+                        ..Default::default()
+                    },
+                );
+                let ctx = RolloutCtx {
+                    client,
+                    codec: Arc::new(ToyCodec),
+                    tools: Arc::new(tools),
+                    cfg: RolloutConfig {
+                        max_tool_calls: 10,
+                        max_tokens: 8192,
+                        forced_answer_tokens: 512,
+                        temperature: 1.0,
+                        top_p: 1.0,
+                        seed: None,
+                    },
+                };
+                let tasks: Vec<RolloutTask> = (0..concurrent)
+                    .map(|i| RolloutTask {
+                        task_id: Uuid::now_v7(),
+                        system: "You are a research agent.".repeat(20),
+                        user: format!("Question {i} about an enzyme?"),
+                    })
+                    .collect();
+                let slot = RolloutSlot {
+                    run_id: Uuid::now_v7(),
+                    step: 0,
+                    sample_index: 0,
+                    policy_version: 0,
+                };
+                let cancel = tokio_util::sync::CancellationToken::new();
+                let (cpu0, t0) = (cpu_seconds(), Instant::now());
+                let out = rollout_batch(&ctx, &tasks, 1, slot, concurrent, &cancel, None).await;
+                let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+                let ok = out
+                    .iter()
+                    .filter(|r| matches!(r, Ok(r) if r.trajectory.finish_reason == "answer"))
+                    .count();
+                assert_eq!(ok, concurrent, "every trajectory answered");
+                let turns = (concurrent * 3) as f64;
+                let cpu_per_turn_us = cpu / turns * 1e6;
+                let pct = if latency > 0 {
+                    format!(
+                        "{:.2}%",
+                        cpu_per_turn_us / (latency as f64 * 1000.0) * 100.0
+                    )
+                } else {
+                    "-".into()
+                };
+                let ideal = 3.0 * latency as f64 / 1000.0;
+                let ratio = if latency > 0 {
+                    format!("{:.2}", wall / ideal)
+                } else {
+                    "-".into()
+                };
+                println!(
+                    "{:>10} {:>6}ms | {:>8.0} {:>9.2} {:>11.0} {:>12} | {:>10.2} {:>10}",
+                    concurrent,
+                    latency,
+                    turns / wall,
+                    wall,
+                    cpu_per_turn_us,
+                    pct,
+                    ideal,
+                    ratio
+                );
+            });
+        }
+        drop(child.stdin.take());
+        let _ = child.wait();
+    }
+    println!(
+        "peak RSS of the orchestrator process: {:.0} MiB",
+        rss_peak_mib()
+    );
+}

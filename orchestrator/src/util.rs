@@ -1,4 +1,4 @@
-//! Small helpers with no better home: hashing and hex encoding.
+//! Small helpers with no better home: hashing, hex encoding, error chains.
 
 use sha2::{Digest, Sha256};
 
@@ -9,6 +9,22 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     for b in digest {
         s.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
         s.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
+    }
+    s
+}
+
+/// An error and all its sources as one line (`outer: inner: root`). A source whose message the
+/// line already contains is skipped (sqlx and others repeat their source in their own message).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
     }
     s
 }

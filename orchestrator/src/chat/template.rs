@@ -146,16 +146,8 @@ impl ChatTemplate {
         for (k, v) in extra {
             ctx.insert(k.clone(), v.clone());
         }
-        tmpl.render(Value::from_serialize(&ctx)).map_err(|e| {
-            let mut msg = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                msg.push_str(": ");
-                msg.push_str(&s.to_string());
-                src = s.source();
-            }
-            TemplateError::Render(msg)
-        })
+        tmpl.render(Value::from_serialize(&ctx))
+            .map_err(|e| TemplateError::Render(crate::util::error_chain(&e)))
     }
 }
 

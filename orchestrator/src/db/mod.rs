@@ -78,19 +78,9 @@ pub fn redact_url(raw: &str) -> String {
 }
 
 fn connect_error(url: &str, e: &sqlx::Error) -> DbError {
-    let mut message = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        let m = s.to_string();
-        if !message.contains(&m) {
-            message.push_str(": ");
-            message.push_str(&m);
-        }
-        src = s.source();
-    }
     DbError::Connect {
         url: redact_url(url),
-        message,
+        message: crate::util::error_chain(e),
     }
 }
 

@@ -523,30 +523,19 @@ fn map_reqwest(e: reqwest::Error, endpoint: &str, timeout: Duration) -> LlmError
         // Connection refused/reset, or the connection died mid-body: transient.
         LlmError::Connect {
             endpoint: endpoint.to_string(),
-            message: error_chain(&e),
+            message: crate::util::error_chain(&e),
         }
     } else if e.is_builder() {
         LlmError::Request {
             endpoint: endpoint.to_string(),
-            message: error_chain(&e),
+            message: crate::util::error_chain(&e),
         }
     } else {
         LlmError::Connect {
             endpoint: endpoint.to_string(),
-            message: error_chain(&e),
+            message: crate::util::error_chain(&e),
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Judges sometimes wrap JSON in a Markdown fence even in JSON mode.

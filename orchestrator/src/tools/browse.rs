@@ -40,17 +40,6 @@ pub struct Browser {
     pub window_chars: usize,
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 impl Browser {
     pub fn new(
         guard: Arc<AddressGuard>,
@@ -145,7 +134,7 @@ impl Browser {
         }
         BrowseError::Fetch {
             url: url.to_string(),
-            message: chain(e),
+            message: crate::util::error_chain(e),
         }
     }
 }

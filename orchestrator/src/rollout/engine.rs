@@ -86,6 +86,27 @@ struct Piece {
     text: String,
 }
 
+/// The growing trajectory: the token context sent to the server, the pieces in order, and the
+/// length of the text the scaffold parser sees (model and injected text; tool outputs excluded).
+struct Transcript {
+    context: Vec<u32>,
+    pieces: Vec<Piece>,
+    parse_len: usize,
+}
+
+impl Transcript {
+    /// Append a piece; returns its start offset in the parsed text.
+    fn push(&mut self, p: Piece) -> usize {
+        let start = self.parse_len;
+        self.context.extend_from_slice(&p.ids);
+        if p.kind != SegmentKind::ToolOutput {
+            self.parse_len += p.text.len();
+        }
+        self.pieces.push(p);
+        start
+    }
+}
+
 /// Everything a rollout needs.
 #[derive(Clone)]
 pub struct RolloutCtx {
@@ -167,11 +188,13 @@ impl RolloutCtx {
         let session = id.to_string();
         let prompt_text = self.codec.render_prompt(&task.system, &task.user)?;
         let prompt_ids = self.codec.encode(&prompt_text)?;
-        let mut context = prompt_ids.clone();
-        let mut pieces: Vec<Piece> = Vec::new();
+        let mut tr = Transcript {
+            context: prompt_ids.clone(),
+            pieces: Vec::new(),
+            parse_len: 0,
+        };
         let mut calls: Vec<ToolResult> = Vec::new();
         let mut call_offsets: Vec<usize> = Vec::new(); // model-text offsets of executed calls
-        let mut parse_len = 0usize; // bytes of model + injected text so far
         let mut server = String::new();
         let mut error = None;
         let mut turns = 0u32;
@@ -183,7 +206,7 @@ impl RolloutCtx {
         let mut finish = "length";
 
         loop {
-            let used = (context.len() - prompt_ids.len()) as u32;
+            let used = (tr.context.len() - prompt_ids.len()) as u32;
             let cap = if forced { budget } else { normal_budget };
             if used >= cap {
                 if forced {
@@ -191,14 +214,12 @@ impl RolloutCtx {
                 }
                 // Normal budget exhausted: force the answer with the reserve.
                 forced = true;
-                let p = self.inject("\n<answer>\n")?;
-                context.extend_from_slice(&p.ids);
-                parse_len += p.text.len();
-                pieces.push(p);
+                tr.push(self.inject("\n<answer>\n")?);
                 continue;
             }
             let t0 = Instant::now();
-            let (piece, fr, endpoint) = match self.generate(&session, &context, cap - used).await {
+            let (piece, fr, endpoint) = match self.generate(&session, &tr.context, cap - used).await
+            {
                 Ok(x) => x,
                 Err(e) => {
                     error = Some(e.to_string());
@@ -228,10 +249,7 @@ impl RolloutCtx {
             turns += 1;
             server = endpoint;
             let turn_text = piece.text.clone();
-            context.extend_from_slice(&piece.ids);
-            let piece_start = parse_len;
-            parse_len += piece.text.len();
-            pieces.push(piece);
+            let piece_start = tr.push(piece);
             let trimmed = turn_text.trim_end();
             let kind = if trimmed.ends_with("</answer>") {
                 Turn::Answered
@@ -260,10 +278,7 @@ impl RolloutCtx {
                         break;
                     }
                     forced = true;
-                    let p = self.inject("\n<answer>\n")?;
-                    context.extend_from_slice(&p.ids);
-                    parse_len += p.text.len();
-                    pieces.push(p);
+                    tr.push(self.inject("\n<answer>\n")?);
                 }
                 Turn::Tool => {
                     if forced {
@@ -272,10 +287,7 @@ impl RolloutCtx {
                     let parsed_turn = scaffold::parse(&turn_text, &|_| true);
                     let Some(call) = parsed_turn.tool_calls.last().cloned() else {
                         forced = true;
-                        let p = self.inject("\n<answer>\n")?;
-                        context.extend_from_slice(&p.ids);
-                        parse_len += p.text.len();
-                        pieces.push(p);
+                        tr.push(self.inject("\n<answer>\n")?);
                         continue;
                     };
                     let output = if calls.len() as u32 >= self.cfg.max_tool_calls {
@@ -303,8 +315,7 @@ impl RolloutCtx {
                         text
                     };
                     let ids = self.codec.encode(&output)?;
-                    context.extend_from_slice(&ids);
-                    pieces.push(Piece {
+                    tr.push(Piece {
                         kind: SegmentKind::ToolOutput,
                         ids,
                         logprobs: None,
@@ -315,6 +326,7 @@ impl RolloutCtx {
         }
 
         // Stage spans over model + injected text (tool outputs excluded), then split pieces.
+        let pieces = tr.pieces;
         let parse_text: String = pieces
             .iter()
             .filter(|p| p.kind != SegmentKind::ToolOutput)
@@ -329,25 +341,6 @@ impl RolloutCtx {
         let mut offset = 0usize;
         for p in &pieces {
             match p.kind {
-                SegmentKind::ToolOutput => segments.push(Segment {
-                    kind: p.kind,
-                    stage: None,
-                    token_ids: p.ids.clone(),
-                    logprobs: None,
-                    text: p.text.clone(),
-                    policy_version: None,
-                }),
-                SegmentKind::Injected => {
-                    segments.push(Segment {
-                        kind: p.kind,
-                        stage: None,
-                        token_ids: p.ids.clone(),
-                        logprobs: None,
-                        text: p.text.clone(),
-                        policy_version: None,
-                    });
-                    offset += p.text.len();
-                }
                 SegmentKind::Model => {
                     segments.extend(self.split_by_stage(
                         p,
@@ -355,8 +348,18 @@ impl RolloutCtx {
                         &parsed,
                         slot.policy_version,
                     )?);
-                    offset += p.text.len();
                 }
+                SegmentKind::ToolOutput | SegmentKind::Injected => segments.push(Segment {
+                    kind: p.kind,
+                    stage: None,
+                    token_ids: p.ids.clone(),
+                    logprobs: None,
+                    text: p.text.clone(),
+                    policy_version: None,
+                }),
+            }
+            if p.kind != SegmentKind::ToolOutput {
+                offset += p.text.len();
             }
         }
         let executed: Vec<ExecutedCall> = calls

@@ -21,24 +21,9 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
-use orchestrator::rollout::{
-    CodecError, RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, TokenCodec, rollout_batch,
-};
+use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch};
 use orchestrator::tools::runner::{Snippet, Tool, ToolArgs, ToolError, ToolLimits, ToolRunner};
 use uuid::Uuid;
-
-struct ToyCodec;
-impl TokenCodec for ToyCodec {
-    fn render_prompt(&self, system: &str, user: &str) -> Result<String, CodecError> {
-        Ok(format!("<|system|>{system}<|user|>{user}<|assistant|>"))
-    }
-    fn encode(&self, text: &str) -> Result<Vec<u32>, CodecError> {
-        Ok(fake_openai::toy_tokenize(text))
-    }
-    fn decode(&self, ids: &[u32]) -> Result<String, CodecError> {
-        Ok(fake_openai::toy_detokenize(ids))
-    }
-}
 
 struct Instant3;
 impl Tool for Instant3 {
@@ -167,7 +152,7 @@ fn main() {
                 );
                 let ctx = RolloutCtx {
                     client,
-                    codec: Arc::new(ToyCodec),
+                    codec: Arc::new(fake_openai::ToyCodec),
                     tools: Arc::new(tools),
                     cfg: RolloutConfig {
                         max_tool_calls: 10,

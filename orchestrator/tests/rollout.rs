@@ -8,44 +8,15 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fake_openai::{FakeServer, Scripted, toy_detokenize, toy_tokenize};
+use common::fake_openai::{FakeServer, Scripted, ToyCodec, toy_tokenize};
 use orchestrator::db;
 use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
-use orchestrator::rollout::{
-    CodecError, RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, TokenCodec,
-};
+use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask};
 use orchestrator::tools::local_search::LocalIndex;
 use orchestrator::tools::runner::{ToolCache, ToolLimits, ToolRunner};
 use orchestrator::tools::search_apis::LocalSearch;
 use orchestrator::trajectory::{SegmentKind, Stage};
 use uuid::Uuid;
-
-/// The fake server's byte-level tokenizer, so scripted ids and our encoding agree.
-struct ToyCodec;
-impl TokenCodec for ToyCodec {
-    fn render_prompt(&self, system: &str, user: &str) -> Result<String, CodecError> {
-        Ok(format!("<|system|>{system}<|user|>{user}<|assistant|>"))
-    }
-    fn encode(&self, text: &str) -> Result<Vec<u32>, CodecError> {
-        Ok(toy_tokenize(text))
-    }
-    fn decode(&self, ids: &[u32]) -> Result<String, CodecError> {
-        Ok(toy_detokenize(ids))
-    }
-}
-
-fn scripted(text: &str, finish: &str) -> Scripted {
-    let stop = ["</call_tool>", "</answer>"]
-        .iter()
-        .find(|s| text.ends_with(**s))
-        .map(|s| s.to_string());
-    Scripted {
-        text: text.into(),
-        token_ids: toy_tokenize(text),
-        finish_reason: finish.into(),
-        stop_reason: stop,
-    }
-}
 
 const T1: &str = "<think>Plan it.</think><structured_plan><deep_analysis>two hops</deep_analysis><rubric>Knowledge checklist:\n- protein\n- compound</rubric><research_plan>gene then protein</research_plan></structured_plan><call_tool name=\"google_search\">GENE</call_tool>";
 const T2: &str = "<think>Found the protein.</think><state_evaluation>need compound</state_evaluation><call_tool name=\"snippet_search\" year=\"2000-2020\">PROTEIN binds</call_tool>";
@@ -140,7 +111,7 @@ async fn three_turn_rollout_has_exact_tokens_stages_and_masks() {
     let t2 = T2.replace("PROTEIN", &protein);
     let t3 = T3.replace("COMPOUND", &compound).replace("CITE", &gene_doc);
     for t in [&t1, &t2, &t3] {
-        s.server.push_scripted(scripted(t, "stop")).await;
+        s.server.push_scripted(Scripted::reply(t, "stop")).await;
     }
     let r = s
         .ctx
@@ -243,9 +214,11 @@ async fn never_closing_a_tag_ends_with_length() {
     let s = setup(None, 10, 400).await;
     // 300 tokens of an unclosed think, cut by the budget; then the forced answer is cut too.
     let long = format!("<think>{}", "x".repeat(293));
-    s.server.push_scripted(scripted(&long, "length")).await;
     s.server
-        .push_scripted(scripted(&"y".repeat(150), "length"))
+        .push_scripted(Scripted::reply(&long, "length"))
+        .await;
+    s.server
+        .push_scripted(Scripted::reply(&"y".repeat(150), "length"))
         .await;
     let r = s
         .ctx
@@ -278,10 +251,10 @@ async fn never_closing_a_tag_ends_with_length() {
 async fn stopping_without_answer_forces_one() {
     let s = setup(None, 10, 2000).await;
     s.server
-        .push_scripted(scripted("<think>I will just stop.</think>", "stop"))
+        .push_scripted(Scripted::reply("<think>I will just stop.</think>", "stop"))
         .await;
     s.server
-        .push_scripted(scripted("A guess.</answer>", "stop"))
+        .push_scripted(Scripted::reply("A guess.</answer>", "stop"))
         .await;
     let r = s
         .ctx
@@ -303,14 +276,14 @@ async fn tool_budget_is_enforced() {
     let s = setup(None, 1, 4000).await;
     let call = "<call_tool name=\"google_search\">q</call_tool>";
     s.server
-        .push_scripted(scripted(
+        .push_scripted(Scripted::reply(
             &format!("<structured_plan></structured_plan>{call}"),
             "stop",
         ))
         .await;
-    s.server.push_scripted(scripted(call, "stop")).await;
+    s.server.push_scripted(Scripted::reply(call, "stop")).await;
     s.server
-        .push_scripted(scripted("<answer>done</answer>", "stop"))
+        .push_scripted(Scripted::reply("<answer>done</answer>", "stop"))
         .await;
     let r = s
         .ctx
@@ -333,7 +306,7 @@ async fn tool_budget_is_enforced() {
 async fn server_failure_keeps_what_was_generated() {
     let s = setup(None, 10, 2000).await;
     s.server
-        .push_scripted(scripted(
+        .push_scripted(Scripted::reply(
             "<structured_plan></structured_plan><call_tool name=\"google_search\">q</call_tool>",
             "stop",
         ))
@@ -395,7 +368,7 @@ async fn persisted_and_tool_cache_hits_on_rerun(pool: sqlx::PgPool) {
     let mut rollouts = Vec::new();
     for k in 0..2 {
         for t in [&t1, &t2, &t3] {
-            s.server.push_scripted(scripted(t, "stop")).await;
+            s.server.push_scripted(Scripted::reply(t, "stop")).await;
         }
         let r = s
             .ctx

@@ -58,16 +58,7 @@ fn write_byte_tokenizer(dir: &Path) {
 }
 
 fn scripted(text: &str) -> Scripted {
-    let stop = ["</call_tool>", "</answer>"]
-        .iter()
-        .find(|s| text.ends_with(**s))
-        .map(|s| s.to_string());
-    Scripted {
-        text: text.into(),
-        token_ids: toy_tokenize(text),
-        finish_reason: "stop".into(),
-        stop_reason: stop,
-    }
+    Scripted::reply(text, "stop")
 }
 
 #[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]

@@ -39,6 +39,42 @@ pub struct Scripted {
     pub stop_reason: Option<String>,
 }
 
+impl Scripted {
+    /// A reply of `text` in the toy tokenisation, with the stop reason a server would report when
+    /// `text` ends in a tool call or an answer.
+    pub fn reply(text: &str, finish: &str) -> Self {
+        let stop = ["</call_tool>", "</answer>"]
+            .iter()
+            .find(|s| text.ends_with(**s))
+            .map(|s| s.to_string());
+        Self {
+            text: text.into(),
+            token_ids: toy_tokenize(text),
+            finish_reason: finish.into(),
+            stop_reason: stop,
+        }
+    }
+}
+
+/// The rollout codec matching the fake's toy tokenizer, so scripted ids and our encoding agree.
+pub struct ToyCodec;
+
+impl orchestrator::rollout::TokenCodec for ToyCodec {
+    fn render_prompt(
+        &self,
+        system: &str,
+        user: &str,
+    ) -> Result<String, orchestrator::rollout::CodecError> {
+        Ok(format!("<|system|>{system}<|user|>{user}<|assistant|>"))
+    }
+    fn encode(&self, text: &str) -> Result<Vec<u32>, orchestrator::rollout::CodecError> {
+        Ok(toy_tokenize(text))
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, orchestrator::rollout::CodecError> {
+        Ok(toy_detokenize(ids))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Features {
     pub tokenize: bool,
@@ -292,17 +328,7 @@ async fn completions(State(s): State<Arc<FakeState>>, Json(body): Json<Value>) -
             Some(x) => Some(x),
             None if !auto.is_empty() => {
                 let done = toy_detokenize(&prompt).matches("</tool_output>").count();
-                let text = auto[done.min(auto.len() - 1)].clone();
-                let stop = ["</call_tool>", "</answer>"]
-                    .iter()
-                    .find(|e| text.ends_with(**e))
-                    .map(|e| e.to_string());
-                Some(Scripted {
-                    token_ids: toy_tokenize(&text),
-                    text,
-                    finish_reason: "stop".into(),
-                    stop_reason: stop,
-                })
+                Some(Scripted::reply(&auto[done.min(auto.len() - 1)], "stop"))
             }
             None => None,
         };

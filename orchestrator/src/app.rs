@@ -104,7 +104,6 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     use crate::rollout::{
         RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch_summary,
     };
-    use crate::tools::runner::{ToolLimits, ToolRunner};
 
     let cfg = load_config(&args.config)?;
     let scaffold: Scaffold =
@@ -130,24 +129,12 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     llm::detect_all(&client, Role::Policy).await?;
 
     let cache = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
-    let mut runner = ToolRunner::new(Some(cache));
-    if let Some(dir) = &args.index {
-        let index = Arc::new(crate::tools::local_search::LocalIndex::open(dir)?);
-        for (name, desc) in [
-            ("google_search", "web search; returns snippets with ids."),
-            ("snippet_search", "search passages of scientific papers."),
-        ] {
-            runner.register(
-                name,
-                Arc::new(crate::tools::search_apis::LocalSearch {
-                    index: index.clone(),
-                    description: desc.into(),
-                    default_k: 5,
-                }),
-                ToolLimits::default(),
-            );
-        }
-    }
+    let setup = crate::tools::setup::ToolSetup {
+        index: args.index.clone(),
+        web: args.web_tools,
+        mcp_urls: args.mcp.clone(),
+    };
+    let runner = crate::tools::setup::build(&setup, Some(cache)).await?;
     let system = crate::chat::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)?;
 
     let new_tasks: Vec<db::tasks::NewTask> = tasks

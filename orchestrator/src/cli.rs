@@ -87,6 +87,13 @@ pub struct RolloutArgs {
     /// Local BM25 index (from `index build`) served as google_search and snippet_search.
     #[arg(long, env = "ORCH_INDEX_DIR")]
     pub index: Option<PathBuf>,
+    /// Real web tools: google_search (Serper, SERPER_API_KEY), snippet_search (Semantic
+    /// Scholar, S2_API_KEY) and browse_webpage behind the SSRF guard.
+    #[arg(long, env = "ORCH_WEB_TOOLS")]
+    pub web_tools: bool,
+    /// MCP server (streamable HTTP) whose tools are attached; repeat or comma-separate.
+    #[arg(long, env = "ORCH_MCP_URLS", value_delimiter = ',')]
+    pub mcp: Vec<String>,
     /// Agent scaffold: rubricem, drtulu or react.
     #[arg(long, env = "ORCH_SCAFFOLD", default_value = "rubricem")]
     pub scaffold: String,

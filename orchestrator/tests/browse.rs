@@ -145,3 +145,36 @@ async fn size_and_time_limits() {
     let r = b.fetch("not a url", None).await;
     assert!(matches!(r, Err(BrowseError::Url { .. })), "{r:?}");
 }
+
+#[tokio::test]
+async fn as_a_tool_the_page_is_a_snippet_and_a_refusal_is_tool_output() {
+    use orchestrator::tools::runner::{ToolArgs, ToolLimits, ToolRunner};
+    let port = server().await;
+    let mut runner = ToolRunner::new(None);
+    runner.register(
+        "browse_webpage",
+        std::sync::Arc::new(allowed()),
+        ToolLimits::default(),
+    );
+    let call = |url: String| ToolArgs {
+        query: url,
+        attrs: Default::default(),
+    };
+    let ok = runner
+        .run(
+            "browse_webpage",
+            call(format!("http://127.0.0.2:{port}/page")),
+        )
+        .await;
+    assert_eq!(ok.error, None);
+    assert_eq!(ok.snippets[0].title, "Tn5");
+    assert_eq!(ok.snippets[0].text, "Tn5 inserts adapters.");
+    let no = runner
+        .run(
+            "browse_webpage",
+            call(format!("http://127.0.0.1:{port}/page")),
+        )
+        .await;
+    assert!(no.snippets.is_empty());
+    assert!(no.output_text.contains("127.0.0.1"), "{}", no.output_text);
+}

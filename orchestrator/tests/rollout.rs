@@ -303,6 +303,57 @@ async fn tool_budget_is_enforced() {
 }
 
 #[tokio::test]
+async fn a_server_returning_more_than_asked_is_cut_to_the_budget() {
+    // Budget 300 with 200 held back for a forced answer: the first turn may have 100 tokens.
+    let s = setup(None, 10, 300).await;
+    s.server
+        .state
+        .ignore_max_tokens
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let long = format!("<think>{}</think>", "x".repeat(500));
+    s.server.push_scripted(Scripted::reply(&long, "stop")).await;
+    let r = s
+        .ctx
+        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
+        .await
+        .unwrap();
+    let model: Vec<u32> = r
+        .trajectory
+        .segments
+        .iter()
+        .filter(|x| x.kind == SegmentKind::Model)
+        .flat_map(|x| x.token_ids.clone())
+        .collect();
+    assert!(
+        model.len() <= 300,
+        "{} model tokens past a budget of 300",
+        model.len()
+    );
+    let first_turn = s.ctx.codec.decode(&model[..100]).unwrap();
+    assert_eq!(
+        first_turn,
+        long[..100],
+        "the first turn is the reply cut at 100 tokens"
+    );
+    assert!(
+        !s.ctx
+            .codec
+            .decode(&model)
+            .unwrap()
+            .starts_with(&long[..101])
+    );
+    for seg in &r.trajectory.segments {
+        if seg.kind == SegmentKind::Model {
+            assert_eq!(
+                seg.logprobs.as_ref().map(Vec::len),
+                Some(seg.token_ids.len())
+            );
+        }
+    }
+    assert_eq!(r.trajectory.finish_reason, "length");
+}
+
+#[tokio::test]
 async fn server_failure_keeps_what_was_generated() {
     let s = setup(None, 10, 2000).await;
     s.server

@@ -107,6 +107,8 @@ async fn rollout_command_stores_and_summarises(pool: sqlx::PgPool) {
         limit: None,
         tokenizer: tok_dir,
         index: Some(idx_dir),
+        web_tools: false,
+        mcp: vec![],
         scaffold: "rubricem".into(),
         // One at a time: the fake's scripted replies are a single queue.
         max_inflight: 1,

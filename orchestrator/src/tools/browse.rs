@@ -319,6 +319,43 @@ pub fn focus_window(text: &str, query: &str, width: usize) -> String {
         .collect()
 }
 
+impl super::runner::Tool for Browser {
+    fn name(&self) -> &str {
+        "browse_webpage"
+    }
+
+    fn spec(&self) -> crate::chat::ToolSpec {
+        crate::chat::ToolSpec {
+            name: "browse_webpage".into(),
+            description: "fetch a web page by URL (the call's body) and return its readable text."
+                .into(),
+            attributes: "query (keep the part of the page most relevant to it)".into(),
+        }
+    }
+
+    fn call<'a>(
+        &'a self,
+        args: &'a super::runner::ToolArgs,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<super::runner::Snippet>, super::runner::ToolError>>
+    {
+        Box::pin(async move {
+            let page = self
+                .fetch(&args.query, args.attrs.get("query").map(String::as_str))
+                .await
+                .map_err(|e| super::runner::ToolError::Failed {
+                    tool: "browse_webpage".into(),
+                    message: e.to_string(),
+                })?;
+            Ok(vec![super::runner::Snippet::new(
+                "browse_webpage",
+                page.title.unwrap_or_default(),
+                Some(page.final_url),
+                page.text,
+            )])
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -116,6 +116,8 @@ pub struct FakeState {
     /// of `</tool_output>` already in the (toy-tokenised) prompt. Lets thousands of concurrent
     /// agent trajectories run without a shared script.
     pub auto_turns: std::sync::RwLock<Vec<String>>,
+    /// Misbehave: return scripted replies whole even past `max_tokens`.
+    pub ignore_max_tokens: std::sync::atomic::AtomicBool,
 }
 
 pub struct FakeServer {
@@ -333,7 +335,10 @@ async fn completions(State(s): State<Arc<FakeState>>, Json(body): Json<Value>) -
             None => None,
         };
         let (ids, lps, text, finish, stop) = match next {
-            Some(sc) if sc.token_ids.len() > max_tokens => {
+            Some(sc)
+                if sc.token_ids.len() > max_tokens
+                    && !s.ignore_max_tokens.load(Ordering::Relaxed) =>
+            {
                 // Like a real server: cut at max_tokens.
                 let ids = sc.token_ids[..max_tokens].to_vec();
                 let lps: Vec<f32> = (0..ids.len()).map(|i| -0.05 - 0.001 * i as f32).collect();

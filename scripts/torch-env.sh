@@ -1,0 +1,10 @@
+# Source me: points tch's build (torch-sys) at the libtorch of the pip wheel `torch==2.11.0` in
+# .venv (installed by scripts/python-env.sh). The trainer's build.rs adds an rpath to that
+# directory, so built binaries and tests need no LD_LIBRARY_PATH.
+_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_VENV="${ORCH_VENV:-$_ROOT/.venv}"
+export LIBTORCH_USE_PYTORCH=1
+export VIRTUAL_ENV="$_VENV"
+export PATH="$_VENV/bin:$PATH"
+export LD_LIBRARY_PATH="$("$_VENV/bin/python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+unset _ROOT _VENV

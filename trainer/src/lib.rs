@@ -1,0 +1,26 @@
+//! The RubricEM trainer library: Qwen3 in libtorch (tch) with LoRA, the SS-GRPO / GRPO / SFT
+//! losses, AdamW with exact state restore, the train step (chunked logits head, gradient
+//! checkpointing), and small-model tooling (tokenizer training, random-init model dirs).
+
+pub mod error;
+pub mod loss;
+pub mod model;
+pub mod optim;
+pub mod smallmodel;
+pub mod train;
+
+pub use error::TrainerError;
+
+/// The device the trainer uses: CUDA when libtorch sees a GPU, else CPU.
+pub fn default_device() -> tch::Device {
+    tch::Device::cuda_if_available()
+}
+
+/// The parameter dtype for a device: bf16 on CUDA, f32 on CPU.
+pub fn default_kind(device: tch::Device) -> tch::Kind {
+    if device.is_cuda() {
+        tch::Kind::BFloat16
+    } else {
+        tch::Kind::Float
+    }
+}

@@ -1,0 +1,280 @@
+//! Losses as pure functions of tensors: chunked token log-probs, the clipped policy loss with
+//! per-token advantages (SS-GRPO from per-stage advantages and per-token stage indices, or one
+//! sequence advantage for GRPO), KL3 to the reference, truncated importance weights against
+//! behaviour log-probs, aggregation weights, and the masked SFT cross-entropy.
+
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use crate::error::{Result, TrainerError};
+
+/// How per-token losses are combined into the step loss.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Aggregation {
+    /// Mean over every counted token of the batch (DAPO / DR Tulu).
+    TokenMean,
+    /// Mean over sequences of each sequence's token mean (GRPO paper).
+    SequenceMean,
+    /// Sum over counted tokens divided by a constant (Dr. GRPO).
+    Constant(f64),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyLossConfig {
+    pub clip_low: f64,
+    pub clip_high: f64,
+    /// β of the KL3 penalty to the reference policy (0 = no reference pass).
+    pub kl_coef: f64,
+    /// Truncated importance weight min(π_old/π_behaviour, C) per token; None = off.
+    pub tis_clamp: Option<f64>,
+    pub aggregation: Aggregation,
+}
+
+impl Default for PolicyLossConfig {
+    fn default() -> Self {
+        Self {
+            clip_low: 0.2,
+            clip_high: 0.28,
+            kl_coef: 0.001,
+            tis_clamp: Some(2.0),
+            aggregation: Aggregation::TokenMean,
+        }
+    }
+}
+
+impl PolicyLossConfig {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(TrainerError::Config(m));
+        if !(0.0..1.0).contains(&self.clip_low) {
+            return bad(format!("clip_low = {}; allowed: [0, 1)", self.clip_low));
+        }
+        if !(0.0..=10.0).contains(&self.clip_high) {
+            return bad(format!("clip_high = {}; allowed: [0, 10]", self.clip_high));
+        }
+        if !(0.0..=10.0).contains(&self.kl_coef) {
+            return bad(format!("kl_coef = {}; allowed: [0, 10]", self.kl_coef));
+        }
+        if let Some(c) = self.tis_clamp
+            && (c.is_nan() || c < 1.0)
+        {
+            return bad(format!("tis_clamp = {c}; it must be >= 1"));
+        }
+        if let Aggregation::Constant(c) = self.aggregation
+            && (c.is_nan() || c <= 0.0)
+        {
+            return bad(format!("aggregation constant = {c}; it must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+/// log p(target) for each position of `hidden` [B, T, H] against `lm_weight` [V, H], computed
+/// `chunk` positions at a time so no [B, T, V] f32 tensor exists at once. Also returns the
+/// per-position entropy (detached) when asked.
+pub fn token_logprobs(
+    hidden: &Tensor,
+    lm_weight: &Tensor,
+    targets: &Tensor,
+    chunk: i64,
+    with_entropy: bool,
+) -> (Tensor, Option<Tensor>) {
+    let t = hidden.size()[1];
+    let chunk = chunk.max(1);
+    let mut lps = Vec::new();
+    let mut ents = Vec::new();
+    let mut s = 0;
+    while s < t {
+        let c = chunk.min(t - s);
+        let logits = hidden
+            .narrow(1, s, c)
+            .matmul(&lm_weight.tr())
+            .to_kind(Kind::Float);
+        let (lp, ent) = logprobs_of_logits(&logits, &targets.narrow(1, s, c), with_entropy);
+        lps.push(lp);
+        if let Some(e) = ent {
+            ents.push(e);
+        }
+        s += c;
+    }
+    let ent = with_entropy.then(|| Tensor::cat(&ents, 1));
+    (Tensor::cat(&lps, 1), ent)
+}
+
+/// log-softmax picked at the targets without materialising log_softmax; entropy detached.
+pub fn logprobs_of_logits(
+    logits: &Tensor,
+    targets: &Tensor,
+    with_entropy: bool,
+) -> (Tensor, Option<Tensor>) {
+    let lse = logits.logsumexp([-1i64], false);
+    let picked = logits
+        .gather(-1, &targets.unsqueeze(-1), false)
+        .squeeze_dim(-1);
+    let ent = with_entropy.then(|| {
+        tch::no_grad(|| {
+            let logp = logits.log_softmax(-1, Kind::Float);
+            -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float)
+        })
+    });
+    (picked - lse, ent)
+}
+
+/// Per-token advantages [len] from per-stage advantages and per-token stage indices
+/// (SS-GRPO), or from one advantage for the whole sequence (GRPO / terminal broadcast).
+/// Tokens that do not count (mask false) get 0. A counted token without a stage is an error.
+pub fn per_token_advantages(
+    stage_advantages: &[f32],
+    stages: &[i8],
+    mask: &[bool],
+) -> Result<Vec<f32>> {
+    if stages.len() != mask.len() {
+        return Err(TrainerError::Batch(format!(
+            "{} stage indices for {} mask entries",
+            stages.len(),
+            mask.len()
+        )));
+    }
+    let k = stage_advantages.len();
+    if k == 0 {
+        return Err(TrainerError::Batch("no advantages".into()));
+    }
+    stages
+        .iter()
+        .zip(mask)
+        .enumerate()
+        .map(|(i, (&s, &m))| {
+            if !m {
+                return Ok(0.0);
+            }
+            if k == 1 {
+                return Ok(stage_advantages[0]);
+            }
+            usize::try_from(s)
+                .ok()
+                .and_then(|s| stage_advantages.get(s).copied())
+                .ok_or_else(|| {
+                    TrainerError::Batch(format!(
+                        "token {i} counts in the loss but has stage {s}; allowed: 0..{k}"
+                    ))
+                })
+        })
+        .collect()
+}
+
+/// Aggregation weights [B, T] such that loss = Σ w · ℓ.
+pub fn aggregation_weights(mask: &Tensor, agg: Aggregation) -> Tensor {
+    let mask = mask.to_kind(Kind::Float);
+    match agg {
+        Aggregation::TokenMean => &mask / mask.sum(Kind::Float).clamp_min(1.0),
+        Aggregation::SequenceMean => {
+            let per_seq = mask.sum_dim_intlist(-1, true, Kind::Float);
+            let n_seq = per_seq.gt(0.0).sum(Kind::Float).clamp_min(1.0);
+            &mask / per_seq.clamp_min(1.0) / n_seq
+        }
+        Aggregation::Constant(c) => mask / c,
+    }
+}
+
+/// Per-token policy-gradient terms: returns (loss per token, metrics per token).
+#[derive(Debug)]
+pub struct PolicyTerms {
+    /// tis · max(−A·ρ, −A·clip(ρ)) + β·kl3, per token.
+    pub loss: Tensor,
+    /// 1 where the clipped branch was taken.
+    pub clipped: Tensor,
+    pub kl3: Tensor,
+    pub ratio: Tensor,
+    pub tis: Tensor,
+}
+
+/// The clipped surrogate per token. `logp` carries the gradient; the others are constants.
+pub fn policy_terms(
+    logp: &Tensor,
+    old_logp: &Tensor,
+    advantages: &Tensor,
+    ref_logp: Option<&Tensor>,
+    behaviour_logp: Option<&Tensor>,
+    cfg: &PolicyLossConfig,
+) -> PolicyTerms {
+    let ratio = (logp - old_logp).exp();
+    let unclipped = -advantages * &ratio;
+    let clipped_ratio = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high);
+    let clipped = -advantages * &clipped_ratio;
+    let pg = unclipped.maximum(&clipped);
+    let clipped_taken = tch::no_grad(|| clipped.gt_tensor(&unclipped).to_kind(Kind::Float));
+    let tis = match (behaviour_logp, cfg.tis_clamp) {
+        (Some(b), Some(c)) => tch::no_grad(|| (old_logp - b).exp().clamp_max(c)),
+        _ => Tensor::ones_like(logp).detach(),
+    };
+    let kl3 = match ref_logp {
+        Some(r) if cfg.kl_coef > 0.0 => {
+            let d = (logp - r).clamp(-40.0, 40.0);
+            (-&d).exp() - 1.0 + d
+        }
+        _ => logp.zeros_like(),
+    };
+    let loss = &tis * pg + &kl3 * cfg.kl_coef;
+    PolicyTerms {
+        loss,
+        clipped: clipped_taken,
+        kl3,
+        ratio: ratio.detach(),
+        tis,
+    }
+}
+
+/// The whole policy loss on [B, T] tensors (mask: 1 where a token counts).
+pub fn policy_loss(
+    logp: &Tensor,
+    old_logp: &Tensor,
+    advantages: &Tensor,
+    ref_logp: Option<&Tensor>,
+    behaviour_logp: Option<&Tensor>,
+    mask: &Tensor,
+    cfg: &PolicyLossConfig,
+) -> Tensor {
+    let terms = policy_terms(logp, old_logp, advantages, ref_logp, behaviour_logp, cfg);
+    (terms.loss * aggregation_weights(mask, cfg.aggregation)).sum(Kind::Float)
+}
+
+/// Masked SFT cross-entropy: mean −log p over counted tokens (tool outputs and prompts masked).
+pub fn sft_loss(logp: &Tensor, mask: &Tensor) -> Tensor {
+    let mask = mask.to_kind(Kind::Float);
+    -(logp * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_indices_pick_stage_advantages() {
+        let a = per_token_advantages(
+            &[1.0, 2.0, 3.0, 4.0],
+            &[-1, 0, 1, -1, 2, 3],
+            &[false, true, true, false, true, true],
+        )
+        .unwrap();
+        assert_eq!(a, vec![0.0, 1.0, 2.0, 0.0, 3.0, 4.0]);
+        let g = per_token_advantages(&[0.5], &[0, 1, -1], &[true, true, false]).unwrap();
+        assert_eq!(g, vec![0.5, 0.5, 0.0]);
+        let e = per_token_advantages(&[1.0, 2.0, 3.0, 4.0], &[-1], &[true]).unwrap_err();
+        assert!(e.to_string().contains("stage -1"), "{e}");
+    }
+
+    #[test]
+    fn config_ranges_are_named() {
+        let c = PolicyLossConfig {
+            clip_low: 1.5,
+            ..PolicyLossConfig::default()
+        };
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("clip_low = 1.5")
+        );
+    }
+}

@@ -1,0 +1,669 @@
+//! The Qwen3 decoder: RMSNorm, rotate-half RoPE, grouped-query attention through
+//! scaled_dot_product_attention with per-head q_norm/k_norm, SwiGLU MLP, tied or untied
+//! embeddings. One struct per Hugging Face module, fields named like the HF tensors, so a name
+//! from `model.safetensors.index.json` leads to its field. The model is immutable in forward;
+//! the KV cache belongs to the caller.
+
+use std::collections::BTreeMap;
+
+use tch::{Device, Kind, Tensor};
+
+use super::config::Qwen3Config;
+use super::lora::{LoraConfig, LoraTarget};
+use crate::error::{Result, TrainerError};
+
+/// How a forward pass runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fwd {
+    /// Apply the LoRA adapters (false = the reference policy, the frozen base).
+    pub lora: bool,
+    /// Training mode (LoRA dropout active).
+    pub train: bool,
+}
+
+impl Fwd {
+    pub const POLICY: Fwd = Fwd {
+        lora: true,
+        train: false,
+    };
+    pub const REFERENCE: Fwd = Fwd {
+        lora: false,
+        train: false,
+    };
+    pub const TRAIN: Fwd = Fwd {
+        lora: true,
+        train: true,
+    };
+}
+
+/// A LoRA pair on one projection: `y += dropout(x) Aᵀ Bᵀ · alpha/r`.
+#[derive(Debug)]
+pub struct Lora {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub scale: f64,
+    pub dropout: f64,
+}
+
+/// A bias-free (or biased) linear layer with an optional LoRA adapter.
+#[derive(Debug)]
+pub struct Proj {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    pub lora: Option<Lora>,
+}
+
+impl Proj {
+    pub fn forward(&self, xs: &Tensor, f: Fwd) -> Tensor {
+        let y = xs.linear(&self.weight, self.bias.as_ref());
+        match (&self.lora, f.lora) {
+            (Some(l), true) => {
+                let x = xs.to_kind(l.a.kind());
+                let x = if f.train && l.dropout > 0.0 {
+                    x.dropout(l.dropout, true)
+                } else {
+                    x
+                };
+                let delta = x.linear::<Tensor>(&l.a, None).linear::<Tensor>(&l.b, None) * l.scale;
+                y + delta.to_kind(xs.kind())
+            }
+            _ => y,
+        }
+    }
+
+    /// Fold the adapter into the weight (W += s·B·A) and drop it.
+    pub fn merge(&mut self) {
+        if let Some(l) = self.lora.take() {
+            tch::no_grad(|| {
+                let delta = (l.b.matmul(&l.a) * l.scale).to_kind(self.weight.kind());
+                let _ = self.weight.f_add_(&delta);
+            });
+        }
+    }
+}
+
+/// Qwen3RMSNorm: normalise in f32, scale by the weight in the input's dtype.
+pub fn rms_norm(xs: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+    let kind = xs.kind();
+    let x = xs.to_kind(Kind::Float);
+    let var = x.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+    let x = x * (var + eps).rsqrt();
+    weight * x.to_kind(kind)
+}
+
+/// Precomputed rotary tables (f32), rotate-half layout as in Hugging Face.
+#[derive(Debug)]
+pub struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    pub fn new(cfg: &Qwen3Config, device: Device) -> Self {
+        let d = cfg.head_dim();
+        let theta = cfg.theta();
+        // As transformers: inv_freq = 1 / theta^(arange(0, d, 2) / d), in f32.
+        let exps = Tensor::arange_start_step(0, d, 2, (Kind::Int64, device)).to_kind(Kind::Float)
+            / d as f64;
+        let inv = Tensor::from(theta as f32)
+            .to_device(device)
+            .pow(&exps)
+            .reciprocal();
+        let pos = Tensor::arange(cfg.max_position_embeddings, (Kind::Float, device));
+        let freqs = pos.outer(&inv);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1);
+        Self {
+            cos: emb.cos(),
+            sin: emb.sin(),
+        }
+    }
+
+    /// x: [B, heads, T, d]; positions start at `pos`.
+    pub fn apply(&self, x: &Tensor, pos: i64) -> Tensor {
+        let (t, d) = (x.size()[2], x.size()[3]);
+        let cos = self.cos.narrow(0, pos, t).to_kind(x.kind());
+        let sin = self.sin.narrow(0, pos, t).to_kind(x.kind());
+        let half = d / 2;
+        let rot = Tensor::cat(&[-x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1);
+        x * cos + rot * sin
+    }
+}
+
+/// One layer's cached keys and values, [B, kv_heads, T, d].
+#[derive(Debug, Default)]
+pub struct LayerKv {
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+}
+
+impl LayerKv {
+    fn append(&mut self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let k = match &self.k {
+            Some(p) => Tensor::cat(&[p, k], 2),
+            None => k.shallow_clone(),
+        };
+        let v = match &self.v {
+            Some(p) => Tensor::cat(&[p, v], 2),
+            None => v.shallow_clone(),
+        };
+        self.k = Some(k.shallow_clone());
+        self.v = Some(v.shallow_clone());
+        (k, v)
+    }
+
+    pub fn seq_len(&self) -> i64 {
+        self.k.as_ref().map_or(0, |k| k.size()[2])
+    }
+}
+
+/// The caller-owned KV cache: one entry per layer.
+#[derive(Debug, Default)]
+pub struct KvCache {
+    pub layers: Vec<LayerKv>,
+}
+
+impl KvCache {
+    pub fn new(n_layers: usize) -> Self {
+        Self {
+            layers: (0..n_layers).map(|_| LayerKv::default()).collect(),
+        }
+    }
+    pub fn seq_len(&self) -> i64 {
+        self.layers.first().map_or(0, LayerKv::seq_len)
+    }
+}
+
+#[derive(Debug)]
+pub struct Attention {
+    pub q_proj: Proj,
+    pub k_proj: Proj,
+    pub v_proj: Proj,
+    pub o_proj: Proj,
+    pub q_norm: Tensor,
+    pub k_norm: Tensor,
+}
+
+#[derive(Debug)]
+pub struct Mlp {
+    pub gate_proj: Proj,
+    pub up_proj: Proj,
+    pub down_proj: Proj,
+}
+
+#[derive(Debug)]
+pub struct DecoderLayer {
+    pub self_attn: Attention,
+    pub mlp: Mlp,
+    pub input_layernorm: Tensor,
+    pub post_attention_layernorm: Tensor,
+}
+
+#[derive(Debug)]
+pub struct Qwen3 {
+    pub cfg: Qwen3Config,
+    pub embed_tokens: Tensor,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: Tensor,
+    /// None when the embeddings are tied.
+    pub lm_head: Option<Tensor>,
+    pub rope: Rope,
+    pub device: Device,
+    pub kind: Kind,
+}
+
+/// Takes named tensors out of a map, checking shapes.
+struct Take<'a> {
+    map: &'a mut BTreeMap<String, Tensor>,
+}
+
+impl Take<'_> {
+    fn get(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
+        let t = self
+            .map
+            .remove(name)
+            .ok_or_else(|| TrainerError::MissingTensor(name.to_string()))?;
+        if t.size() != shape {
+            return Err(TrainerError::Shape {
+                name: name.into(),
+                got: t.size(),
+                want: shape.to_vec(),
+            });
+        }
+        Ok(t)
+    }
+}
+
+impl Qwen3 {
+    /// Build from named tensors (HF names). Every tensor must be used; a tied checkpoint may
+    /// carry a redundant `lm_head.weight`, which is dropped.
+    pub fn from_tensors(
+        cfg: Qwen3Config,
+        mut tensors: BTreeMap<String, Tensor>,
+        device: Device,
+        kind: Kind,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let (nh, nkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim(),
+        );
+        if cfg.tie_word_embeddings {
+            tensors.remove("lm_head.weight");
+        }
+        let mut t = Take { map: &mut tensors };
+        let bias = cfg.attention_bias;
+        let proj = |t: &mut Take, name: &str, o: i64, i: i64, b: bool| -> Result<Proj> {
+            Ok(Proj {
+                weight: t.get(&format!("{name}.weight"), &[o, i])?,
+                bias: if b {
+                    Some(t.get(&format!("{name}.bias"), &[o])?)
+                } else {
+                    None
+                },
+                lora: None,
+            })
+        };
+        let embed_tokens = t.get("model.embed_tokens.weight", &[v, h])?;
+        let mut layers = Vec::new();
+        for l in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let a = format!("{p}.self_attn");
+            let m = format!("{p}.mlp");
+            layers.push(DecoderLayer {
+                self_attn: Attention {
+                    q_proj: proj(&mut t, &format!("{a}.q_proj"), nh * d, h, bias)?,
+                    k_proj: proj(&mut t, &format!("{a}.k_proj"), nkv * d, h, bias)?,
+                    v_proj: proj(&mut t, &format!("{a}.v_proj"), nkv * d, h, bias)?,
+                    o_proj: proj(&mut t, &format!("{a}.o_proj"), h, nh * d, false)?,
+                    q_norm: t.get(&format!("{a}.q_norm.weight"), &[d])?,
+                    k_norm: t.get(&format!("{a}.k_norm.weight"), &[d])?,
+                },
+                mlp: Mlp {
+                    gate_proj: proj(&mut t, &format!("{m}.gate_proj"), i, h, false)?,
+                    up_proj: proj(&mut t, &format!("{m}.up_proj"), i, h, false)?,
+                    down_proj: proj(&mut t, &format!("{m}.down_proj"), h, i, false)?,
+                },
+                input_layernorm: t.get(&format!("{p}.input_layernorm.weight"), &[h])?,
+                post_attention_layernorm: t
+                    .get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+            });
+        }
+        let norm = t.get("model.norm.weight", &[h])?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(t.get("lm_head.weight", &[v, h])?)
+        };
+        if !tensors.is_empty() {
+            let names: Vec<&str> = tensors.keys().map(String::as_str).take(8).collect();
+            return Err(TrainerError::UnexpectedTensors(names.join(", ")));
+        }
+        let rope = Rope::new(&cfg, device);
+        let model = Self {
+            cfg,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            device,
+            kind,
+        };
+        model.set_trainable(false);
+        Ok(model)
+    }
+
+    /// Load a Hugging Face model directory (config.json + safetensors, sharded or not).
+    pub fn load(dir: &std::path::Path, device: Device, kind: Kind) -> Result<Self> {
+        let cfg = Qwen3Config::from_file(&dir.join("config.json"))?;
+        let tensors = super::weights::read_model_dir(dir, device, kind)?;
+        Self::from_tensors(cfg, tensors, device, kind)
+    }
+
+    /// Random initialisation (normal(0, std) weights, unit norms), deterministic per seed.
+    pub fn random(
+        cfg: Qwen3Config,
+        seed: i64,
+        std: f64,
+        device: Device,
+        kind: Kind,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        tch::manual_seed(seed);
+        let mut map = BTreeMap::new();
+        for (name, shape) in Self::shapes(&cfg) {
+            let t = if name.ends_with("norm.weight") {
+                Tensor::ones(&shape, (Kind::Float, Device::Cpu))
+            } else if name.ends_with(".bias") {
+                Tensor::zeros(&shape, (Kind::Float, Device::Cpu))
+            } else {
+                Tensor::randn(&shape, (Kind::Float, Device::Cpu)) * std
+            };
+            map.insert(name, t.to_device(device).to_kind(kind));
+        }
+        Self::from_tensors(cfg, map, device, kind)
+    }
+
+    /// Every base tensor's HF name and shape, in a fixed order.
+    pub fn shapes(cfg: &Qwen3Config) -> Vec<(String, Vec<i64>)> {
+        let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let (nh, nkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim(),
+        );
+        let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+        for l in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            for (n, s) in [
+                ("self_attn.q_proj.weight", vec![nh * d, h]),
+                ("self_attn.k_proj.weight", vec![nkv * d, h]),
+                ("self_attn.v_proj.weight", vec![nkv * d, h]),
+                ("self_attn.o_proj.weight", vec![h, nh * d]),
+                ("self_attn.q_norm.weight", vec![d]),
+                ("self_attn.k_norm.weight", vec![d]),
+                ("mlp.gate_proj.weight", vec![i, h]),
+                ("mlp.up_proj.weight", vec![i, h]),
+                ("mlp.down_proj.weight", vec![h, i]),
+                ("input_layernorm.weight", vec![h]),
+                ("post_attention_layernorm.weight", vec![h]),
+            ] {
+                out.push((format!("{p}.{n}"), s));
+            }
+            if cfg.attention_bias {
+                for (n, s) in [
+                    ("self_attn.q_proj.bias", vec![nh * d]),
+                    ("self_attn.k_proj.bias", vec![nkv * d]),
+                    ("self_attn.v_proj.bias", vec![nkv * d]),
+                ] {
+                    out.push((format!("{p}.{n}"), s));
+                }
+            }
+        }
+        out.push(("model.norm.weight".to_string(), vec![h]));
+        if !cfg.tie_word_embeddings {
+            out.push(("lm_head.weight".to_string(), vec![v, h]));
+        }
+        out
+    }
+
+    /// Every projection with its HF module name and kind, for LoRA and parameter listings.
+    pub fn projections_mut(&mut self) -> Vec<(String, LoraTarget, &mut Proj)> {
+        let mut out = Vec::new();
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            let a = format!("model.layers.{l}.self_attn");
+            let m = format!("model.layers.{l}.mlp");
+            let at = &mut layer.self_attn;
+            out.push((format!("{a}.q_proj"), LoraTarget::Q, &mut at.q_proj));
+            out.push((format!("{a}.k_proj"), LoraTarget::K, &mut at.k_proj));
+            out.push((format!("{a}.v_proj"), LoraTarget::V, &mut at.v_proj));
+            out.push((format!("{a}.o_proj"), LoraTarget::O, &mut at.o_proj));
+            let mlp = &mut layer.mlp;
+            out.push((
+                format!("{m}.gate_proj"),
+                LoraTarget::Gate,
+                &mut mlp.gate_proj,
+            ));
+            out.push((format!("{m}.up_proj"), LoraTarget::Up, &mut mlp.up_proj));
+            out.push((
+                format!("{m}.down_proj"),
+                LoraTarget::Down,
+                &mut mlp.down_proj,
+            ));
+        }
+        out
+    }
+
+    /// All base tensors by HF name (shallow clones sharing storage).
+    pub fn base_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![(
+            "model.embed_tokens.weight".to_string(),
+            self.embed_tokens.shallow_clone(),
+        )];
+        for (l, layer) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{l}");
+            let at = &layer.self_attn;
+            let mlp = &layer.mlp;
+            for (n, proj) in [
+                ("self_attn.q_proj", &at.q_proj),
+                ("self_attn.k_proj", &at.k_proj),
+                ("self_attn.v_proj", &at.v_proj),
+                ("self_attn.o_proj", &at.o_proj),
+                ("mlp.gate_proj", &mlp.gate_proj),
+                ("mlp.up_proj", &mlp.up_proj),
+                ("mlp.down_proj", &mlp.down_proj),
+            ] {
+                out.push((format!("{p}.{n}.weight"), proj.weight.shallow_clone()));
+                if let Some(b) = &proj.bias {
+                    out.push((format!("{p}.{n}.bias"), b.shallow_clone()));
+                }
+            }
+            out.push((
+                format!("{p}.self_attn.q_norm.weight"),
+                at.q_norm.shallow_clone(),
+            ));
+            out.push((
+                format!("{p}.self_attn.k_norm.weight"),
+                at.k_norm.shallow_clone(),
+            ));
+            out.push((
+                format!("{p}.input_layernorm.weight"),
+                layer.input_layernorm.shallow_clone(),
+            ));
+            out.push((
+                format!("{p}.post_attention_layernorm.weight"),
+                layer.post_attention_layernorm.shallow_clone(),
+            ));
+        }
+        out.push(("model.norm.weight".to_string(), self.norm.shallow_clone()));
+        if let Some(w) = &self.lm_head {
+            out.push(("lm_head.weight".to_string(), w.shallow_clone()));
+        }
+        out
+    }
+
+    /// Full fine-tuning on (true) or off (false) for every base tensor.
+    pub fn set_trainable(&self, on: bool) {
+        for (_, t) in self.base_tensors() {
+            let _ = t.set_requires_grad(on);
+        }
+    }
+
+    /// Attach fresh LoRA adapters (A: Kaiming-uniform like PEFT, B: zeros) to the targets.
+    pub fn add_lora(&mut self, lcfg: &LoraConfig, seed: i64) -> Result<()> {
+        lcfg.validate()?;
+        tch::manual_seed(seed);
+        let (r, scale, dropout) = (lcfg.r, lcfg.scale(), lcfg.dropout);
+        let device = self.device;
+        for (_, target, proj) in self.projections_mut() {
+            if !lcfg.targets.contains(&target) {
+                continue;
+            }
+            let size = proj.weight.size();
+            let (d_out, d_in) = (size[0], size[1]);
+            // kaiming_uniform_(a=sqrt(5)) on [r, d_in]: bound = 1/sqrt(d_in).
+            let bound = 1.0 / (d_in as f64).sqrt();
+            let a = (Tensor::rand([r, d_in], (Kind::Float, Device::Cpu)) * (2.0 * bound) - bound)
+                .to_device(device)
+                .set_requires_grad(true);
+            let b = Tensor::zeros([d_out, r], (Kind::Float, device)).set_requires_grad(true);
+            proj.lora = Some(Lora {
+                a,
+                b,
+                scale,
+                dropout,
+            });
+        }
+        Ok(())
+    }
+
+    /// LoRA tensors under PEFT names (`base_model.model.<module>.lora_A.weight`).
+    pub fn lora_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let at = &layer.self_attn;
+            let mlp = &layer.mlp;
+            for (n, proj) in [
+                ("self_attn.q_proj", &at.q_proj),
+                ("self_attn.k_proj", &at.k_proj),
+                ("self_attn.v_proj", &at.v_proj),
+                ("self_attn.o_proj", &at.o_proj),
+                ("mlp.gate_proj", &mlp.gate_proj),
+                ("mlp.up_proj", &mlp.up_proj),
+                ("mlp.down_proj", &mlp.down_proj),
+            ] {
+                if let Some(lo) = &proj.lora {
+                    let base = format!("base_model.model.model.layers.{l}.{n}");
+                    out.push((format!("{base}.lora_A.weight"), lo.a.shallow_clone()));
+                    out.push((format!("{base}.lora_B.weight"), lo.b.shallow_clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// The tensors an optimizer updates: LoRA tensors if any adapter is attached, else all
+    /// base tensors (full fine-tune).
+    pub fn trainable(&self) -> Vec<(String, Tensor)> {
+        let lora = self.lora_tensors();
+        if lora.is_empty() {
+            self.base_tensors()
+        } else {
+            lora
+        }
+    }
+
+    pub fn has_lora(&self) -> bool {
+        !self.lora_tensors().is_empty()
+    }
+
+    /// Fold every adapter into the base weights.
+    pub fn merge_lora(&mut self) {
+        for (_, _, p) in self.projections_mut() {
+            p.merge();
+        }
+    }
+
+    pub fn lm_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+
+    pub fn embed(&self, ids: &Tensor) -> Tensor {
+        Tensor::embedding(&self.embed_tokens, ids, -1, false, false)
+    }
+
+    /// One decoder layer. `pos` is the absolute position of xs[:, 0]; with a cache holding
+    /// earlier tokens the new tokens attend to all of them.
+    pub fn layer_forward(
+        &self,
+        l: usize,
+        xs: &Tensor,
+        pos: i64,
+        cache: Option<&mut LayerKv>,
+        f: Fwd,
+    ) -> Tensor {
+        let layer = &self.layers[l];
+        let eps = self.cfg.rms_norm_eps;
+        let h = rms_norm(xs, &layer.input_layernorm, eps);
+        let h = self.attention(&layer.self_attn, &h, pos, cache, f);
+        let xs = xs + h;
+        let h = rms_norm(&xs, &layer.post_attention_layernorm, eps);
+        let m = &layer.mlp;
+        let h = m.down_proj.forward(
+            &(m.gate_proj.forward(&h, f).silu() * m.up_proj.forward(&h, f)),
+            f,
+        );
+        xs + h
+    }
+
+    fn attention(
+        &self,
+        a: &Attention,
+        xs: &Tensor,
+        pos: i64,
+        cache: Option<&mut LayerKv>,
+        f: Fwd,
+    ) -> Tensor {
+        let sz = xs.size();
+        let (b, t) = (sz[0], sz[1]);
+        let (nh, nkv, d) = (
+            self.cfg.num_attention_heads,
+            self.cfg.num_key_value_heads,
+            self.cfg.head_dim(),
+        );
+        let eps = self.cfg.rms_norm_eps;
+        let q = a.q_proj.forward(xs, f).view([b, t, nh, d]);
+        let k = a.k_proj.forward(xs, f).view([b, t, nkv, d]);
+        let v = a.v_proj.forward(xs, f).view([b, t, nkv, d]).transpose(1, 2);
+        let q = self
+            .rope
+            .apply(&rms_norm(&q, &a.q_norm, eps).transpose(1, 2), pos);
+        let k = self
+            .rope
+            .apply(&rms_norm(&k, &a.k_norm, eps).transpose(1, 2), pos);
+        let past = cache.as_ref().map_or(0, |c| c.seq_len());
+        let (k, v) = match cache {
+            Some(c) => c.append(&k, &v),
+            None => (k, v),
+        };
+        // SDPA's is_causal is top-left aligned; with earlier cached tokens and several new
+        // ones, an explicit mask lets new token i see keys 0..=past+i.
+        let (mask, causal) = if t == 1 {
+            (None, false)
+        } else if past == 0 {
+            (None, true)
+        } else {
+            let s = past + t;
+            let qi = Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(1) + past;
+            let kj = Tensor::arange(s, (Kind::Int64, self.device)).unsqueeze(0);
+            (Some(kj.le_tensor(&qi)), false)
+        };
+        let y = Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, causal, None, true);
+        a.o_proj
+            .forward(&y.transpose(1, 2).reshape([b, t, nh * d]), f)
+    }
+
+    /// Final hidden states (after the last norm), [B, T, H].
+    pub fn hidden(&self, ids: &Tensor, f: Fwd) -> Tensor {
+        let mut xs = self.embed(ids);
+        for l in 0..self.layers.len() {
+            xs = self.layer_forward(l, &xs, 0, None, f);
+        }
+        rms_norm(&xs, &self.norm, self.cfg.rms_norm_eps)
+    }
+
+    /// Full logits [B, T, V] in f32. For long sequences use `loss::token_logprobs` on
+    /// `hidden` instead, which never builds the whole [T, V] tensor.
+    pub fn logits(&self, ids: &Tensor, f: Fwd) -> Tensor {
+        self.hidden(ids, f)
+            .matmul(&self.lm_weight().tr())
+            .to_kind(Kind::Float)
+    }
+
+    /// Incremental forward with a cache: returns logits [B, T, V] (f32) for the new tokens.
+    pub fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache, f: Fwd) -> Tensor {
+        if cache.layers.len() != self.layers.len() {
+            *cache = KvCache::new(self.layers.len());
+        }
+        let pos = cache.seq_len();
+        let mut xs = self.embed(ids);
+        for (l, c) in cache.layers.iter_mut().enumerate() {
+            xs = self.layer_forward(l, &xs, pos, Some(c), f);
+        }
+        rms_norm(&xs, &self.norm, self.cfg.rms_norm_eps)
+            .matmul(&self.lm_weight().tr())
+            .to_kind(Kind::Float)
+    }
+
+    /// Save the base weights (HF names) and config.json into `dir`.
+    pub fn save(&self, dir: &std::path::Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(TrainerError::io(dir))?;
+        super::weights::write_file(&dir.join("model.safetensors"), &self.base_tensors())?;
+        let path = dir.join("config.json");
+        let text = serde_json::to_string_pretty(&self.cfg).map_err(TrainerError::json(&path))?;
+        std::fs::write(&path, text).map_err(TrainerError::io(&path))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,285 @@
+//! AdamW (PyTorch's update rule) over named tensors with weight-decay groups, global-norm
+//! gradient clipping, learning-rate schedules, and optimizer state saved and restored exactly.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use crate::error::{Result, TrainerError};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Schedule {
+    Constant,
+    /// Linear warm-up to the peak, then constant.
+    Warmup {
+        steps: u64,
+    },
+    /// Linear warm-up, then cosine decay to `min_ratio`·lr at `total` steps.
+    Cosine {
+        warmup: u64,
+        total: u64,
+        min_ratio: f64,
+    },
+    /// Linear warm-up, then linear decay to 0 at `total` steps.
+    Linear {
+        warmup: u64,
+        total: u64,
+    },
+}
+
+impl Schedule {
+    /// Multiplier of the peak learning rate for 1-based `step`.
+    pub fn factor(&self, step: u64) -> f64 {
+        let warm = |w: u64| {
+            if w > 0 && step <= w {
+                Some(step as f64 / w as f64)
+            } else {
+                None
+            }
+        };
+        match *self {
+            Schedule::Constant => 1.0,
+            Schedule::Warmup { steps } => warm(steps).unwrap_or(1.0),
+            Schedule::Cosine {
+                warmup,
+                total,
+                min_ratio,
+            } => warm(warmup).unwrap_or_else(|| {
+                let span = total.saturating_sub(warmup).max(1) as f64;
+                let p = ((step.saturating_sub(warmup)) as f64 / span).min(1.0);
+                min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + (std::f64::consts::PI * p).cos())
+            }),
+            Schedule::Linear { warmup, total } => warm(warmup).unwrap_or_else(|| {
+                let span = total.saturating_sub(warmup).max(1) as f64;
+                (1.0 - (step.saturating_sub(warmup)) as f64 / span).max(0.0)
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdamWConfig {
+    pub lr: f64,
+    pub betas: (f64, f64),
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Global-norm clip (0 = off).
+    pub max_grad_norm: f64,
+    pub schedule: Schedule,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        Self {
+            lr: 1e-5,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            schedule: Schedule::Constant,
+        }
+    }
+}
+
+struct Slot {
+    param: Tensor,
+    m: Tensor,
+    v: Tensor,
+    decay: bool,
+}
+
+/// AdamW over a fixed list of named parameters.
+pub struct AdamW {
+    pub cfg: AdamWConfig,
+    slots: BTreeMap<String, Slot>,
+    /// Optimizer steps taken.
+    pub step: u64,
+}
+
+impl std::fmt::Debug for AdamW {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdamW")
+            .field("cfg", &self.cfg)
+            .field("params", &self.slots.len())
+            .field("step", &self.step)
+            .finish()
+    }
+}
+
+/// Decay group rule: matrices decay; vectors (norm weights, biases) do not.
+pub fn decays(name: &str, t: &Tensor) -> bool {
+    t.dim() >= 2 && !name.ends_with("norm.weight")
+}
+
+impl AdamW {
+    pub fn new(params: Vec<(String, Tensor)>, cfg: AdamWConfig) -> Self {
+        let slots = params
+            .into_iter()
+            .map(|(name, p)| {
+                let decay = decays(&name, &p);
+                let m = Tensor::zeros_like(&p).to_kind(Kind::Float);
+                let v = Tensor::zeros_like(&p).to_kind(Kind::Float);
+                (
+                    name,
+                    Slot {
+                        param: p,
+                        m,
+                        v,
+                        decay,
+                    },
+                )
+            })
+            .collect();
+        Self {
+            cfg,
+            slots,
+            step: 0,
+        }
+    }
+
+    pub fn zero_grad(&self) {
+        for s in self.slots.values() {
+            let mut g = s.param.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+    }
+
+    /// The global L2 norm of all gradients (before clipping).
+    pub fn grad_norm(&self) -> f64 {
+        tch::no_grad(|| {
+            let mut total = 0.0f64;
+            for s in self.slots.values() {
+                let g = s.param.grad();
+                if g.defined() {
+                    total += g
+                        .to_kind(Kind::Float)
+                        .pow_tensor_scalar(2)
+                        .sum(Kind::Float)
+                        .double_value(&[]);
+                }
+            }
+            total.sqrt()
+        })
+    }
+
+    /// Clip, then apply one AdamW update. Returns (grad norm before clipping, learning rate).
+    pub fn step(&mut self) -> (f64, f64) {
+        self.step += 1;
+        let norm = self.grad_norm();
+        let clip = if self.cfg.max_grad_norm > 0.0 && norm > self.cfg.max_grad_norm {
+            self.cfg.max_grad_norm / (norm + 1e-6)
+        } else {
+            1.0
+        };
+        let lr = self.cfg.lr * self.cfg.schedule.factor(self.step);
+        let (b1, b2) = self.cfg.betas;
+        let bc1 = 1.0 - b1.powi(self.step as i32);
+        let bc2 = 1.0 - b2.powi(self.step as i32);
+        let (eps, wd) = (self.cfg.eps, self.cfg.weight_decay);
+        tch::no_grad(|| {
+            for s in self.slots.values_mut() {
+                let g = s.param.grad();
+                if !g.defined() {
+                    continue;
+                }
+                let g = g.to_kind(Kind::Float) * clip;
+                s.m = &s.m * b1 + &g * (1.0 - b1);
+                s.v = &s.v * b2 + &g * &g * (1.0 - b2);
+                let denom = s.v.sqrt() / bc2.sqrt() + eps;
+                let update = (&s.m / denom) * (lr / bc1);
+                let mut p32 = s.param.to_kind(Kind::Float);
+                if s.decay && wd > 0.0 {
+                    p32 *= 1.0 - lr * wd;
+                }
+                let newp = (p32 - update).to_kind(s.param.kind());
+                let _ = s.param.f_copy_(&newp);
+            }
+        });
+        (norm, lr)
+    }
+
+    /// Save moments and step to `dir/optimizer.safetensors` + `dir/optimizer.json`.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let mut tensors = Vec::new();
+        for (name, s) in &self.slots {
+            tensors.push((format!("m.{name}"), s.m.shallow_clone()));
+            tensors.push((format!("v.{name}"), s.v.shallow_clone()));
+        }
+        crate::model::weights::write_file(&dir.join("optimizer.safetensors"), &tensors)?;
+        let path = dir.join("optimizer.json");
+        let meta = serde_json::json!({"step": self.step, "config": self.cfg});
+        let text = serde_json::to_string_pretty(&meta).map_err(TrainerError::json(&path))?;
+        std::fs::write(&path, text).map_err(TrainerError::io(&path))?;
+        Ok(())
+    }
+
+    /// Restore what `save` wrote; every parameter must have its moments.
+    pub fn load(&mut self, dir: &Path) -> Result<()> {
+        let path = dir.join("optimizer.json");
+        let text = std::fs::read_to_string(&path).map_err(TrainerError::io(&path))?;
+        let meta: serde_json::Value =
+            serde_json::from_str(&text).map_err(TrainerError::json(&path))?;
+        let step = meta["step"]
+            .as_u64()
+            .ok_or_else(|| TrainerError::Config(format!("{}: no step", path.display())))?;
+        let device = self
+            .slots
+            .values()
+            .next()
+            .map_or(tch::Device::Cpu, |s| s.param.device());
+        let mut t = crate::model::weights::read_file(
+            &dir.join("optimizer.safetensors"),
+            device,
+            Some(Kind::Float),
+            None,
+        )?;
+        for (name, s) in self.slots.iter_mut() {
+            for (prefix, dst) in [("m", &mut s.m), ("v", &mut s.v)] {
+                let key = format!("{prefix}.{name}");
+                let src = t
+                    .remove(&key)
+                    .ok_or_else(|| TrainerError::MissingTensor(key.clone()))?;
+                if src.size() != dst.size() {
+                    return Err(TrainerError::Shape {
+                        name: key,
+                        got: src.size(),
+                        want: dst.size(),
+                    });
+                }
+                *dst = src;
+            }
+        }
+        self.step = step;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules() {
+        let c = Schedule::Cosine {
+            warmup: 10,
+            total: 110,
+            min_ratio: 0.1,
+        };
+        assert!((c.factor(5) - 0.5).abs() < 1e-12);
+        assert!((c.factor(10) - 1.0).abs() < 1e-12);
+        assert!((c.factor(60) - 0.55).abs() < 1e-12);
+        assert!((c.factor(500) - 0.1).abs() < 1e-12);
+        let l = Schedule::Linear {
+            warmup: 0,
+            total: 4,
+        };
+        assert_eq!(l.factor(2), 0.5);
+        assert_eq!(Schedule::Constant.factor(99), 1.0);
+    }
+}

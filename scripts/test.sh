@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it (.ci/run calls this and nothing else):
-# Postgres + migrations, the Python parity environment, fmt, clippy, and every workspace test.
+# Postgres + migrations, the Python environment (parity fixtures and libtorch for the trainer),
+# fmt, clippy, and every workspace test (the trainer's on CPU).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -11,6 +12,8 @@ echo "== setup (Postgres, migrations)"
 ORCH_PROFILE=debug bash scripts/setup.sh
 echo "== python environment for parity fixtures"
 bash scripts/python-env.sh
+# libtorch for the trainer (tch 0.24) comes from the venv's torch==2.11.0 wheel.
+source scripts/torch-env.sh
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"

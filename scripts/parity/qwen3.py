@@ -9,6 +9,8 @@ Subcommands (all write safetensors files the Rust tests read):
                                                  KL3 to the adapter-disabled reference, truncated
                                                  importance weights, token-mean) and LoRA gradients
   merge --base DIR --adapter DIR --out FILE      logits of PEFT's merge_and_unload()
+  check-dir --dir DIR --out FILE                 load a `trainer init` directory with Auto* classes,
+                                                 render a chat with its template, save the logits
 The loss here is written from the formulas in shared/spec/method.md A.5, independently of the
 Rust code, so agreement checks both.
 """
@@ -78,6 +80,22 @@ def merged_logits(args):
     save_file({"logits": logits.contiguous()}, args.out)
 
 
+def check_dir(args):
+    """Load a model directory written by `trainer init` the way users would, render a chat with
+    its template, and save the logits of the rendered ids."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.dir)
+    model = AutoModelForCausalLM.from_pretrained(args.dir, torch_dtype=torch.float32).eval()
+    text = tok.apply_chat_template([{"role": "user", "content": "Which gene encodes Tn5?"}],
+                                   tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous()}, args.out)
+    print(text)
+
+
 def token_logprobs(logits, targets):
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
@@ -125,6 +143,9 @@ def main():
         p.add_argument("--base", required=True)
         p.add_argument("--adapter", required=True)
         p.add_argument("--out", required=True)
+    c = sub.add_parser("check-dir")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--out", required=True)
     lo = sub.add_parser("loss")
     lo.add_argument("--base", required=True)
     lo.add_argument("--adapter", required=True)
@@ -132,7 +153,8 @@ def main():
     lo.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
-    {"make": make, "peft": peft_logits, "merge": merged_logits, "loss": policy_loss}[args.cmd](args)
+    {"make": make, "peft": peft_logits, "merge": merged_logits, "loss": policy_loss,
+     "check-dir": check_dir}[args.cmd](args)
 
 
 if __name__ == "__main__":

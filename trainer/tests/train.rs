@@ -1,0 +1,343 @@
+//! Train-step behaviour on CPU with tiny random models: SS-GRPO with equal stage advantages is
+//! GRPO; positive advantages raise log-probs and negative lower them; SFT overfits and masked
+//! tokens get no gradient; optimizer + adapter checkpoints continue exactly; the tokenizer
+//! trainer and `init` write a directory transformers loads with the same logits.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use tch::{Device, Kind, Tensor};
+use trainer::loss::PolicyLossConfig;
+use trainer::model::lora::{LoraConfig, LoraTarget};
+use trainer::model::{Fwd, Qwen3, Qwen3Config};
+use trainer::optim::AdamWConfig;
+use trainer::train::{Sequence, TrainConfig, Trainer};
+
+fn tiny_cfg() -> Qwen3Config {
+    serde_json::from_value(serde_json::json!({
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 128, "rope_theta": 10000.0, "tie_word_embeddings": true
+    }))
+    .unwrap()
+}
+
+fn lora() -> LoraConfig {
+    LoraConfig {
+        r: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        targets: LoraTarget::ALL.to_vec(),
+    }
+}
+
+fn lora_model(seed: i64) -> Qwen3 {
+    let mut m = Qwen3::random(tiny_cfg(), seed, 0.2, Device::Cpu, Kind::Float).unwrap();
+    m.add_lora(&lora(), seed + 1).unwrap();
+    // Non-zero B, so the reference (adapters off) differs from the policy.
+    tch::manual_seed(seed + 2);
+    for (_, _, p) in m.projections_mut() {
+        if let Some(l) = &mut p.lora {
+            tch::no_grad(|| {
+                let _ =
+                    l.b.f_copy_(&(Tensor::randn(l.b.size(), (Kind::Float, Device::Cpu)) * 0.1));
+            });
+        }
+    }
+    m
+}
+
+fn seq(tokens: Vec<i64>, adv: Vec<f32>) -> Sequence {
+    let n = tokens.len();
+    Sequence {
+        loss_mask: (0..n).map(|t| t >= 3).collect(),
+        stages: (0..n)
+            .map(|t| {
+                if t < 3 {
+                    -1
+                } else {
+                    ((t - 3) * 4 / (n - 3)) as i8
+                }
+            })
+            .collect(),
+        behaviour_logprobs: vec![-3.0; n],
+        advantages: adv,
+        tokens,
+    }
+}
+
+fn trainer(model: Qwen3, lr: f64, kl: f64) -> Trainer {
+    Trainer::new(
+        model,
+        TrainConfig {
+            loss: PolicyLossConfig {
+                kl_coef: kl,
+                ..PolicyLossConfig::default()
+            },
+            optim: AdamWConfig {
+                lr,
+                max_grad_norm: 0.0,
+                ..AdamWConfig::default()
+            },
+            micro_batch_tokens: 64,
+            logit_chunk: 7,
+            grad_checkpoint: true,
+        },
+    )
+    .unwrap()
+}
+
+fn grads(t: &Trainer) -> Vec<Tensor> {
+    t.model
+        .lora_tensors()
+        .into_iter()
+        .map(|(_, p)| p.grad().copy())
+        .collect()
+}
+
+#[test]
+fn ss_grpo_with_equal_stage_advantages_is_grpo() {
+    let toks: Vec<Vec<i64>> = (0..3)
+        .map(|r| (0..17).map(|t| (t * 7 + r * 11) % 64).collect())
+        .collect();
+    let run = |stagewise: bool| {
+        let mut tr = trainer(lora_model(1), 0.0, 0.01);
+        let batch: Vec<Sequence> = toks
+            .iter()
+            .enumerate()
+            .map(|(r, t)| {
+                let a = 0.5 - r as f32 * 0.6;
+                seq(t.clone(), if stagewise { vec![a; 4] } else { vec![a] })
+            })
+            .collect();
+        let m = tr.rl_step(&batch).unwrap();
+        (m.loss, grads(&tr))
+    };
+    let (l1, g1) = run(true);
+    let (l2, g2) = run(false);
+    assert!((l1 - l2).abs() < 1e-7, "{l1} vs {l2}");
+    for (a, b) in g1.iter().zip(&g2) {
+        assert!((a - b).abs().max().double_value(&[]) < 1e-7);
+    }
+    // And different stage advantages do change the gradient.
+    let mut tr = trainer(lora_model(1), 0.0, 0.01);
+    let batch: Vec<Sequence> = toks
+        .iter()
+        .map(|t| seq(t.clone(), vec![1.0, -1.0, 0.5, 0.0]))
+        .collect();
+    tr.rl_step(&batch).unwrap();
+    let g3 = grads(&tr);
+    assert!(
+        g3.iter()
+            .zip(&g1)
+            .any(|(a, b)| (a - b).abs().max().double_value(&[]) > 1e-6)
+    );
+}
+
+fn mean_logprob(tr: &Trainer, s: &Sequence) -> f64 {
+    let lp = &tr.logprobs(std::slice::from_ref(&s.tokens), Fwd::POLICY)[0];
+    let (sum, n) = lp
+        .iter()
+        .zip(&s.loss_mask)
+        .filter(|(_, m)| **m)
+        .fold((0.0, 0), |(a, n), (l, _)| (a + *l as f64, n + 1));
+    sum / n as f64
+}
+
+#[test]
+fn positive_advantages_raise_log_probs_and_negative_lower_them() {
+    let up = seq(
+        (0..16).map(|t| (t * 5 + 1) % 64).collect(),
+        vec![1.0, 1.0, 1.0, 1.0],
+    );
+    let down = seq((0..16).map(|t| (t * 3 + 2) % 64).collect(), vec![-1.0; 4]);
+    let mut tr = trainer(lora_model(4), 1e-2, 0.0);
+    let (u0, d0) = (mean_logprob(&tr, &up), mean_logprob(&tr, &down));
+    for _ in 0..3 {
+        tr.rl_step(&[up.clone(), down.clone()]).unwrap();
+    }
+    let (u1, d1) = (mean_logprob(&tr, &up), mean_logprob(&tr, &down));
+    assert!(u1 > u0 + 1e-3, "positive advantage: {u0} -> {u1}");
+    assert!(d1 < d0 - 1e-3, "negative advantage: {d0} -> {d1}");
+}
+
+#[test]
+fn sft_overfits_and_masked_tokens_get_no_gradient() {
+    // The loss function: masked positions receive exactly zero gradient.
+    let logp = Tensor::randn([2, 6], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let mask = Tensor::from_slice(&[0f32, 1., 1., 0., 1., 0., 1., 0., 0., 1., 1., 1.]).view([2, 6]);
+    trainer::loss::sft_loss(&logp, &mask).backward();
+    let g = logp.grad();
+    let unmasked: Tensor = 1.0 - &mask;
+    assert_eq!(
+        (&g * unmasked).abs().sum(Kind::Float).double_value(&[]),
+        0.0
+    );
+    assert!((g * &mask).abs().sum(Kind::Float).double_value(&[]) > 0.0);
+
+    // Full fine-tune (no adapters, so no reference and kl 0).
+    let model = Qwen3::random(tiny_cfg(), 9, 0.2, Device::Cpu, Kind::Float).unwrap();
+    model.set_trainable(true);
+    let mut tr = trainer(model, 3e-3, 0.0);
+    let mk = |tokens: Vec<i64>| {
+        let n = tokens.len();
+        Sequence {
+            // Prompt (3 tokens) and a "tool output" span (8..11) are masked.
+            loss_mask: (0..n).map(|t| t >= 3 && !(8..11).contains(&t)).collect(),
+            stages: vec![],
+            behaviour_logprobs: vec![],
+            advantages: vec![],
+            tokens,
+        }
+    };
+    let data = vec![
+        mk((0..20).map(|t| (t * 13 + 5) % 64).collect()),
+        mk((0..14).map(|t| (t * 29 + 3) % 64).collect()),
+    ];
+    // A masked token that is never an input (the tool span's targets are masked): changing
+    // the targets at masked positions must not change the gradient. Position 19 is masked
+    // and last, so it is only ever a target.
+    let mut masked_last = data[0].clone();
+    masked_last.loss_mask[19] = false;
+    let mut other = masked_last.clone();
+    other.tokens[19] = (other.tokens[19] + 1) % 64;
+    let probe = |s: &Sequence| {
+        let m = Qwen3::random(tiny_cfg(), 9, 0.2, Device::Cpu, Kind::Float).unwrap();
+        m.set_trainable(true);
+        let mut t = trainer(m, 0.0, 0.0);
+        t.sft_step(std::slice::from_ref(s)).unwrap();
+        t.model
+            .trainable()
+            .into_iter()
+            .map(|(_, p)| p.grad().copy())
+            .collect::<Vec<_>>()
+    };
+    for (a, b) in probe(&masked_last).iter().zip(&probe(&other)) {
+        assert_eq!((a - b).abs().max().double_value(&[]), 0.0);
+    }
+
+    let first = tr.sft_step(&data).unwrap().loss;
+    let mut last = first;
+    for _ in 0..80 {
+        last = tr.sft_step(&data).unwrap().loss;
+    }
+    assert!(
+        first > 3.0,
+        "a random model starts near ln(64) = 4.16: {first}"
+    );
+    assert!(last < 0.2, "SFT did not overfit: {first} -> {last}");
+}
+
+#[test]
+fn adapter_and_optimizer_checkpoint_continue_exactly() {
+    let batch = |k: i64| -> Vec<Sequence> {
+        (0..2)
+            .map(|r| {
+                seq(
+                    (0..15).map(|t| (t * 7 + r * 5 + k) % 64).collect(),
+                    vec![0.3 - r as f32, 0.1, -0.2, 0.8],
+                )
+            })
+            .collect()
+    };
+    let base = tempfile::tempdir().unwrap();
+    lora_model(2).save(base.path()).unwrap();
+    let fresh = || {
+        let mut m = Qwen3::load(base.path(), Device::Cpu, Kind::Float).unwrap();
+        m.add_lora(&lora(), 3).unwrap();
+        trainer(m, 5e-3, 0.01)
+    };
+    let mut straight = fresh();
+    for k in 0..3 {
+        straight.rl_step(&batch(k)).unwrap();
+    }
+    let ck = tempfile::tempdir().unwrap();
+    let mut first = fresh();
+    for k in 0..2 {
+        first.rl_step(&batch(k)).unwrap();
+    }
+    trainer::model::lora::save_adapter(&first.model, &lora(), "b", ck.path()).unwrap();
+    first.opt.save(ck.path()).unwrap();
+    drop(first);
+    let mut m = Qwen3::load(base.path(), Device::Cpu, Kind::Float).unwrap();
+    trainer::model::lora::load_adapter(&mut m, ck.path()).unwrap();
+    let mut resumed = trainer(m, 5e-3, 0.01);
+    resumed.opt.load(ck.path()).unwrap();
+    assert_eq!(resumed.opt.step, 2);
+    resumed.rl_step(&batch(2)).unwrap();
+    for ((n, a), (_, b)) in straight
+        .model
+        .lora_tensors()
+        .iter()
+        .zip(resumed.model.lora_tensors().iter())
+    {
+        assert_eq!(
+            (a - b).abs().max().double_value(&[]),
+            0.0,
+            "{n} differs after resume"
+        );
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn tokenizer_train_and_init_write_a_directory_transformers_loads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("corpus.jsonl");
+    let mut lines = String::new();
+    for i in 0..300 {
+        lines.push_str(
+            &serde_json::json!({"title": format!("Gene TN{i}"),
+                "text": format!("The TN{i} gene encodes a transposase that inserts adapters; \
+                                 study {i} measured its activity in yeast and in mice.")})
+            .to_string(),
+        );
+        lines.push('\n');
+    }
+    std::fs::write(&corpus, lines).unwrap();
+    let tok = tmp.path().join("tok");
+    let n = trainer::smallmodel::train_tokenizer(&corpus, 400, &tok).unwrap();
+    assert!((300..=400).contains(&n), "{n}");
+    let err = trainer::smallmodel::train_tokenizer(&corpus, 10, &tok).unwrap_err();
+    assert!(err.to_string().contains("--vocab = 10"), "{err}");
+
+    let cfg_path = tmp.path().join("config.json");
+    std::fs::write(&cfg_path, serde_json::to_string(&tiny_cfg()).unwrap()).unwrap();
+    let out = tmp.path().join("model");
+    let cfg = trainer::smallmodel::init_model(&cfg_path, &tok, &out, 5).unwrap();
+    assert_eq!(cfg.vocab_size, n as i64);
+    let ours = Qwen3::load(&out, Device::Cpu, Kind::Float).unwrap();
+
+    let py = std::env::var("TRAINER_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root().join(".venv/bin/python"));
+    let res = tmp.path().join("check.safetensors");
+    let o = std::process::Command::new(py)
+        .arg(root().join("scripts/parity/qwen3.py"))
+        .args([
+            "check-dir",
+            "--dir",
+            out.to_str().unwrap(),
+            "--out",
+            res.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rendered = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        rendered.contains("<|im_start|>user\nWhich gene encodes Tn5?<|im_end|>"),
+        "{rendered}"
+    );
+    let mut want = trainer::model::weights::read_file(&res, Device::Cpu, None, None).unwrap();
+    let ids = want.remove("input_ids").unwrap();
+    let got = tch::no_grad(|| ours.logits(&ids, Fwd::POLICY));
+    let d = (got - want.remove("logits").unwrap())
+        .abs()
+        .max()
+        .double_value(&[]);
+    assert!(d < 1e-4, "{d}");
+}

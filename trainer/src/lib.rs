@@ -2,6 +2,7 @@
 //! losses, AdamW with exact state restore, the train step (chunked logits head, gradient
 //! checkpointing), and small-model tooling (tokenizer training, random-init model dirs).
 
+pub mod bench;
 pub mod error;
 pub mod loss;
 pub mod model;

@@ -39,6 +39,31 @@ enum Command {
     },
     /// Print what libtorch sees (version of the build, CUDA devices).
     Info,
+    /// Time train steps (forward, loss, backward, AdamW) on a random model; prints JSON.
+    Bench {
+        /// A Qwen3 config.json.
+        #[arg(long, env = "TRAINER_BENCH_CONFIG")]
+        config: PathBuf,
+        #[arg(long, default_value_t = 4)]
+        seqs: usize,
+        #[arg(long, default_value_t = 512)]
+        seq_len: usize,
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        /// LoRA rank (0 = full fine-tune).
+        #[arg(long, default_value_t = 0)]
+        lora_r: i64,
+        #[arg(long)]
+        grad_checkpoint: bool,
+        /// cpu or cuda.
+        #[arg(long, default_value = "auto")]
+        device: String,
+        /// Peak FLOP/s for MFU, e.g. 989e12 for H100 bf16 dense.
+        #[arg(long)]
+        peak_flops: Option<f64>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -76,6 +101,41 @@ fn run(cli: Cli) -> anyhow::Result<String> {
                 out.display()
             )
         }
+        Command::Bench {
+            config,
+            seqs,
+            seq_len,
+            steps,
+            warmup,
+            lora_r,
+            grad_checkpoint,
+            device,
+            peak_flops,
+        } => {
+            let device = match device.as_str() {
+                "cpu" => tch::Device::Cpu,
+                "cuda" => tch::Device::Cuda(0),
+                "auto" => trainer::default_device(),
+                other => anyhow::bail!("--device = {other:?}; allowed: cpu, cuda, auto"),
+            };
+            let spec = trainer::bench::BenchSpec {
+                config: trainer::model::Qwen3Config::from_file(&config)?,
+                lora: (lora_r > 0).then(|| trainer::model::LoraConfig {
+                    r: lora_r,
+                    alpha: 2.0 * lora_r as f64,
+                    ..Default::default()
+                }),
+                seqs,
+                seq_len,
+                steps,
+                warmup,
+                grad_checkpoint,
+                device,
+                kind: trainer::default_kind(device),
+                peak_flops,
+            };
+            serde_json::to_string(&trainer::bench::run(&spec)?)?
+        }
         Command::Info => format!(
             "cuda available: {}, devices: {}, cudnn: {}",
             tch::Cuda::is_available(),
@@ -95,7 +155,11 @@ fn main() -> ExitCode {
         .init();
     match run(Cli::parse()) {
         Ok(msg) => {
-            eprintln!("{msg}");
+            // Results go to stdout (JSON for bench), diagnostics to stderr.
+            #[allow(clippy::print_stdout)]
+            {
+                println!("{msg}");
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -368,32 +368,27 @@ impl Trainer {
         })
     }
 
-    /// Loss of one chunk of final hidden states (positions s..s+c); backward is the caller's.
+    /// Loss of one chunk from its target log-probs `logp` [B, c] (a leaf; backward is the
+    /// caller's), accumulating metrics.
     fn chunk_loss(
         &self,
-        h: &Tensor,
+        logp: &Tensor,
         m: &Micro,
         s: i64,
         c: i64,
         rl: bool,
         sums: &mut Sums,
     ) -> Tensor {
-        let logits = h.matmul(&self.model.lm_weight().tr()).to_kind(Kind::Float);
-        let targets = m.targets.narrow(1, s, c);
-        let (logp, ent) = loss::logprobs_of_logits(&logits, &targets, true);
         let mask = m.mask.narrow(1, s, c);
         let w = m.weights.narrow(1, s, c);
         let n = mask.sum(Kind::Float).double_value(&[]);
         sums.tokens += n;
-        if let Some(e) = ent {
-            sums.entropy += (e * &mask).sum(Kind::Float).double_value(&[]);
-        }
         let per_token = if rl {
             let old = logp.detach();
             let reference = m.reference.as_ref().map(|r| r.narrow(1, s, c));
             let behaviour = m.behaviour.as_ref().map(|b| b.narrow(1, s, c));
             let terms = loss::policy_terms(
-                &logp,
+                logp,
                 &old,
                 &m.adv.narrow(1, s, c),
                 reference.as_ref(),
@@ -422,25 +417,78 @@ impl Trainer {
         l
     }
 
-    /// Head: final norm + chunked logits/loss with backward per chunk. `x` is the last layer's
-    /// output (a leaf that requires grad); returns nothing, leaves x.grad set.
+    /// Head: final norm, then a fused linear + log-softmax + loss per chunk of positions. The
+    /// softmax of a chunk serves the entropy metric and the analytic gradient
+    /// dℓ/dlogits = g·(onehot − softmax), so no [T, V] tensor outlives its chunk and autograd
+    /// never stores logits. Gradients reach x (and the norm and lm weights) in one backward.
     fn head_backward(&self, x: &Tensor, m: &Micro, rl: bool, sums: &mut Sums) {
         let h = crate::model::qwen3::rms_norm(x, &self.model.norm, self.model.cfg.rms_norm_eps);
-        let hd = h.detach().set_requires_grad(true);
+        let w = self.model.lm_weight();
+        let (hd, wd) = (h.detach(), w.detach());
         let t = hd.size()[1];
         let chunk = self.cfg.logit_chunk.max(1);
+        let mut grad_h = Vec::new();
+        let mut grad_w: Option<Tensor> = None;
         let mut s = 0;
         while s < t {
             let c = chunk.min(t - s);
-            let l = self.chunk_loss(&hd.narrow(1, s, c), m, s, c, rl, sums);
+            let hc = hd.narrow(1, s, c);
+            let targets = m.targets.narrow(1, s, c).unsqueeze(-1);
+            // One fused log-softmax kernel (faster on CPU than logsumexp's separate passes).
+            let (logp_all, logp) = tch::no_grad(|| {
+                let logp_all = hc
+                    .matmul(&wd.tr())
+                    .to_kind(Kind::Float)
+                    .log_softmax(-1, Kind::Float);
+                let logp = logp_all.gather(-1, &targets, false).squeeze_dim(-1);
+                (logp_all, logp)
+            });
+            let leaf = logp.set_requires_grad(true);
+            let l = self.chunk_loss(&leaf, m, s, c, rl, sums);
             if l.requires_grad() {
                 l.backward();
             }
+            let gl = leaf.grad();
+            tch::no_grad(|| {
+                let mut p = logp_all.exp();
+                let ent = -(&p * &logp_all).sum_dim_intlist(-1, false, Kind::Float);
+                let mask = m.mask.narrow(1, s, c);
+                sums.entropy += (ent * &mask).sum(Kind::Float).double_value(&[]);
+                drop(logp_all);
+                if !gl.defined() {
+                    grad_h.push(hc.zeros_like());
+                    return;
+                }
+                let gl = gl.unsqueeze(-1);
+                let _ = p.f_mul_(&(-&gl));
+                let _ = p.f_scatter_add_(-1, &targets, &gl);
+                let g = p.to_kind(hc.kind());
+                grad_h.push(g.matmul(&wd));
+                if w.requires_grad() {
+                    let gw = g.flatten(0, 1).tr().matmul(&hc.flatten(0, 1));
+                    grad_w = Some(match grad_w.take() {
+                        Some(acc) => acc + gw,
+                        None => gw,
+                    });
+                }
+            });
             s += c;
         }
-        let g = hd.grad();
-        if g.defined() && h.requires_grad() {
-            (h * g).sum(Kind::Float).backward();
+        let grad_h = Tensor::cat(&grad_h, 1);
+        let mut root = if h.requires_grad() {
+            Some((&h * grad_h).sum(Kind::Float))
+        } else {
+            None
+        };
+        if let Some(gw) = grad_w {
+            let r = (w * gw).sum(Kind::Float);
+            root = Some(match root {
+                Some(x) => x + r,
+                None => r,
+            });
+        }
+        if let Some(r) = root {
+            r.backward();
         }
     }
 
@@ -462,8 +510,10 @@ impl Trainer {
         }
         // Pass 1: keep only each layer's input. Dropout is made repeatable per layer by seeding.
         let seed_base = (self.opt.step as i64 + 1) * 1_000_003;
+        let dropout = model.lora_dropout();
         let seeded = |l: usize| {
-            if model.has_lora() {
+            if dropout {
+                let _guard = crate::model::rng_lock();
                 tch::manual_seed(seed_base + l as i64);
             }
         };

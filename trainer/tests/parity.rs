@@ -99,6 +99,7 @@ fn lora_cfg() -> LoraConfig {
 
 /// Attach adapters with a random (non-zero) B so they change the output.
 fn randomize_b(model: &mut Qwen3) {
+    let _guard = trainer::model::rng_lock();
     tch::manual_seed(5);
     for (_, _, p) in model.projections_mut() {
         if let Some(l) = &mut p.lora {

@@ -35,6 +35,7 @@ fn lora_model(seed: i64) -> Qwen3 {
     let mut m = Qwen3::random(tiny_cfg(), seed, 0.2, Device::Cpu, Kind::Float).unwrap();
     m.add_lora(&lora(), seed + 1).unwrap();
     // Non-zero B, so the reference (adapters off) differs from the policy.
+    let _guard = trainer::model::rng_lock();
     tch::manual_seed(seed + 2);
     for (_, _, p) in m.projections_mut() {
         if let Some(l) = &mut p.lora {
@@ -340,4 +341,101 @@ fn tokenizer_train_and_init_write_a_directory_transformers_loads() {
         .max()
         .double_value(&[]);
     assert!(d < 1e-4, "{d}");
+}
+
+#[test]
+fn aggregation_modes_weight_tokens_as_documented() {
+    use trainer::loss::Aggregation;
+    // First step: ratio = 1 (old = current), so each token's loss is −A·tis with
+    // tis = min(exp(logp − behaviour), 2); KL is off.
+    let seqs = vec![
+        seq(
+            (0..12).map(|t| (t * 5 + 1) % 64).collect(),
+            vec![1.0, -0.5, 0.25, 2.0],
+        ),
+        seq(
+            (0..20).map(|t| (t * 3 + 2) % 64).collect(),
+            vec![-1.0, 0.5, 1.5, -2.0],
+        ),
+    ];
+    let probe = trainer(lora_model(6), 0.0, 0.0);
+    let lps = probe.logprobs(
+        &seqs.iter().map(|s| s.tokens.clone()).collect::<Vec<_>>(),
+        Fwd::POLICY,
+    );
+    let per_seq: Vec<(f64, f64)> = seqs
+        .iter()
+        .zip(&lps)
+        .map(|(s, lp)| {
+            let adv = trainer::loss::per_token_advantages(&s.advantages, &s.stages, &s.loss_mask)
+                .unwrap();
+            let mut sum = 0.0;
+            let mut n = 0.0;
+            for t in 0..s.tokens.len() {
+                if s.loss_mask[t] {
+                    let tis = ((lp[t] - s.behaviour_logprobs[t]) as f64).exp().min(2.0);
+                    sum += -(adv[t] as f64) * tis;
+                    n += 1.0;
+                }
+            }
+            (sum, n)
+        })
+        .collect();
+    let total: f64 = per_seq.iter().map(|x| x.0).sum();
+    let tokens: f64 = per_seq.iter().map(|x| x.1).sum();
+    for (agg, want) in [
+        (Aggregation::TokenMean, total / tokens),
+        (
+            Aggregation::SequenceMean,
+            per_seq.iter().map(|(s, n)| s / n).sum::<f64>() / 2.0,
+        ),
+        (Aggregation::Constant(64.0), total / 64.0),
+    ] {
+        let mut t = trainer(lora_model(6), 0.0, 0.0);
+        t.cfg.loss.aggregation = agg;
+        let got = t.rl_step(&seqs).unwrap().loss;
+        assert!((got - want).abs() < 1e-5, "{agg:?}: {got} vs {want}");
+    }
+}
+
+#[test]
+fn sharded_checkpoints_load_through_the_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = lora_model(8);
+    model.save(tmp.path()).unwrap();
+    let ids = Tensor::from_slice(&[1i64, 5, 9, 2, 7, 3]).view([1, 6]);
+    let want = tch::no_grad(|| model.logits(&ids, Fwd::REFERENCE));
+    // Split model.safetensors into two shards with an index, as large checkpoints ship.
+    let all: Vec<(String, Tensor)> = model.base_tensors();
+    let sharded = tmp.path().join("sharded");
+    std::fs::create_dir_all(&sharded).unwrap();
+    std::fs::copy(tmp.path().join("config.json"), sharded.join("config.json")).unwrap();
+    let (a, b) = all.split_at(all.len() / 2);
+    let mut map = serde_json::Map::new();
+    for (file, part) in [
+        ("model-00001-of-00002.safetensors", a),
+        ("model-00002-of-00002.safetensors", b),
+    ] {
+        trainer::model::weights::write_file(&sharded.join(file), part).unwrap();
+        for (n, _) in part {
+            map.insert(n.clone(), serde_json::json!(file));
+        }
+    }
+    std::fs::write(
+        sharded.join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
+    )
+    .unwrap();
+    let loaded = Qwen3::load(&sharded, Device::Cpu, Kind::Float).unwrap();
+    let got = tch::no_grad(|| loaded.logits(&ids, Fwd::POLICY));
+    assert_eq!((got - want).abs().max().double_value(&[]), 0.0);
+    // A missing shard entry is named.
+    map.remove("model.norm.weight");
+    std::fs::write(
+        sharded.join("model.safetensors.index.json"),
+        serde_json::json!({"weight_map": map}).to_string(),
+    )
+    .unwrap();
+    let err = Qwen3::load(&sharded, Device::Cpu, Kind::Float).unwrap_err();
+    assert!(err.to_string().contains("model.norm.weight"), "{err}");
 }

@@ -331,6 +331,7 @@ impl Qwen3 {
         kind: Kind,
     ) -> Result<Self> {
         cfg.validate()?;
+        let guard = super::rng_lock();
         tch::manual_seed(seed);
         let mut map = BTreeMap::new();
         for (name, shape) in Self::shapes(&cfg) {
@@ -343,6 +344,7 @@ impl Qwen3 {
             };
             map.insert(name, t.to_device(device).to_kind(kind));
         }
+        drop(guard);
         Self::from_tensors(cfg, map, device, kind)
     }
 
@@ -474,6 +476,7 @@ impl Qwen3 {
     /// Attach fresh LoRA adapters (A: Kaiming-uniform like PEFT, B: zeros) to the targets.
     pub fn add_lora(&mut self, lcfg: &LoraConfig, seed: i64) -> Result<()> {
         lcfg.validate()?;
+        let _guard = super::rng_lock();
         tch::manual_seed(seed);
         let (r, scale, dropout) = (lcfg.r, lcfg.scale(), lcfg.dropout);
         let device = self.device;
@@ -537,6 +540,24 @@ impl Qwen3 {
 
     pub fn has_lora(&self) -> bool {
         !self.lora_tensors().is_empty()
+    }
+
+    /// Whether any adapter applies dropout in training.
+    pub fn lora_dropout(&self) -> bool {
+        self.layers.iter().any(|l| {
+            let (a, m) = (&l.self_attn, &l.mlp);
+            [
+                &a.q_proj,
+                &a.k_proj,
+                &a.v_proj,
+                &a.o_proj,
+                &m.gate_proj,
+                &m.up_proj,
+                &m.down_proj,
+            ]
+            .iter()
+            .any(|p| p.lora.as_ref().is_some_and(|lo| lo.dropout > 0.0))
+        })
     }
 
     /// Fold every adapter into the base weights.

@@ -8,6 +8,7 @@ pub mod app;
 pub mod chat;
 pub mod cli;
 pub mod config;
+pub mod credit;
 pub mod data;
 pub mod db;
 pub mod eval;

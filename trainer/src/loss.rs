@@ -20,6 +20,22 @@ pub enum Aggregation {
     Constant(f64),
 }
 
+impl Aggregation {
+    /// The weight of one counted token, so that loss = Σ weight · ℓ over the whole batch:
+    /// `seq_tokens` counted tokens in its sequence, `total_tokens` in the batch, over
+    /// `counted_seqs` sequences with at least one counted token. Computed from batch totals so
+    /// micro-batching does not change the loss.
+    pub fn weight(self, seq_tokens: usize, total_tokens: usize, counted_seqs: usize) -> f64 {
+        match self {
+            Aggregation::TokenMean => 1.0 / total_tokens.max(1) as f64,
+            Aggregation::SequenceMean => {
+                1.0 / seq_tokens.max(1) as f64 / counted_seqs.max(1) as f64
+            }
+            Aggregation::Constant(c) => 1.0 / c,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyLossConfig {
@@ -71,19 +87,11 @@ impl PolicyLossConfig {
 }
 
 /// log p(target) for each position of `hidden` [B, T, H] against `lm_weight` [V, H], computed
-/// `chunk` positions at a time so no [B, T, V] f32 tensor exists at once. Also returns the
-/// per-position entropy (detached) when asked.
-pub fn token_logprobs(
-    hidden: &Tensor,
-    lm_weight: &Tensor,
-    targets: &Tensor,
-    chunk: i64,
-    with_entropy: bool,
-) -> (Tensor, Option<Tensor>) {
+/// `chunk` positions at a time so no [B, T, V] f32 tensor exists at once.
+pub fn token_logprobs(hidden: &Tensor, lm_weight: &Tensor, targets: &Tensor, chunk: i64) -> Tensor {
     let t = hidden.size()[1];
     let chunk = chunk.max(1);
     let mut lps = Vec::new();
-    let mut ents = Vec::new();
     let mut s = 0;
     while s < t {
         let c = chunk.min(t - s);
@@ -91,34 +99,19 @@ pub fn token_logprobs(
             .narrow(1, s, c)
             .matmul(&lm_weight.tr())
             .to_kind(Kind::Float);
-        let (lp, ent) = logprobs_of_logits(&logits, &targets.narrow(1, s, c), with_entropy);
-        lps.push(lp);
-        if let Some(e) = ent {
-            ents.push(e);
-        }
+        lps.push(logprobs_of_logits(&logits, &targets.narrow(1, s, c)));
         s += c;
     }
-    let ent = with_entropy.then(|| Tensor::cat(&ents, 1));
-    (Tensor::cat(&lps, 1), ent)
+    Tensor::cat(&lps, 1)
 }
 
-/// log-softmax picked at the targets without materialising log_softmax; entropy detached.
-pub fn logprobs_of_logits(
-    logits: &Tensor,
-    targets: &Tensor,
-    with_entropy: bool,
-) -> (Tensor, Option<Tensor>) {
+/// log-softmax picked at the targets without materialising log_softmax.
+pub fn logprobs_of_logits(logits: &Tensor, targets: &Tensor) -> Tensor {
     let lse = logits.logsumexp([-1i64], false);
     let picked = logits
         .gather(-1, &targets.unsqueeze(-1), false)
         .squeeze_dim(-1);
-    let ent = with_entropy.then(|| {
-        tch::no_grad(|| {
-            let logp = logits.log_softmax(-1, Kind::Float);
-            -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float)
-        })
-    });
-    (picked - lse, ent)
+    picked - lse
 }
 
 /// Per-token advantages [len] from per-stage advantages and per-token stage indices
@@ -161,20 +154,6 @@ pub fn per_token_advantages(
                 })
         })
         .collect()
-}
-
-/// Aggregation weights [B, T] such that loss = Σ w · ℓ.
-pub fn aggregation_weights(mask: &Tensor, agg: Aggregation) -> Tensor {
-    let mask = mask.to_kind(Kind::Float);
-    match agg {
-        Aggregation::TokenMean => &mask / mask.sum(Kind::Float).clamp_min(1.0),
-        Aggregation::SequenceMean => {
-            let per_seq = mask.sum_dim_intlist(-1, true, Kind::Float);
-            let n_seq = per_seq.gt(0.0).sum(Kind::Float).clamp_min(1.0);
-            &mask / per_seq.clamp_min(1.0) / n_seq
-        }
-        Aggregation::Constant(c) => mask / c,
-    }
 }
 
 /// Per-token policy-gradient terms: returns (loss per token, metrics per token).
@@ -223,20 +202,6 @@ pub fn policy_terms(
         ratio: ratio.detach(),
         tis,
     }
-}
-
-/// The whole policy loss on [B, T] tensors (mask: 1 where a token counts).
-pub fn policy_loss(
-    logp: &Tensor,
-    old_logp: &Tensor,
-    advantages: &Tensor,
-    ref_logp: Option<&Tensor>,
-    behaviour_logp: Option<&Tensor>,
-    mask: &Tensor,
-    cfg: &PolicyLossConfig,
-) -> Tensor {
-    let terms = policy_terms(logp, old_logp, advantages, ref_logp, behaviour_logp, cfg);
-    (terms.loss * aggregation_weights(mask, cfg.aggregation)).sum(Kind::Float)
 }
 
 /// Masked SFT cross-entropy: mean −log p over counted tokens (tool outputs and prompts masked).

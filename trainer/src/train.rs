@@ -229,15 +229,14 @@ impl Trainer {
             s.validate(i, self.model.cfg.vocab_size, rl)?;
         }
         // Global aggregation weights: computed over the whole batch, then sliced per micro.
-        let total_tokens: f64 = seqs
+        let total_tokens: usize = seqs
             .iter()
-            .map(|s| s.loss_mask.iter().filter(|&&m| m).count() as f64)
+            .map(|s| s.loss_mask.iter().filter(|&&m| m).count())
             .sum();
         let counted_seqs = seqs
             .iter()
             .filter(|s| s.loss_mask.iter().any(|&m| m))
-            .count()
-            .max(1) as f64;
+            .count();
         let agg = if rl {
             self.cfg.loss.aggregation
         } else {
@@ -289,8 +288,8 @@ impl Trainer {
         group: &[usize],
         rl: bool,
         agg: Aggregation,
-        total_tokens: f64,
-        counted_seqs: f64,
+        total_tokens: usize,
+        counted_seqs: usize,
     ) -> Result<Micro> {
         let dev = self.model.device;
         let rows: Vec<&Sequence> = group.iter().map(|&i| &seqs[i]).collect();
@@ -309,14 +308,9 @@ impl Trainer {
             .iter()
             .zip(&mask)
             .map(|(s, m)| {
-                let len = s.loss_mask.iter().filter(|&&x| x).count().max(1) as f32;
-                m.iter()
-                    .map(|&x| match agg {
-                        Aggregation::TokenMean => x / total_tokens.max(1.0) as f32,
-                        Aggregation::SequenceMean => x / len / counted_seqs as f32,
-                        Aggregation::Constant(c) => x / c as f32,
-                    })
-                    .collect()
+                let seq_tokens = s.loss_mask.iter().filter(|&&x| x).count();
+                let w = agg.weight(seq_tokens, total_tokens, counted_seqs) as f32;
+                m.iter().map(|&x| x * w).collect()
             })
             .collect();
         let adv = if rl {
@@ -345,14 +339,7 @@ impl Trainer {
         let reference = if rl && self.cfg.loss.kl_coef > 0.0 {
             Some(tch::no_grad(|| {
                 let h = self.model.hidden(&inputs, Fwd::REFERENCE);
-                loss::token_logprobs(
-                    &h,
-                    self.model.lm_weight(),
-                    &targets,
-                    self.cfg.logit_chunk,
-                    false,
-                )
-                .0
+                loss::token_logprobs(&h, self.model.lm_weight(), &targets, self.cfg.logit_chunk)
             }))
         } else {
             None
@@ -561,12 +548,11 @@ impl Trainer {
                         .to_device(self.model.device);
                     let t = s.len() as i64;
                     let h = self.model.hidden(&ids.narrow(1, 0, t - 1), f);
-                    let (lp, _) = loss::token_logprobs(
+                    let lp = loss::token_logprobs(
                         &h,
                         self.model.lm_weight(),
                         &ids.narrow(1, 1, t - 1),
                         self.cfg.logit_chunk,
-                        false,
                     );
                     let mut out = vec![0.0f32];
                     out.extend(

@@ -198,6 +198,36 @@ pub struct DecoderLayer {
     pub post_attention_layernorm: Tensor,
 }
 
+impl DecoderLayer {
+    /// The seven projections with their HF names inside the layer and LoRA target kinds.
+    pub fn projections(&self) -> [(&'static str, LoraTarget, &Proj); 7] {
+        let (a, m) = (&self.self_attn, &self.mlp);
+        [
+            ("self_attn.q_proj", LoraTarget::Q, &a.q_proj),
+            ("self_attn.k_proj", LoraTarget::K, &a.k_proj),
+            ("self_attn.v_proj", LoraTarget::V, &a.v_proj),
+            ("self_attn.o_proj", LoraTarget::O, &a.o_proj),
+            ("mlp.gate_proj", LoraTarget::Gate, &m.gate_proj),
+            ("mlp.up_proj", LoraTarget::Up, &m.up_proj),
+            ("mlp.down_proj", LoraTarget::Down, &m.down_proj),
+        ]
+    }
+
+    /// As `projections`, mutable.
+    pub fn projections_mut(&mut self) -> [(&'static str, LoraTarget, &mut Proj); 7] {
+        let (a, m) = (&mut self.self_attn, &mut self.mlp);
+        [
+            ("self_attn.q_proj", LoraTarget::Q, &mut a.q_proj),
+            ("self_attn.k_proj", LoraTarget::K, &mut a.k_proj),
+            ("self_attn.v_proj", LoraTarget::V, &mut a.v_proj),
+            ("self_attn.o_proj", LoraTarget::O, &mut a.o_proj),
+            ("mlp.gate_proj", LoraTarget::Gate, &mut m.gate_proj),
+            ("mlp.up_proj", LoraTarget::Up, &mut m.up_proj),
+            ("mlp.down_proj", LoraTarget::Down, &mut m.down_proj),
+        ]
+    }
+}
+
 #[derive(Debug)]
 pub struct Qwen3 {
     pub cfg: Qwen3Config,
@@ -391,29 +421,13 @@ impl Qwen3 {
         out
     }
 
-    /// Every projection with its HF module name and kind, for LoRA and parameter listings.
+    /// Every projection with its full HF module name and kind, for LoRA and parameter listings.
     pub fn projections_mut(&mut self) -> Vec<(String, LoraTarget, &mut Proj)> {
         let mut out = Vec::new();
         for (l, layer) in self.layers.iter_mut().enumerate() {
-            let a = format!("model.layers.{l}.self_attn");
-            let m = format!("model.layers.{l}.mlp");
-            let at = &mut layer.self_attn;
-            out.push((format!("{a}.q_proj"), LoraTarget::Q, &mut at.q_proj));
-            out.push((format!("{a}.k_proj"), LoraTarget::K, &mut at.k_proj));
-            out.push((format!("{a}.v_proj"), LoraTarget::V, &mut at.v_proj));
-            out.push((format!("{a}.o_proj"), LoraTarget::O, &mut at.o_proj));
-            let mlp = &mut layer.mlp;
-            out.push((
-                format!("{m}.gate_proj"),
-                LoraTarget::Gate,
-                &mut mlp.gate_proj,
-            ));
-            out.push((format!("{m}.up_proj"), LoraTarget::Up, &mut mlp.up_proj));
-            out.push((
-                format!("{m}.down_proj"),
-                LoraTarget::Down,
-                &mut mlp.down_proj,
-            ));
+            for (n, target, proj) in layer.projections_mut() {
+                out.push((format!("model.layers.{l}.{n}"), target, proj));
+            }
         }
         out
     }
@@ -427,16 +441,7 @@ impl Qwen3 {
         for (l, layer) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{l}");
             let at = &layer.self_attn;
-            let mlp = &layer.mlp;
-            for (n, proj) in [
-                ("self_attn.q_proj", &at.q_proj),
-                ("self_attn.k_proj", &at.k_proj),
-                ("self_attn.v_proj", &at.v_proj),
-                ("self_attn.o_proj", &at.o_proj),
-                ("mlp.gate_proj", &mlp.gate_proj),
-                ("mlp.up_proj", &mlp.up_proj),
-                ("mlp.down_proj", &mlp.down_proj),
-            ] {
+            for (n, _, proj) in layer.projections() {
                 out.push((format!("{p}.{n}.weight"), proj.weight.shallow_clone()));
                 if let Some(b) = &proj.bias {
                     out.push((format!("{p}.{n}.bias"), b.shallow_clone()));
@@ -506,17 +511,7 @@ impl Qwen3 {
     pub fn lora_tensors(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
-            let at = &layer.self_attn;
-            let mlp = &layer.mlp;
-            for (n, proj) in [
-                ("self_attn.q_proj", &at.q_proj),
-                ("self_attn.k_proj", &at.k_proj),
-                ("self_attn.v_proj", &at.v_proj),
-                ("self_attn.o_proj", &at.o_proj),
-                ("mlp.gate_proj", &mlp.gate_proj),
-                ("mlp.up_proj", &mlp.up_proj),
-                ("mlp.down_proj", &mlp.down_proj),
-            ] {
+            for (n, _, proj) in layer.projections() {
                 if let Some(lo) = &proj.lora {
                     let base = format!("base_model.model.model.layers.{l}.{n}");
                     out.push((format!("{base}.lora_A.weight"), lo.a.shallow_clone()));
@@ -539,24 +534,17 @@ impl Qwen3 {
     }
 
     pub fn has_lora(&self) -> bool {
-        !self.lora_tensors().is_empty()
+        self.layers
+            .iter()
+            .any(|l| l.projections().iter().any(|(_, _, p)| p.lora.is_some()))
     }
 
     /// Whether any adapter applies dropout in training.
     pub fn lora_dropout(&self) -> bool {
         self.layers.iter().any(|l| {
-            let (a, m) = (&l.self_attn, &l.mlp);
-            [
-                &a.q_proj,
-                &a.k_proj,
-                &a.v_proj,
-                &a.o_proj,
-                &m.gate_proj,
-                &m.up_proj,
-                &m.down_proj,
-            ]
-            .iter()
-            .any(|p| p.lora.as_ref().is_some_and(|lo| lo.dropout > 0.0))
+            l.projections()
+                .iter()
+                .any(|(_, _, p)| p.lora.as_ref().is_some_and(|lo| lo.dropout > 0.0))
         })
     }
 

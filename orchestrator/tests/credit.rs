@@ -127,3 +127,130 @@ fn dr_tulu_composite_reward() {
     let want = 0.2 * 0.5 + 0.1 / 3.0;
     assert!((composite_reward(&no_answer, true) - want).abs() < 1e-12);
 }
+
+// ---- per-token credit, stage scores, stage spans ----
+
+use orchestrator::credit::token_credit;
+use orchestrator::judge::score::{contribution, finalize, stage_means};
+use orchestrator::judge::{Origin, Rubric, RubricScore};
+use orchestrator::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+
+fn segment() -> impl Strategy<Value = Segment> {
+    (0usize..3, 0usize..4, 0usize..6).prop_map(|(kind, stage, len)| {
+        let kind = [
+            SegmentKind::Model,
+            SegmentKind::ToolOutput,
+            SegmentKind::Injected,
+        ][kind];
+        let model = kind == SegmentKind::Model;
+        Segment {
+            kind,
+            stage: model.then_some(Stage::ALL[stage]),
+            token_ids: (0..len as u32).collect(),
+            logprobs: model.then(|| vec![-0.5; len]),
+            text: String::new(),
+            policy_version: model.then_some(0),
+        }
+    })
+}
+
+fn trajectory(segments: Vec<Segment>, prompt: usize) -> Trajectory {
+    Trajectory {
+        id: uuid::Uuid::now_v7(),
+        run_id: uuid::Uuid::nil(),
+        step: 0,
+        task_id: uuid::Uuid::nil(),
+        sample_index: 0,
+        policy_version: 0,
+        server: String::new(),
+        server_version: None,
+        prompt_token_ids: vec![1; prompt],
+        segments,
+        finish_reason: "stop".into(),
+        parsed: serde_json::json!({}),
+        timings: serde_json::json!({}),
+    }
+}
+
+proptest! {
+    #[test]
+    fn tool_tokens_never_get_advantage_and_model_tokens_get_their_stage(
+        segs in prop::collection::vec(segment(), 0..12),
+        prompt in 0usize..5,
+        adv in prop::array::uniform4(-3.0f64..3.0),
+    ) {
+        let t = trajectory(segs, prompt);
+        let c = token_credit(&t, &adv);
+        let n = prompt + t.segments.iter().map(|s| s.token_ids.len()).sum::<usize>();
+        prop_assert_eq!(c.stage.len(), n);
+        prop_assert_eq!(c.advantage.len(), n);
+        prop_assert_eq!(c.loss_mask.iter().filter(|m| **m).count(), t.num_model_tokens());
+        let mut at = prompt;
+        prop_assert!(c.loss_mask[..prompt].iter().all(|m| !m));
+        for s in &t.segments {
+            for i in at..at + s.token_ids.len() {
+                match s.kind {
+                    SegmentKind::Model => {
+                        let k = s.stage.unwrap().index();
+                        prop_assert_eq!(c.stage[i], k as i8);
+                        prop_assert_eq!(c.advantage[i], adv[k] as f32);
+                        prop_assert!(c.loss_mask[i]);
+                    }
+                    _ => {
+                        prop_assert_eq!(c.stage[i], -1);
+                        prop_assert_eq!(c.advantage[i], 0.0);
+                        prop_assert!(!c.loss_mask[i]);
+                    }
+                }
+            }
+            at += s.token_ids.len();
+        }
+    }
+
+    #[test]
+    fn stage_scores_stay_in_unit_interval(
+        items in prop::collection::vec((0usize..4, 1u8..=3, any::<bool>(), 0u8..=2), 0..20),
+    ) {
+        let rubrics: Vec<Rubric> = items.iter().map(|(k, w, neg, _)| Rubric {
+            id: uuid::Uuid::now_v7(),
+            stage: Stage::ALL[*k],
+            title: String::new(),
+            description: "d".into(),
+            weight: f32::from(*w),
+            negative: *neg,
+            key_terms: vec![],
+            origin: Origin::Generated,
+        }).collect();
+        let scores: Vec<RubricScore> = rubrics.iter().zip(&items).map(|(r, it)| RubricScore {
+            rubric_id: r.id, score: it.3, justification: String::new(),
+        }).collect();
+        let (r, _) = finalize(stage_means(&rubrics, &scores));
+        for v in r {
+            prop_assert!((0.0..=1.0).contains(&v));
+        }
+        // Inversion: a negative rubric's contribution is the positive one mirrored.
+        for s in 0u8..=2 {
+            prop_assert_eq!(contribution(s, true), 1.0 - contribution(s, false));
+        }
+    }
+
+    #[test]
+    fn stage_spans_partition_the_text(
+        parts in prop::collection::vec(prop::sample::select(vec![
+            "<think>a</think>", "<structured_plan><rubric>r</rubric></structured_plan>",
+            "<call_tool name=\"google_search\">q</call_tool>", "<review>x</review>",
+            "<answer>y <cite id=\"s1\">c</cite></answer>", "text ", "<structured_plan>",
+            "</answer>", "<review>",
+        ]), 0..10),
+    ) {
+        let text: String = parts.concat();
+        let p = orchestrator::scaffold::parse::parse(&text, &|_| true);
+        let mut at = 0;
+        for r in &p.stage_spans {
+            prop_assert_eq!(r.start, at);
+            prop_assert!(r.end >= r.start);
+            at = r.end;
+        }
+        prop_assert_eq!(at, text.len());
+    }
+}

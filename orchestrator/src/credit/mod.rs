@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::trajectory::{SegmentKind, Stage, Trajectory};
+
 /// Number of scaffold stages (Plan, Research, Review, Answer).
 pub const STAGES: usize = 4;
 
@@ -192,6 +194,46 @@ pub fn group_advantages(
         degenerate: std.iter().all(|&s| s == 0.0),
         std,
     })
+}
+
+/// Per-token view of one trajectory for the train batch (method.md Part D.2): over the prompt
+/// and every segment in order, the stage index of each token (-1 where it has none), its
+/// advantage (its stage's advantage for model tokens, 0 elsewhere) and whether it counts in the
+/// loss (model tokens only; prompt, tool-output and injected tokens never do).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenCredit {
+    pub stage: Vec<i8>,
+    pub advantage: Vec<f32>,
+    pub loss_mask: Vec<bool>,
+}
+
+pub fn token_credit(t: &Trajectory, advantages: &[f64; STAGES]) -> TokenCredit {
+    let n = t.prompt_token_ids.len() + t.segments.iter().map(|s| s.token_ids.len()).sum::<usize>();
+    let mut c = TokenCredit {
+        stage: Vec::with_capacity(n),
+        advantage: Vec::with_capacity(n),
+        loss_mask: Vec::with_capacity(n),
+    };
+    let mut push = |len: usize, stage: Option<Stage>| {
+        let (k, a, m) = match stage {
+            Some(s) => (s.index() as i8, advantages[s.index()] as f32, true),
+            None => (-1, 0.0, false),
+        };
+        c.stage.extend(std::iter::repeat_n(k, len));
+        c.advantage.extend(std::iter::repeat_n(a, len));
+        c.loss_mask.extend(std::iter::repeat_n(m, len));
+    };
+    push(t.prompt_token_ids.len(), None);
+    for s in &t.segments {
+        // Only model tokens carry a stage; a model segment without one (never written by the
+        // engine) is treated as the Plan stage rather than silently dropped from the loss.
+        let stage = match s.kind {
+            SegmentKind::Model => Some(s.stage.unwrap_or(Stage::Plan)),
+            SegmentKind::ToolOutput | SegmentKind::Injected => None,
+        };
+        push(s.token_ids.len(), stage);
+    }
+    c
 }
 
 /// Weights of the DR Tulu composite reward (method.md B.6).

@@ -2,6 +2,7 @@
 //! All SQL of the orchestrator lives under this module, always with bound parameters.
 
 mod copy;
+pub mod judging;
 pub mod metrics;
 pub mod rollouts;
 pub mod runs;

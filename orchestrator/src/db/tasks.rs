@@ -89,3 +89,53 @@ pub async fn upsert(pool: &PgPool, tasks: &[NewTask]) -> Result<Vec<Uuid>, DbErr
         })
         .collect()
 }
+
+/// A stored task as judging needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRow {
+    pub id: Uuid,
+    pub prompt: String,
+    pub answer_format: String,
+    pub persistent_rubrics: serde_json::Value,
+}
+
+/// Load tasks by id (missing ids are absent from the map).
+pub async fn get_many(
+    pool: &PgPool,
+    ids: &[Uuid],
+) -> Result<std::collections::HashMap<Uuid, TaskRow>, DbError> {
+    let rows: Vec<(Uuid, String, String, serde_json::Value)> = sqlx::query_as(
+        "SELECT id, prompt, answer_format, persistent_rubrics FROM tasks WHERE id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, prompt, answer_format, persistent_rubrics)| {
+            (
+                id,
+                TaskRow {
+                    id,
+                    prompt,
+                    answer_format,
+                    persistent_rubrics,
+                },
+            )
+        })
+        .collect())
+}
+
+/// Replace a task's persistent rubrics (`orchestrator rubrics init`).
+pub async fn set_persistent_rubrics(
+    pool: &PgPool,
+    id: Uuid,
+    rubrics: &serde_json::Value,
+) -> Result<(), DbError> {
+    sqlx::query("UPDATE tasks SET persistent_rubrics = $2 WHERE id = $1")
+        .bind(id)
+        .bind(rubrics)
+        .execute(pool)
+        .await?;
+    Ok(())
+}

@@ -120,6 +120,17 @@ type TrajRow = (
     serde_json::Value,
 );
 
+/// A segment row with its trajectory id first.
+type OwnedSegRow = (
+    Uuid,
+    String,
+    Option<i16>,
+    Vec<i32>,
+    Option<Vec<f32>>,
+    String,
+    Option<i32>,
+);
+
 type SegRow = (
     String,
     Option<i16>,
@@ -129,24 +140,10 @@ type SegRow = (
     Option<i32>,
 );
 
-/// Load one trajectory with its segments, or `None`.
-pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<Trajectory>, DbError> {
-    let row: Option<TrajRow> = sqlx::query_as(
-        "SELECT id, run_id, step, task_id, sample_index, policy_version, server, server_version,
-                prompt_token_ids, finish_reason, parsed, timings
-         FROM trajectories WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_optional(pool)
-    .await?;
-    let Some(r) = row else { return Ok(None) };
-    let segs: Vec<SegRow> = sqlx::query_as(
-        "SELECT kind, stage, token_ids, logprobs, text, policy_version
-             FROM trajectory_segments WHERE trajectory_id = $1 ORDER BY ordinal",
-    )
-    .bind(id)
-    .fetch_all(pool)
-    .await?;
+const TRAJ_SELECT: &str = "SELECT id, run_id, step, task_id, sample_index, policy_version, server,
+        server_version, prompt_token_ids, finish_reason, parsed, timings FROM trajectories";
+
+fn assemble(r: TrajRow, segs: Vec<SegRow>) -> Result<Trajectory, DbError> {
     let mut segments = Vec::with_capacity(segs.len());
     for (kind, stage, ids, logprobs, text, pv) in segs {
         let kind = SegmentKind::parse(&kind).ok_or_else(|| DbError::Invalid {
@@ -162,7 +159,7 @@ pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<Trajectory>, DbError>
             policy_version: pv,
         });
     }
-    Ok(Some(Trajectory {
+    Ok(Trajectory {
         id: r.0,
         run_id: r.1,
         step: r.2,
@@ -176,7 +173,62 @@ pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<Trajectory>, DbError>
         finish_reason: r.9,
         parsed: r.10,
         timings: r.11,
-    }))
+    })
+}
+
+/// Load one trajectory with its segments, or `None`.
+pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<Trajectory>, DbError> {
+    let row: Option<TrajRow> = sqlx::query_as(&format!("{TRAJ_SELECT} WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    let Some(r) = row else { return Ok(None) };
+    let segs: Vec<SegRow> = sqlx::query_as(
+        "SELECT kind, stage, token_ids, logprobs, text, policy_version
+             FROM trajectory_segments WHERE trajectory_id = $1 ORDER BY ordinal",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    assemble(r, segs).map(Some)
+}
+
+/// Load every trajectory of a run's step with its segments, ordered by task and sample index.
+pub async fn list_for_step(
+    pool: &PgPool,
+    run_id: Uuid,
+    step: i32,
+) -> Result<Vec<Trajectory>, DbError> {
+    let rows: Vec<TrajRow> = sqlx::query_as(&format!(
+        "{TRAJ_SELECT} WHERE run_id = $1 AND step = $2 ORDER BY task_id, sample_index"
+    ))
+    .bind(run_id)
+    .bind(step)
+    .fetch_all(pool)
+    .await?;
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.0).collect();
+    let segs: Vec<OwnedSegRow> = sqlx::query_as(
+        "SELECT trajectory_id, kind, stage, token_ids, logprobs, text, policy_version
+             FROM trajectory_segments WHERE trajectory_id = ANY($1)
+             ORDER BY trajectory_id, ordinal",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
+    let mut by_traj: std::collections::HashMap<Uuid, Vec<SegRow>> =
+        std::collections::HashMap::new();
+    for (t, kind, stage, tok, lp, text, pv) in segs {
+        by_traj
+            .entry(t)
+            .or_default()
+            .push((kind, stage, tok, lp, text, pv));
+    }
+    rows.into_iter()
+        .map(|r| {
+            let segs = by_traj.remove(&r.0).unwrap_or_default();
+            assemble(r, segs)
+        })
+        .collect()
 }
 
 /// Count trajectories of a run's step.

@@ -132,6 +132,10 @@ impl LlmClient {
         &self.http
     }
 
+    pub fn retry_policy(&self) -> RetryPolicy {
+        self.retry
+    }
+
     pub fn with_retry_policy(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cli::{Cli, Command, ConfigArgs, IndexCommand, ProbeRole, RolloutArgs, WorldCommand};
+use crate::cli::{
+    Cli, Command, ConfigArgs, IndexCommand, JudgeArgs, ProbeRole, RolloutArgs, RubricsCommand,
+    WorldCommand,
+};
 use crate::config::{Config, JudgeKind};
 use crate::db;
 use crate::llm::{self, LlmClient, Role};
@@ -92,7 +95,202 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             out(summary.render());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Judge(args) => judge(&args).await,
+        Command::Rubrics(cmd) => rubrics(cmd).await,
         Command::Run { config, resume } => run_experiment(&config, resume).await,
+    }
+}
+
+/// `orchestrator judge`: (re)score stored trajectories step by step.
+async fn judge(args: &JudgeArgs) -> anyhow::Result<ExitCode> {
+    use crate::config::Recipe;
+    use crate::judge::step::{StepOptions, judge_step};
+
+    let cfg = load_config(&args.config)?;
+    let pool = db::open(&cfg.database.url, cfg.database.max_connections).await?;
+    let run = db::runs::get_run(&pool, args.run)
+        .await?
+        .with_context(|| format!("run {} does not exist", args.run))?;
+    let recipe_name = args.recipe.clone().unwrap_or_else(|| run.recipe.clone());
+    let recipe: Recipe = serde_json::from_value(serde_json::Value::String(recipe_name.clone()))
+        .or_else(|e| {
+            if args.recipe.is_none() {
+                Ok(Recipe::Full) // runs made by `orchestrator rollout` have no recipe
+            } else {
+                Err(e)
+            }
+        })
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "--recipe = {recipe_name:?}; allowed: baseline-rl, ss-grpo, meta-policy, full, drtulu"
+            )
+        })?;
+    let mut opts = StepOptions::for_recipe(recipe, cfg.credit.lambda, cfg.credit.citation);
+    opts.group.generate = args.generate;
+    let judge = crate::judge::from_config(&cfg)?;
+    let steps: Vec<i32> = match args.step {
+        Some(s) => vec![s],
+        None => sqlx::query_scalar(
+            "SELECT DISTINCT step FROM trajectories WHERE run_id = $1 ORDER BY step",
+        )
+        .bind(args.run)
+        .fetch_all(&pool)
+        .await
+        .context("listing the run's steps")?,
+    };
+    anyhow::ensure!(!steps.is_empty(), "run {} has no trajectories", args.run);
+    let pb = crate::telemetry::progress(steps.len() as u64, "steps judged");
+    for step in steps {
+        let r = judge_step(&pool, judge.as_ref(), &opts, args.run, step).await?;
+        pb.inc(1);
+        pb.suspend(|| {
+            out(format!(
+                "step {step}: {} trajectories in {} groups judged by {} ({}) in {:.2}s; \
+                 R plan/research/review/answer = {:.3}/{:.3}/{:.3}/{:.3}; reward {:.3}; \
+                 {} calls ({} failed), {} broadcast, {} failed scores, {} degenerate groups; \
+                 {} new rubrics, {} pruned; {} + {} tokens, ${:.4}",
+                r.trajectories,
+                r.groups,
+                judge.model(),
+                judge.kind().as_str(),
+                r.seconds,
+                r.mean_stage_score[0],
+                r.mean_stage_score[1],
+                r.mean_stage_score[2],
+                r.mean_stage_score[3],
+                r.mean_reward,
+                r.calls,
+                r.failed_calls,
+                r.broadcast,
+                r.failed,
+                r.degenerate_groups,
+                r.new_rubrics,
+                r.pruned,
+                r.prompt_tokens,
+                r.completion_tokens,
+                r.cost_usd
+            ))
+        });
+    }
+    pb.finish_and_clear();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `orchestrator rubrics init`: search-grounded persistent rubrics for a task file.
+async fn rubrics(cmd: RubricsCommand) -> anyhow::Result<ExitCode> {
+    use std::collections::BTreeMap;
+
+    let RubricsCommand::Init {
+        config,
+        tasks: path,
+        limit,
+        index,
+        web_tools,
+        mcp,
+        tool,
+        k,
+        overwrite,
+    } = cmd;
+    let cfg = load_config(&config)?;
+    let mut tasks = crate::data::tasks::load(&path)?;
+    if let Some(l) = limit {
+        tasks.truncate(l);
+    }
+    anyhow::ensure!(!tasks.is_empty(), "{} holds no tasks", path.display());
+    let pool = db::open(&cfg.database.url, cfg.database.max_connections).await?;
+    let cache = std::sync::Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
+    let setup = crate::tools::setup::ToolSetup {
+        index,
+        web: web_tools,
+        mcp_urls: mcp,
+    };
+    let runner = crate::tools::setup::build(&setup, Some(cache)).await?;
+    anyhow::ensure!(
+        runner.names().contains(&tool),
+        "--tool = {tool:?} is not available; configured tools: {}",
+        runner.names().join(", ")
+    );
+    let judge = crate::judge::from_config(&cfg)?;
+    let new_tasks = tasks.iter().map(new_task).collect::<Vec<_>>();
+    let ids = db::tasks::upsert(&pool, &new_tasks).await?;
+    let stored = db::tasks::get_many(&pool, &ids).await?;
+    let pb = crate::telemetry::progress(tasks.len() as u64, "tasks grounded");
+    let (mut written, mut kept, mut failed) = (0, 0, 0);
+    for (t, id) in tasks.iter().zip(&ids) {
+        pb.inc(1);
+        let has = stored
+            .get(id)
+            .and_then(|r| r.persistent_rubrics.as_array())
+            .is_some_and(|a| !a.is_empty());
+        if !overwrite && has {
+            kept += 1;
+            continue;
+        }
+        let args = crate::tools::runner::ToolArgs {
+            query: t.query.clone(),
+            attrs: BTreeMap::from([("limit".to_string(), k.to_string())]),
+        };
+        let res = runner.run(&tool, args).await;
+        if let Some(e) = &res.error {
+            tracing::warn!(task = %t.external_id, error = %e, "search failed; task skipped");
+            failed += 1;
+            continue;
+        }
+        let snippets: Vec<(String, String)> = res
+            .snippets
+            .iter()
+            .take(k as usize)
+            .map(|s| (s.id.clone(), format!("{}: {}", s.title, s.text)))
+            .collect();
+        match judge.ground(&t.query, &snippets).await {
+            Ok(g) => {
+                let specs: Vec<crate::data::tasks::RubricSpec> = g.per_stage[3]
+                    .iter()
+                    .map(|r| crate::data::tasks::RubricSpec {
+                        title: r.title.clone(),
+                        description: r.description.clone(),
+                        weight: if r.negative { -r.weight } else { r.weight },
+                        key_terms: r.key_terms.clone(),
+                        evidence: snippets.iter().map(|(id, _)| id.clone()).collect(),
+                    })
+                    .collect();
+                db::tasks::set_persistent_rubrics(&pool, *id, &serde_json::to_value(&specs)?)
+                    .await?;
+                written += 1;
+            }
+            Err(e) => {
+                tracing::warn!(task = %t.external_id, error = %crate::util::error_chain(&e), "rubric generation failed; task skipped");
+                failed += 1;
+            }
+        }
+    }
+    pb.finish_and_clear();
+    out(format!(
+        "persistent rubrics by {} ({}): {written} tasks written, {kept} kept (already had rubrics), {failed} failed",
+        judge.model(),
+        judge.kind().as_str()
+    ));
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// A task file row as a database row.
+fn new_task(t: &crate::data::tasks::TaskRow) -> db::tasks::NewTask {
+    db::tasks::NewTask {
+        source: t.source.clone(),
+        external_id: t.external_id.clone(),
+        prompt: t.query.clone(),
+        answer_format: match t.format {
+            crate::chat::AnswerFormat::Exact => "exact",
+            crate::chat::AnswerFormat::Short => "short",
+            crate::chat::AnswerFormat::Long => "long",
+        }
+        .to_string(),
+        persistent_rubrics: serde_json::to_value(&t.rubrics).unwrap_or_default(),
+        metadata: t.metadata.clone(),
     }
 }
 
@@ -137,22 +335,7 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     let runner = crate::tools::setup::build(&setup, Some(cache)).await?;
     let system = crate::chat::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)?;
 
-    let new_tasks: Vec<db::tasks::NewTask> = tasks
-        .iter()
-        .map(|t| db::tasks::NewTask {
-            source: t.source.clone(),
-            external_id: t.external_id.clone(),
-            prompt: t.query.clone(),
-            answer_format: match t.format {
-                crate::chat::AnswerFormat::Exact => "exact",
-                crate::chat::AnswerFormat::Short => "short",
-                crate::chat::AnswerFormat::Long => "long",
-            }
-            .to_string(),
-            persistent_rubrics: serde_json::to_value(&t.rubrics).unwrap_or_default(),
-            metadata: t.metadata.clone(),
-        })
-        .collect();
+    let new_tasks: Vec<db::tasks::NewTask> = tasks.iter().map(new_task).collect();
     let task_ids = db::tasks::upsert(&pool, &new_tasks).await?;
     let snapshot = cfg.snapshot();
     let exp =

@@ -58,6 +58,12 @@ pub enum Command {
     /// Roll out the policy on a task file: n trajectories per task, stored in Postgres, with a
     /// summary of finish reasons, tool calls per stage and parse failures.
     Rollout(RolloutArgs),
+    /// Judge (or re-judge) the stored trajectories of a run: rubric scores, stage scores,
+    /// advantages and the judge-call log, for one step or every step.
+    Judge(JudgeArgs),
+    /// Rubric data: `rubrics init` writes search-grounded persistent rubrics for tasks.
+    #[command(subcommand)]
+    Rubrics(RubricsCommand),
     /// Run an experiment preset.
     Run {
         #[command(flatten)]
@@ -100,6 +106,60 @@ pub struct RolloutArgs {
     /// Trajectories in flight at once.
     #[arg(long, env = "ORCH_MAX_INFLIGHT", default_value_t = 256)]
     pub max_inflight: usize,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct JudgeArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Run id whose trajectories are judged.
+    #[arg(long, env = "ORCH_RUN")]
+    pub run: uuid::Uuid,
+    /// Only this step (default: every step with trajectories, in order).
+    #[arg(long, env = "ORCH_STEP")]
+    pub step: Option<i32>,
+    /// Recipe whose judging and credit apply (default: the run's own recipe; `rollout` runs
+    /// default to full).
+    #[arg(long, env = "ORCH_RECIPE")]
+    pub recipe: Option<String>,
+    /// Propose new rubrics by contrasting each group (the training-time procedure). Off by
+    /// default: re-score against the run's stored buffers and persistent rubrics.
+    #[arg(long, env = "ORCH_GENERATE")]
+    pub generate: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RubricsCommand {
+    /// Search each task's question, then have the judge write persistent Answer rubrics grounded
+    /// only in the results; stored on the task (tasks.persistent_rubrics).
+    Init {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Task file (JSONL; our shape or DR Tulu RL rows).
+        #[arg(long, env = "ORCH_TASKS")]
+        tasks: PathBuf,
+        /// Use only the first N tasks.
+        #[arg(long, env = "ORCH_LIMIT")]
+        limit: Option<usize>,
+        /// Local BM25 index served as google_search / snippet_search.
+        #[arg(long, env = "ORCH_INDEX_DIR")]
+        index: Option<PathBuf>,
+        /// Real web tools (Serper, Semantic Scholar).
+        #[arg(long, env = "ORCH_WEB_TOOLS")]
+        web_tools: bool,
+        /// MCP servers whose tools are attached.
+        #[arg(long, env = "ORCH_MCP_URLS", value_delimiter = ',')]
+        mcp: Vec<String>,
+        /// Search tool to ground rubrics in.
+        #[arg(long, env = "ORCH_GROUND_TOOL", default_value = "google_search")]
+        tool: String,
+        /// Results per search (the papers use 10).
+        #[arg(long, env = "ORCH_GROUND_K", default_value_t = 10)]
+        k: u32,
+        /// Replace rubrics a task already has (default: keep them).
+        #[arg(long, env = "ORCH_OVERWRITE")]
+        overwrite: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -71,6 +71,8 @@ pub struct Config {
     #[serde(default)]
     pub health: HealthConfig,
     pub rollout: RolloutConfig,
+    #[serde(default)]
+    pub credit: CreditConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -116,7 +118,33 @@ pub struct JudgeConfig {
     pub model: String,
     pub max_concurrency: u32,
     pub timeout_secs: u64,
+    /// USD per million prompt tokens (cost accounting; 0 for self-hosted judges).
+    #[serde(default)]
+    pub usd_per_mtok_prompt: f64,
+    /// USD per million completion tokens.
+    #[serde(default)]
+    pub usd_per_mtok_completion: f64,
+    /// Each stage's text is cut to this many bytes (head and tail kept) in judge prompts.
+    #[serde(default = "default_max_stage_chars")]
+    pub max_stage_chars: usize,
 }
+
+fn default_max_stage_chars() -> usize {
+    12_000
+}
+
+/// Credit assignment settings (method.md A.5, B.6).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreditConfig {
+    /// The stage-dependence matrix Λ (rows: stages; upper-triangular, unit diagonal).
+    #[serde(default)]
+    pub lambda: crate::credit::Lambda,
+    /// DR Tulu recipe: include the citation reward (claim-level judge calls).
+    #[serde(default)]
+    pub citation: bool,
+}
+
 
 impl JudgeConfig {
     pub fn pool(&self) -> EndpointPoolConfig {

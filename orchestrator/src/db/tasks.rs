@@ -20,7 +20,8 @@ pub fn prompt_hash(prompt: &str) -> String {
     crate::util::sha256_hex(prompt.as_bytes())
 }
 
-/// Insert or update tasks; returns their ids in input order.
+/// Insert or update tasks; returns their ids in input order. An empty rubric list keeps the
+/// rubrics a task already has.
 pub async fn upsert(pool: &PgPool, tasks: &[NewTask]) -> Result<Vec<Uuid>, DbError> {
     if tasks.is_empty() {
         return Ok(Vec::new());
@@ -42,7 +43,11 @@ pub async fn upsert(pool: &PgPool, tasks: &[NewTask]) -> Result<Vec<Uuid>, DbErr
          ON CONFLICT (source, external_id) DO UPDATE SET
              prompt = EXCLUDED.prompt, prompt_sha256 = EXCLUDED.prompt_sha256,
              answer_format = EXCLUDED.answer_format,
-             persistent_rubrics = EXCLUDED.persistent_rubrics, metadata = EXCLUDED.metadata
+             -- a file without rubrics never wipes rubrics stored by `rubrics init`
+             persistent_rubrics = CASE WHEN EXCLUDED.persistent_rubrics = '[]'::jsonb
+                                       THEN tasks.persistent_rubrics
+                                       ELSE EXCLUDED.persistent_rubrics END,
+             metadata = EXCLUDED.metadata
          RETURNING 0, id",
     )
     .bind(&ids)

@@ -8,6 +8,7 @@ pub mod group;
 pub mod lexical;
 pub mod llm;
 pub mod score;
+pub mod step;
 pub mod view;
 
 use futures::future::BoxFuture;
@@ -224,4 +225,36 @@ pub trait Judge: Send + Sync {
         claims: &'a [Claim],
         snippets: &'a std::collections::HashMap<String, String>,
     ) -> BoxFuture<'a, Result<(Vec<ClaimVerdict>, Usage), JudgeError>>;
+}
+
+/// The judge a configuration asks for: the LLM judge behind `judge.urls`, or the lexical judge.
+pub fn from_config(cfg: &crate::config::Config) -> Result<std::sync::Arc<dyn Judge>, JudgeError> {
+    use crate::config::JudgeKind as Kind;
+    match cfg.judge.kind {
+        Kind::Lexical => Ok(std::sync::Arc::new(lexical::LexicalJudge::new(
+            cfg.judge.model.clone(),
+        ))),
+        Kind::Llm => {
+            let http = crate::llm::build_http(std::time::Duration::from_secs(10)).map_err(|e| {
+                JudgeError::Llm {
+                    attempts: 0,
+                    source: e,
+                }
+            })?;
+            let client = crate::llm::LlmClient::from_config(
+                http,
+                crate::llm::Role::Judge,
+                &cfg.judge.pool(),
+                &cfg.retry,
+                &cfg.health,
+            );
+            let opts = llm::LlmJudgeOptions {
+                usd_per_mtok_prompt: cfg.judge.usd_per_mtok_prompt,
+                usd_per_mtok_completion: cfg.judge.usd_per_mtok_completion,
+                max_stage_chars: cfg.judge.max_stage_chars,
+                ..llm::LlmJudgeOptions::default()
+            };
+            Ok(std::sync::Arc::new(llm::LlmJudge::new(client, opts)?))
+        }
+    }
 }

@@ -1,1 +1,2 @@
+pub mod fake_judge;
 pub mod fake_openai;

@@ -145,7 +145,6 @@ pub struct CreditConfig {
     pub citation: bool,
 }
 
-
 impl JudgeConfig {
     pub fn pool(&self) -> EndpointPoolConfig {
         EndpointPoolConfig {

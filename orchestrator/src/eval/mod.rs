@@ -1,4 +1,6 @@
-//! Evaluation metrics with their benchmarks' own protocols. Today: retrieval (nDCG@k over BEIR
-//! qrels) for the local search index.
+//! Evaluation metrics with their benchmarks' own protocols: retrieval (nDCG@k over BEIR qrels)
+//! for the local search index, HealthBench points rubrics, DeepResearch Bench (RACE) criteria.
 
+pub mod drbench;
+pub mod healthbench;
 pub mod retrieval;

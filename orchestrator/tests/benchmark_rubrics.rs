@@ -44,15 +44,17 @@ async fn healthbench_rows_parse_and_score_through_the_lexical_judge() {
     for row in rows.iter().take(200) {
         let rubrics = healthbench::to_rubrics(&row.items);
         // A response that says exactly what the positive items ask for, and one that says nothing.
-        let mut good = TraceView::default();
-        good.answer = Some(
-            row.items
-                .iter()
-                .filter(|i| i.points > 0.0)
-                .map(|i| i.item.as_str())
-                .collect::<Vec<_>>()
-                .join("\n"),
-        );
+        let good = TraceView {
+            answer: Some(
+                row.items
+                    .iter()
+                    .filter(|i| i.points > 0.0)
+                    .map(|i| i.item.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ),
+            ..TraceView::default()
+        };
         let empty = TraceView {
             answer: Some(String::new()),
             ..TraceView::default()

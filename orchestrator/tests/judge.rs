@@ -467,9 +467,12 @@ async fn judge_command_rescores_a_stored_run(pool: PgPool) {
 async fn lexical_scores_are_deterministic_and_invert_negatives() {
     use orchestrator::judge::{Origin, Rubric, ScoreMode, TraceView};
     let judge = LexicalJudge::new("lexical-v1");
-    let mut view = TraceView::default();
-    view.stage_text[3] = "The enzyme binds the receptor <cite id=\"zz\">x</cite>".into();
-    view.answer = Some(view.stage_text[3].clone());
+    let text = "The enzyme binds the receptor <cite id=\"zz\">x</cite>".to_string();
+    let view = TraceView {
+        stage_text: [String::new(), String::new(), String::new(), text.clone()],
+        answer: Some(text),
+        ..TraceView::default()
+    };
     let r = |neg: bool, terms: &[&str]| Rubric {
         id: Uuid::now_v7(),
         stage: Stage::Answer,

@@ -104,6 +104,9 @@ pub struct StepReport {
     pub new_rubrics: usize,
     pub pruned: usize,
     pub active_rubrics: [usize; STAGES],
+    /// Wall time of the judge calls (all groups in flight together).
+    pub judge_seconds: f64,
+    /// Wall time of the whole step: load, judge, credit, write.
     pub seconds: f64,
 }
 
@@ -127,6 +130,7 @@ impl StepReport {
             ),
             ("judge/cost_usd".into(), self.cost_usd),
             ("judge/seconds".into(), self.seconds),
+            ("judge/call_seconds".into(), self.judge_seconds),
             ("reward/mean".into(), self.mean_reward),
             ("rubrics/new".into(), self.new_rubrics as f64),
             ("rubrics/pruned".into(), self.pruned as f64),
@@ -228,13 +232,16 @@ pub async fn judge_step(
             })
         }
     });
+    let t_calls = Instant::now();
     let done: Vec<Done> = join_all(jobs).await.into_iter().collect::<Result<_, _>>()?;
+    let judge_seconds = t_calls.elapsed().as_secs_f64();
 
     let model = judge.model().to_string();
     let kind = judge.kind();
     let mut report = StepReport {
         trajectories: trajs.len(),
         groups: done.len(),
+        judge_seconds,
         ..StepReport::default()
     };
     let mut tx = pool.begin().await.map_err(DbError::from)?;

@@ -506,3 +506,120 @@ async fn lexical_scores_are_deterministic_and_invert_negatives() {
     let means = orchestrator::judge::score::stage_means(&rubrics, &a.scores);
     assert!((means[3].unwrap() - 0.5 / 3.0).abs() < 1e-12);
 }
+
+#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+async fn rubrics_init_grounds_persistent_rubrics_in_search_results(pool: PgPool) {
+    use clap::Parser;
+    let tmp = tempfile::tempdir().unwrap();
+    let world = orchestrator::data::world::generate(5, 80, 3);
+    orchestrator::data::world::write(&world, &tmp.path().join("world")).unwrap();
+    let idx = tmp.path().join("idx");
+    orchestrator::tools::local_search::LocalIndex::build(&world.docs, Some(&idx)).unwrap();
+    // Strip the world's own rubrics so that init has to write them.
+    let tasks_path = tmp.path().join("tasks.jsonl");
+    let text = std::fs::read_to_string(tmp.path().join("world/tasks.jsonl")).unwrap();
+    let stripped: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("rubrics");
+            v.to_string()
+        })
+        .collect();
+    std::fs::write(&tasks_path, stripped.join("\n")).unwrap();
+
+    let db_name = pool.connect_options().get_database().unwrap().to_string();
+    let mut url = url::Url::parse(&std::env::var("DATABASE_URL").unwrap()).unwrap();
+    url.set_path(&format!("/{db_name}"));
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "orchestrator".to_string(),
+            "rubrics".into(),
+            "init".into(),
+            "--database-url".into(),
+            url.to_string(),
+            "--tasks".into(),
+            tasks_path.display().to_string(),
+            "--index".into(),
+            idx.display().to_string(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        orchestrator::cli::Cli::parse_from(a)
+    };
+    let code = orchestrator::app::run(args(&[])).await.unwrap();
+    assert_eq!(code, std::process::ExitCode::SUCCESS);
+    let rows: Vec<serde_json::Value> =
+        sqlx::query_scalar("SELECT persistent_rubrics FROM tasks ORDER BY external_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 3);
+    for r in &rows {
+        let items = r.as_array().unwrap();
+        assert!(!items.is_empty(), "{r}");
+        for it in items {
+            // Grounded: every rubric names the snippets it came from.
+            assert!(!it["evidence"].as_array().unwrap().is_empty());
+            assert!(it["description"].as_str().unwrap().contains("sources"));
+        }
+    }
+    // A second run keeps them; a rollout-style upsert of the rubric-less file does not wipe them.
+    let before = rows.clone();
+    orchestrator::app::run(args(&[])).await.unwrap();
+    let new = orchestrator::data::tasks::load(&tasks_path).unwrap();
+    let rows2: Vec<db::tasks::NewTask> = new
+        .iter()
+        .map(|t| db::tasks::NewTask {
+            source: t.source.clone(),
+            external_id: t.external_id.clone(),
+            prompt: t.query.clone(),
+            answer_format: "long".into(),
+            persistent_rubrics: serde_json::json!([]),
+            metadata: t.metadata.clone(),
+        })
+        .collect();
+    db::tasks::upsert(&pool, &rows2).await.unwrap();
+    let after: Vec<serde_json::Value> =
+        sqlx::query_scalar("SELECT persistent_rubrics FROM tasks ORDER BY external_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(before, after);
+    // An unknown search tool is refused by name.
+    let e = orchestrator::app::run(args(&["--tool", "bing"]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bing") && e.contains("google_search"), "{e}");
+}
+
+#[tokio::test]
+async fn llm_ground_maps_tiers_to_weights_and_claims_to_verdicts() {
+    use orchestrator::judge::Claim;
+    let srv = FakeJudge::start().await;
+    let judge = llm_judge(&srv.url(), Duration::from_secs(5));
+    let g = judge
+        .ground("q", &[("s1".into(), "text".into())])
+        .await
+        .unwrap();
+    let ans = &g.per_stage[3];
+    assert_eq!(ans.len(), 2);
+    assert_eq!((ans[0].weight, ans[1].weight), (3.0, 2.0));
+    assert!(ans[0].description.contains("(sources: s1)"));
+    assert_eq!(g.usage.prompt_tokens, 100);
+
+    let claims = vec![
+        Claim {
+            text: "a".into(),
+            ids: vec!["s1".into()],
+        },
+        Claim {
+            text: "b".into(),
+            ids: vec![],
+        },
+    ];
+    let snippets = std::collections::HashMap::from([("s1".to_string(), "text".to_string())]);
+    let (v, _) = judge.claims("q", &claims, &snippets).await.unwrap();
+    assert_eq!(v.len(), 2);
+    assert!(v.iter().all(|c| c.support == 1.0 && c.relevance == 1.0));
+}

@@ -1,0 +1,306 @@
+//! The train batch on the wire: what the orchestrator sends `trainer serve` each step. JSON is
+//! too big at 256 x 18k tokens, so the body is a compact little-endian layout, validated on
+//! decode with errors naming the sequence and field:
+//!
+//! ```text
+//! header   b"RBEMBAT1" | u32 n_seqs | i32 policy_version | u32 flags (bit 0: RL, else SFT)
+//! n_seqs x u32 len | u32 group_id | i32 policy_version | u16 n_adv | u16 reserved (= 0)
+//! n_seqs x tokens u32[len] | stages i8[len] | loss_mask u8[len] (0/1)
+//!          | behaviour_logprobs f32[len] | advantages f32[n_adv]
+//! ```
+//!
+//! 10 bytes per token: a 256 x 16k batch is 42 MB.
+
+pub const MAGIC: &[u8; 8] = b"RBEMBAT1";
+const HEADER: usize = 8 + 4 + 4 + 4;
+const SEQ_HEADER: usize = 4 + 4 + 4 + 2 + 2;
+
+/// One sequence of a train batch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WireSequence {
+    pub tokens: Vec<u32>,
+    /// Token t counts in the loss (model tokens only).
+    pub loss_mask: Vec<bool>,
+    /// Stage of token t (0..=3), or -1.
+    pub stages: Vec<i8>,
+    /// Behaviour log-prob of token t from the inference server (0 where not generated).
+    pub behaviour_logprobs: Vec<f32>,
+    /// Per-stage advantages (SS-GRPO), one value (GRPO), or none (SFT).
+    pub advantages: Vec<f32>,
+    /// The GRPO group (task) the sequence belongs to.
+    pub group_id: u32,
+    /// Policy version that sampled it (staleness accounting).
+    pub policy_version: i32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    /// Policy version the batch was built against.
+    pub policy_version: i32,
+    /// RL step (else SFT).
+    pub rl: bool,
+    pub seqs: Vec<WireSequence>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WireError {
+    #[error("body of {len} bytes is shorter than the {HEADER}-byte header")]
+    Short { len: usize },
+    #[error("bad magic {found:?}; expected {MAGIC:?} (is the sender a different version?)")]
+    Magic { found: Vec<u8> },
+    #[error("sequence {seq}: {what}")]
+    Seq { seq: usize, what: String },
+    #[error("body is {len} bytes; the headers describe {expected}")]
+    Length { len: usize, expected: usize },
+    #[error("flags {0:#x} carry unknown bits; allowed: 0x1")]
+    Flags(u32),
+}
+
+impl Batch {
+    /// Encoded size in bytes.
+    pub fn encoded_len(&self) -> usize {
+        HEADER
+            + self
+                .seqs
+                .iter()
+                .map(|s| SEQ_HEADER + s.tokens.len() * 10 + s.advantages.len() * 4)
+                .sum::<usize>()
+    }
+
+    /// Encode; fails if a sequence's per-token arrays disagree in length.
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        for (i, s) in self.seqs.iter().enumerate() {
+            let n = s.tokens.len();
+            for (what, len) in [
+                ("loss_mask", s.loss_mask.len()),
+                ("stages", s.stages.len()),
+                ("behaviour_logprobs", s.behaviour_logprobs.len()),
+            ] {
+                if len != n {
+                    return Err(WireError::Seq {
+                        seq: i,
+                        what: format!("{what} has {len} entries for {n} tokens"),
+                    });
+                }
+            }
+            if n > u32::MAX as usize || s.advantages.len() > u16::MAX as usize {
+                return Err(WireError::Seq {
+                    seq: i,
+                    what: format!(
+                        "{n} tokens / {} advantages exceed the format's limits (u32 / u16)",
+                        s.advantages.len()
+                    ),
+                });
+            }
+        }
+        let mut out = Vec::with_capacity(self.encoded_len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&(self.seqs.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.policy_version.to_le_bytes());
+        out.extend_from_slice(&u32::from(self.rl).to_le_bytes());
+        for s in &self.seqs {
+            out.extend_from_slice(&(s.tokens.len() as u32).to_le_bytes());
+            out.extend_from_slice(&s.group_id.to_le_bytes());
+            out.extend_from_slice(&s.policy_version.to_le_bytes());
+            out.extend_from_slice(&(s.advantages.len() as u16).to_le_bytes());
+            out.extend_from_slice(&0u16.to_le_bytes());
+        }
+        for s in &self.seqs {
+            for t in &s.tokens {
+                out.extend_from_slice(&t.to_le_bytes());
+            }
+            out.extend(s.stages.iter().map(|&k| k as u8));
+            out.extend(s.loss_mask.iter().map(|&m| u8::from(m)));
+            for x in &s.behaviour_logprobs {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+            for x in &s.advantages {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Decode and validate (lengths, mask bytes 0/1, stages -1..=3, finite floats).
+    pub fn decode(body: &[u8]) -> Result<Batch, WireError> {
+        if body.len() < HEADER {
+            return Err(WireError::Short { len: body.len() });
+        }
+        if &body[..8] != MAGIC {
+            return Err(WireError::Magic {
+                found: body[..8].to_vec(),
+            });
+        }
+        let u32_at =
+            |p: usize| u32::from_le_bytes([body[p], body[p + 1], body[p + 2], body[p + 3]]);
+        let n = u32_at(8) as usize;
+        let policy_version = u32_at(12) as i32;
+        let flags = u32_at(16);
+        if flags & !1 != 0 {
+            return Err(WireError::Flags(flags));
+        }
+        let heads_end = HEADER
+            .checked_add(n.checked_mul(SEQ_HEADER).unwrap_or(usize::MAX))
+            .unwrap_or(usize::MAX);
+        if heads_end > body.len() {
+            return Err(WireError::Length {
+                len: body.len(),
+                expected: heads_end,
+            });
+        }
+        let mut heads = Vec::with_capacity(n);
+        let mut expected = heads_end;
+        for i in 0..n {
+            let p = HEADER + i * SEQ_HEADER;
+            let len = u32_at(p) as usize;
+            let n_adv = u16::from_le_bytes([body[p + 12], body[p + 13]]) as usize;
+            heads.push((len, u32_at(p + 4), u32_at(p + 8) as i32, n_adv));
+            expected = expected.saturating_add(len.saturating_mul(10) + n_adv * 4);
+        }
+        if expected != body.len() {
+            return Err(WireError::Length {
+                len: body.len(),
+                expected,
+            });
+        }
+        let f32s = |b: &[u8]| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let mut p = heads_end;
+        let mut seqs = Vec::with_capacity(n);
+        for (i, (len, group_id, pv, n_adv)) in heads.into_iter().enumerate() {
+            let bad = |what: String| WireError::Seq { seq: i, what };
+            let tokens: Vec<u32> = body[p..p + 4 * len]
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            p += 4 * len;
+            let stages: Vec<i8> = body[p..p + len].iter().map(|&b| b as i8).collect();
+            if let Some((t, k)) = stages
+                .iter()
+                .enumerate()
+                .find(|(_, k)| !(-1..=3).contains(*k))
+            {
+                return Err(bad(format!("stage {k} at token {t}; allowed: -1..=3")));
+            }
+            p += len;
+            let mut loss_mask = Vec::with_capacity(len);
+            for (t, &b) in body[p..p + len].iter().enumerate() {
+                match b {
+                    0 => loss_mask.push(false),
+                    1 => loss_mask.push(true),
+                    _ => {
+                        return Err(bad(format!(
+                            "loss mask byte {b} at token {t}; allowed: 0, 1"
+                        )));
+                    }
+                }
+            }
+            p += len;
+            let behaviour_logprobs = f32s(&body[p..p + 4 * len]);
+            p += 4 * len;
+            let advantages = f32s(&body[p..p + 4 * n_adv]);
+            p += 4 * n_adv;
+            if let Some(x) = behaviour_logprobs
+                .iter()
+                .chain(&advantages)
+                .find(|x| !x.is_finite())
+            {
+                return Err(bad(format!(
+                    "non-finite value {x} in logprobs or advantages"
+                )));
+            }
+            seqs.push(WireSequence {
+                tokens,
+                loss_mask,
+                stages,
+                behaviour_logprobs,
+                advantages,
+                group_id,
+                policy_version: pv,
+            });
+        }
+        Ok(Batch {
+            policy_version,
+            rl: flags & 1 == 1,
+            seqs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn sample() -> Batch {
+        Batch {
+            policy_version: 7,
+            rl: true,
+            seqs: vec![
+                WireSequence {
+                    tokens: vec![1, 2, 3, 70000],
+                    loss_mask: vec![false, true, true, false],
+                    stages: vec![-1, 0, 3, -1],
+                    behaviour_logprobs: vec![0.0, -0.5, -1.25, 0.0],
+                    advantages: vec![0.5, -1.0, 0.0, 2.0],
+                    group_id: 3,
+                    policy_version: 6,
+                },
+                WireSequence {
+                    tokens: vec![9, 8],
+                    loss_mask: vec![false, true],
+                    stages: vec![-1, 1],
+                    behaviour_logprobs: vec![0.0, -2.0],
+                    advantages: vec![],
+                    group_id: 4,
+                    policy_version: 7,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn round_trips_exactly() {
+        let b = sample();
+        let bytes = b.encode().unwrap();
+        assert_eq!(bytes.len(), b.encoded_len());
+        assert_eq!(Batch::decode(&bytes).unwrap(), b);
+    }
+
+    #[test]
+    fn corrupt_bodies_are_named() {
+        let bytes = sample().encode().unwrap();
+        assert!(matches!(
+            Batch::decode(&bytes[..10]),
+            Err(WireError::Short { .. })
+        ));
+        let mut m = bytes.clone();
+        m[0] = b'X';
+        assert!(matches!(Batch::decode(&m), Err(WireError::Magic { .. })));
+        assert!(matches!(
+            Batch::decode(&bytes[..bytes.len() - 1]),
+            Err(WireError::Length { .. })
+        ));
+        // First sequence's stages start after the headers and its 4 tokens.
+        let stage_at = HEADER + 2 * SEQ_HEADER + 16;
+        let mut s = bytes.clone();
+        s[stage_at] = 9;
+        let e = Batch::decode(&s).unwrap_err().to_string();
+        assert!(e.contains("sequence 0") && e.contains("stage 9"), "{e}");
+        let mut k = bytes;
+        k[stage_at + 4] = 2;
+        let e = Batch::decode(&k).unwrap_err().to_string();
+        assert!(e.contains("loss mask byte 2"), "{e}");
+        let mut bad = sample();
+        bad.seqs[1].stages.pop();
+        assert!(
+            bad.encode()
+                .unwrap_err()
+                .to_string()
+                .contains("stages has 1 entries")
+        );
+    }
+}

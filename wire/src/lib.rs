@@ -139,9 +139,7 @@ impl Batch {
         if flags & !1 != 0 {
             return Err(WireError::Flags(flags));
         }
-        let heads_end = HEADER
-            .checked_add(n.checked_mul(SEQ_HEADER).unwrap_or(usize::MAX))
-            .unwrap_or(usize::MAX);
+        let heads_end = HEADER.saturating_add(n.saturating_mul(SEQ_HEADER));
         if heads_end > body.len() {
             return Err(WireError::Length {
                 len: body.len(),

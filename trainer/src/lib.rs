@@ -3,10 +3,13 @@
 //! checkpointing), and small-model tooling (tokenizer training, random-init model dirs).
 
 pub mod bench;
+pub mod checkpoint;
 pub mod error;
 pub mod loss;
 pub mod model;
 pub mod optim;
+pub mod publish;
+pub mod service;
 pub mod smallmodel;
 pub mod train;
 

@@ -39,6 +39,9 @@ enum Command {
     },
     /// Print what libtorch sees (version of the build, CUDA devices).
     Info,
+    /// Serve the policy: train steps over HTTP, checkpoints, publishing to inference servers,
+    /// and OpenAI-compatible generation (the embedded policy server).
+    Serve(Box<ServeArgs>),
     /// Time train steps (forward, loss, backward, AdamW) on a random model; prints JSON.
     Bench {
         /// A Qwen3 config.json.
@@ -64,6 +67,65 @@ enum Command {
         #[arg(long)]
         peak_flops: Option<f64>,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Hugging Face model directory (config.json, model.safetensors, tokenizer.json).
+    #[arg(long, env = "TRAINER_MODEL")]
+    model: PathBuf,
+    /// Address to listen on (loopback by default).
+    #[arg(long, env = "TRAINER_BIND", default_value = "127.0.0.1:8100")]
+    bind: std::net::SocketAddr,
+    /// Model name served on /v1/models.
+    #[arg(long, env = "TRAINER_SERVED_NAME", default_value = "policy")]
+    served_name: String,
+    /// LoRA rank; 0 trains all weights.
+    #[arg(long, env = "TRAINER_LORA_R", default_value_t = 0)]
+    lora_r: i64,
+    #[arg(long, env = "TRAINER_LORA_ALPHA")]
+    lora_alpha: Option<f64>,
+    #[arg(long, env = "TRAINER_LR", default_value_t = 1e-5)]
+    lr: f64,
+    /// KL3 coefficient to the reference (LoRA only: the reference is the base).
+    #[arg(long, env = "TRAINER_KL", default_value_t = 0.0)]
+    kl_coef: f64,
+    #[arg(long, env = "TRAINER_MICRO_BATCH_TOKENS", default_value_t = 16384)]
+    micro_batch_tokens: i64,
+    /// Checkpoints go here (`step-N`, `latest`).
+    #[arg(long, env = "TRAINER_CHECKPOINT_DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every N steps (0: only on POST /v1/checkpoint).
+    #[arg(long, env = "TRAINER_CHECKPOINT_EVERY", default_value_t = 0)]
+    checkpoint_every: u64,
+    /// Continue from the latest checkpoint in --checkpoint-dir if there is one.
+    #[arg(long, env = "TRAINER_RESUME")]
+    resume: bool,
+    /// Inference servers to publish each new version to (vLLM or SGLang, detected).
+    #[arg(
+        long = "publish-url",
+        env = "TRAINER_PUBLISH_URLS",
+        value_delimiter = ','
+    )]
+    publish_urls: Vec<String>,
+    /// Where versioned adapters / weights are written for the servers.
+    #[arg(long, env = "TRAINER_PUBLISH_DIR")]
+    publish_dir: Option<PathBuf>,
+    #[arg(long, env = "TRAINER_PUBLISH_NAME", default_value = "policy")]
+    publish_name: String,
+    /// Versions kept loaded on the servers.
+    #[arg(long, env = "TRAINER_PUBLISH_WINDOW", default_value_t = 2)]
+    publish_window: usize,
+    #[arg(long, env = "TRAINER_PUBLISH_RETRIES", default_value_t = 3)]
+    publish_retries: u32,
+    /// Largest accepted request body in MiB.
+    #[arg(long, env = "TRAINER_MAX_BODY_MB", default_value_t = 4096)]
+    max_body_mb: usize,
+    #[arg(long, env = "TRAINER_SEED", default_value_t = 17)]
+    seed: i64,
+    /// cpu, cuda or auto.
+    #[arg(long, env = "TRAINER_DEVICE", default_value = "auto")]
+    device: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -112,12 +174,7 @@ fn run(cli: Cli) -> anyhow::Result<String> {
             device,
             peak_flops,
         } => {
-            let device = match device.as_str() {
-                "cpu" => tch::Device::Cpu,
-                "cuda" => tch::Device::Cuda(0),
-                "auto" => trainer::default_device(),
-                other => anyhow::bail!("--device = {other:?}; allowed: cpu, cuda, auto"),
-            };
+            let device = parse_device(&device)?;
             let spec = trainer::bench::BenchSpec {
                 config: trainer::model::Qwen3Config::from_file(&config)?,
                 lora: (lora_r > 0).then(|| trainer::model::LoraConfig {
@@ -136,12 +193,103 @@ fn run(cli: Cli) -> anyhow::Result<String> {
             };
             serde_json::to_string(&trainer::bench::run(&spec)?)?
         }
+        Command::Serve(a) => {
+            serve(*a)?;
+            "trainer serve stopped".into()
+        }
         Command::Info => format!(
             "cuda available: {}, devices: {}, cudnn: {}",
             tch::Cuda::is_available(),
             tch::Cuda::device_count(),
             tch::Cuda::cudnn_is_available()
         ),
+    })
+}
+
+fn parse_device(s: &str) -> anyhow::Result<tch::Device> {
+    Ok(match s {
+        "cpu" => tch::Device::Cpu,
+        "cuda" => tch::Device::Cuda(0),
+        "auto" => trainer::default_device(),
+        other => anyhow::bail!("--device = {other:?}; allowed: cpu, cuda, auto"),
+    })
+}
+
+fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    use trainer::publish::{PublishConfig, PublishTarget, Publisher, detect_kind};
+    use trainer::service::{AppState, ServeConfig, load};
+    let device = parse_device(&a.device)?;
+    let lora = (a.lora_r > 0).then(|| trainer::model::LoraConfig {
+        r: a.lora_r,
+        alpha: a.lora_alpha.unwrap_or(2.0 * a.lora_r as f64),
+        ..Default::default()
+    });
+    let mut train = trainer::train::TrainConfig::default();
+    train.optim.lr = a.lr;
+    train.loss.kl_coef = a.kl_coef;
+    train.micro_batch_tokens = a.micro_batch_tokens;
+    let loaded = load::load(&load::LoadOptions {
+        model_dir: a.model.clone(),
+        lora: lora.clone(),
+        train,
+        device,
+        seed: a.seed,
+        resume_from: if a.resume {
+            a.checkpoint_dir.clone()
+        } else {
+            None
+        },
+    })?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let publisher = if a.publish_urls.is_empty() && a.publish_dir.is_none() {
+            None
+        } else {
+            let root = a.publish_dir.clone().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--publish-url needs --publish-dir (a directory the servers can read)"
+                )
+            })?;
+            std::fs::create_dir_all(&root)?;
+            let root = std::fs::canonicalize(&root)?;
+            trainer::checkpoint::clean_partial(&root);
+            let http = trainer::publish::http_client();
+            let mut targets = Vec::new();
+            for url in &a.publish_urls {
+                targets.push(PublishTarget {
+                    url: url.clone(),
+                    kind: detect_kind(&http, url).await,
+                });
+            }
+            Some(Publisher::new(PublishConfig {
+                root,
+                name: a.publish_name.clone(),
+                window: a.publish_window,
+                retries: a.publish_retries,
+                targets,
+                lora: lora.is_some(),
+            }))
+        };
+        let cfg = ServeConfig {
+            bind: a.bind,
+            served_name: a.served_name.clone(),
+            checkpoint_dir: a.checkpoint_dir.clone(),
+            checkpoint_every: a.checkpoint_every,
+            max_body_bytes: a.max_body_mb << 20,
+            max_model_len: loaded.max_model_len,
+        };
+        let state = AppState::new(
+            loaded.policy,
+            loaded.tokenizer,
+            loaded.chat_template,
+            loaded.eos,
+            cfg,
+            publisher,
+        );
+        trainer::service::serve(state).await?;
+        Ok::<_, anyhow::Error>(())
     })
 }
 

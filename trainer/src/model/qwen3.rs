@@ -171,6 +171,20 @@ impl KvCache {
     pub fn seq_len(&self) -> i64 {
         self.layers.first().map_or(0, LayerKv::seq_len)
     }
+
+    /// An independent copy (samples of one prompt share its prefill).
+    pub fn deep_copy(&self) -> Self {
+        Self {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| LayerKv {
+                    k: l.k.as_ref().map(Tensor::copy),
+                    v: l.v.as_ref().map(Tensor::copy),
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Debug)]

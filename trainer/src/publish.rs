@@ -1,0 +1,246 @@
+//! Publishing a new policy to inference servers after each step. The adapter (or full weights)
+//! is already written to `root/NAME-vN` atomically (see `checkpoint::write_dir_atomically`);
+//! here each server is told to load it under the versioned name `NAME-vN` (vLLM
+//! `/v1/load_lora_adapter`, SGLang `/load_lora_adapter`; full weights through vLLM's native
+//! disk weight-transfer API or SGLang's `/update_weights_from_disk`), with retries. Versions that
+//! fall out of the staleness window are unloaded and their directories removed. A failed load
+//! is reported and the previous version stays in service. This file is reqwest's and backon's
+//! only door in the trainer.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use backon::{ExponentialBuilder, Retryable};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerKind {
+    Vllm,
+    Sglang,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishTarget {
+    pub url: String,
+    pub kind: ServerKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishConfig {
+    /// Where versioned adapter / weight directories are written (must be readable by the
+    /// servers at the same absolute path).
+    pub root: PathBuf,
+    /// Adapter name prefix: versions are served as `NAME-vN`.
+    pub name: String,
+    /// Versions kept loaded (the newest and the ones rollouts may still be finishing on).
+    pub window: usize,
+    /// Retries per call after the first attempt.
+    pub retries: u32,
+    pub targets: Vec<PublishTarget>,
+    /// LoRA adapters (else full weights).
+    pub lora: bool,
+}
+
+/// What one publish did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Published {
+    pub version: i64,
+    pub name: String,
+    pub dir: PathBuf,
+    /// Servers that loaded it.
+    pub loaded: Vec<String>,
+    /// `(server, error)` for servers that did not; they keep serving the previous version.
+    pub failed: Vec<(String, String)>,
+    /// Names unloaded because they left the window.
+    pub unloaded: Vec<String>,
+    pub seconds: f64,
+}
+
+#[derive(Debug)]
+pub struct Publisher {
+    http: reqwest::Client,
+    cfg: PublishConfig,
+    /// (version, name, dir) currently loaded, oldest first.
+    live: VecDeque<(i64, String, PathBuf)>,
+}
+
+/// Ask a server what it is: SGLang answers `/get_server_info`, vLLM does not.
+pub async fn detect_kind(http: &reqwest::Client, url: &str) -> ServerKind {
+    match http
+        .get(format!("{}/get_server_info", url.trim_end_matches('/')))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => ServerKind::Sglang,
+        _ => ServerKind::Vllm,
+    }
+}
+
+/// The trainer's HTTP client (connect and whole-request timeouts are mandatory).
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap_or_default()
+}
+
+impl Publisher {
+    pub fn new(cfg: PublishConfig) -> Self {
+        let http = http_client();
+        Self {
+            http,
+            cfg,
+            live: VecDeque::new(),
+        }
+    }
+
+    pub fn config(&self) -> &PublishConfig {
+        &self.cfg
+    }
+
+    pub fn name_of(&self, version: i64) -> String {
+        format!("{}-v{version}", self.cfg.name)
+    }
+
+    pub fn dir_of(&self, version: i64) -> PathBuf {
+        self.cfg.root.join(self.name_of(version))
+    }
+
+    async fn post(&self, url: &str, path: &str, body: serde_json::Value) -> Result<(), String> {
+        let full = format!("{}{path}", url.trim_end_matches('/'));
+        let op = || async {
+            let r = self
+                .http
+                .post(&full)
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| format!("{full}: {e}"))?;
+            let status = r.status();
+            if status.is_success() {
+                Ok(())
+            } else {
+                let text = r.text().await.unwrap_or_default();
+                Err(format!(
+                    "{full}: HTTP {status}: {}",
+                    text.chars().take(300).collect::<String>()
+                ))
+            }
+        };
+        op.retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(100))
+                .with_max_delay(Duration::from_secs(5))
+                .with_max_times(self.cfg.retries as usize),
+        )
+        .sleep(tokio::time::sleep)
+        .notify(|e: &String, d| tracing::warn!(error = %e, retry_in = ?d, "publish call failed"))
+        .await
+    }
+
+    async fn load(
+        &self,
+        t: &PublishTarget,
+        name: &str,
+        dir: &Path,
+        version: i64,
+    ) -> Result<(), String> {
+        let path = dir.display().to_string();
+        match (self.cfg.lora, t.kind) {
+            (true, ServerKind::Vllm) => {
+                self.post(
+                    &t.url,
+                    "/v1/load_lora_adapter",
+                    json!({"lora_name": name, "lora_path": path}),
+                )
+                .await
+            }
+            (true, ServerKind::Sglang) => {
+                self.post(
+                    &t.url,
+                    "/load_lora_adapter",
+                    json!({"lora_name": name, "lora_path": path}),
+                )
+                .await
+            }
+            (false, ServerKind::Vllm) => {
+                self.post(&t.url, "/start_weight_update", json!({})).await?;
+                self.post(
+                    &t.url,
+                    "/update_weights",
+                    json!({"update_info": {"path": path}}),
+                )
+                .await?;
+                self.post(
+                    &t.url,
+                    "/finish_weight_update",
+                    json!({"weight_version": format!("v{version}")}),
+                )
+                .await
+            }
+            (false, ServerKind::Sglang) => {
+                self.post(
+                    &t.url,
+                    "/update_weights_from_disk",
+                    json!({"model_path": path}),
+                )
+                .await
+            }
+        }
+    }
+
+    async fn unload(&self, t: &PublishTarget, name: &str) -> Result<(), String> {
+        let path = match t.kind {
+            ServerKind::Vllm => "/v1/unload_lora_adapter",
+            ServerKind::Sglang => "/unload_lora_adapter",
+        };
+        self.post(&t.url, path, json!({"lora_name": name})).await
+    }
+
+    /// Load version `version` (already written at `dir_of(version)`) on every server, then
+    /// unload what left the window. With no targets it only records the version.
+    pub async fn publish(&mut self, version: i64) -> Published {
+        let t0 = Instant::now();
+        let name = self.name_of(version);
+        let dir = self.dir_of(version);
+        let mut out = Published {
+            version,
+            name: name.clone(),
+            dir: dir.clone(),
+            ..Published::default()
+        };
+        for t in &self.cfg.targets {
+            match self.load(t, &name, &dir, version).await {
+                Ok(()) => out.loaded.push(t.url.clone()),
+                Err(e) => {
+                    tracing::error!(server = %t.url, version, error = %e, "publish failed; the previous version stays in service");
+                    out.failed.push((t.url.clone(), e));
+                }
+            }
+        }
+        if out.failed.is_empty() {
+            self.live.push_back((version, name, dir));
+            while self.live.len() > self.cfg.window.max(1) {
+                let Some((_, old, old_dir)) = self.live.pop_front() else {
+                    break;
+                };
+                if self.cfg.lora {
+                    for t in &self.cfg.targets {
+                        if let Err(e) = self.unload(t, &old).await {
+                            tracing::warn!(server = %t.url, adapter = %old, error = %e, "unload failed");
+                        }
+                    }
+                }
+                let _ = std::fs::remove_dir_all(&old_dir);
+                out.unloaded.push(old);
+            }
+        }
+        out.seconds = t0.elapsed().as_secs_f64();
+        out
+    }
+}

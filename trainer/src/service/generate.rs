@@ -1,0 +1,305 @@
+//! Generation for the embedded policy server: one worker thread owns every in-flight sequence
+//! (its KV cache, sampler and stop state) and advances all of them a token per round, taking the
+//! policy's read lock per round so a train step can slip in between tokens. Logprobs are the
+//! model's raw log-softmax of the sampled token (vLLM's default `raw_logprobs`), so they equal
+//! the trainer's own log-probs of the same tokens. Sampling runs in Rust on a per-sequence
+//! seeded generator, so a request with a seed is reproducible whatever else is in flight.
+
+use std::sync::{Arc, Mutex};
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use tch::{Kind, Tensor};
+use tokio::sync::{mpsc, oneshot};
+
+use super::Policy;
+use crate::model::{Fwd, KvCache};
+
+/// Sampling and stopping for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenParams {
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub n: usize,
+    pub stop: Vec<String>,
+    pub seed: Option<u64>,
+    pub include_stop_str_in_output: bool,
+    pub skip_special_tokens: bool,
+}
+
+/// One finished sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub text: String,
+    /// `stop` (EOS or a stop string) or `length`.
+    pub finish_reason: &'static str,
+    /// The stop string or EOS token id that ended it.
+    pub stop_reason: Option<serde_json::Value>,
+}
+
+pub struct GenJob {
+    pub prompt: Vec<u32>,
+    pub params: GenParams,
+    pub reply: oneshot::Sender<Result<Vec<Sample>, String>>,
+}
+
+struct Seq {
+    job: usize,
+    sample: usize,
+    cache: KvCache,
+    next: Vec<f32>,
+    ids: Vec<u32>,
+    logprobs: Vec<f32>,
+    rng: StdRng,
+    done: Option<(&'static str, Option<serde_json::Value>)>,
+}
+
+struct Pending {
+    params: GenParams,
+    reply: Option<oneshot::Sender<Result<Vec<Sample>, String>>>,
+    samples: Vec<Option<Sample>>,
+}
+
+/// Counters for `/metrics` (running and waiting sequences, tokens generated).
+#[derive(Debug, Default)]
+pub struct GenStats {
+    pub running: std::sync::atomic::AtomicUsize,
+    pub waiting: std::sync::atomic::AtomicUsize,
+    pub generated_tokens: std::sync::atomic::AtomicU64,
+    pub prompt_tokens: std::sync::atomic::AtomicU64,
+}
+
+/// Raw log-softmax value of `tok` and a sample under temperature / top-p.
+pub fn sample_token(logits: &[f32], temperature: f32, top_p: f32, rng: &mut StdRng) -> (u32, f32) {
+    use rand::Rng;
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
+    let tok = if temperature <= 0.0 {
+        logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |(i, _)| i)
+    } else {
+        let scaled: Vec<f32> = logits.iter().map(|x| (x - max) / temperature).collect();
+        let mut probs: Vec<(usize, f32)> = scaled.iter().map(|x| x.exp()).enumerate().collect();
+        let total: f32 = probs.iter().map(|p| p.1).sum();
+        if top_p < 1.0 {
+            probs.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let mut acc = 0.0;
+            let mut keep = probs.len();
+            for (i, p) in probs.iter().enumerate() {
+                acc += p.1 / total;
+                if acc >= top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            probs.truncate(keep.max(1));
+        }
+        let mass: f32 = probs.iter().map(|p| p.1).sum();
+        let mut u = rng.random::<f32>() * mass;
+        let mut pick = probs.last().map_or(0, |p| p.0);
+        for (i, p) in &probs {
+            if u < *p {
+                pick = *i;
+                break;
+            }
+            u -= p;
+        }
+        pick
+    };
+    (
+        tok as u32,
+        logits.get(tok).copied().unwrap_or(f32::NEG_INFINITY) - lse,
+    )
+}
+
+fn last_logits(t: &Tensor) -> Vec<f32> {
+    let v = t.size()[1];
+    Vec::<f32>::try_from(t.select(1, v - 1).view([-1]).to_kind(Kind::Float)).unwrap_or_default()
+}
+
+/// The worker loop: runs until every sender is dropped.
+pub fn run_worker(
+    policy: Arc<Mutex<Policy>>,
+    tokenizer: Arc<tokenizers::Tokenizer>,
+    eos: Vec<u32>,
+    stats: Arc<GenStats>,
+    mut rx: mpsc::Receiver<GenJob>,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut jobs: Vec<Option<Pending>> = Vec::new();
+    let mut seqs: Vec<Seq> = Vec::new();
+    let mut seed_counter: u64 = 0x5eed;
+    loop {
+        // Admit new work: block when idle, otherwise take what is queued.
+        let mut incoming = Vec::new();
+        if seqs.is_empty() {
+            match rx.blocking_recv() {
+                Some(j) => incoming.push(j),
+                None => return,
+            }
+        }
+        while let Ok(j) = rx.try_recv() {
+            incoming.push(j);
+        }
+        stats.waiting.store(incoming.len(), Relaxed);
+        if !incoming.is_empty() {
+            let Ok(p) = policy.lock() else { return };
+            for job in incoming {
+                let id = jobs.len();
+                let n = job.params.n.max(1);
+                stats
+                    .prompt_tokens
+                    .fetch_add(job.prompt.len() as u64, Relaxed);
+                let prompt: Vec<i64> = job.prompt.iter().map(|&t| i64::from(t)).collect();
+                let prefill = tch::no_grad(|| {
+                    let mut cache = KvCache::new(p.trainer.model.layers.len());
+                    let ids = Tensor::from_slice(&prompt)
+                        .view([1, -1])
+                        .to_device(p.trainer.model.device);
+                    let logits = p
+                        .trainer
+                        .model
+                        .forward_cached(&ids, &mut cache, Fwd::POLICY);
+                    (cache, last_logits(&logits))
+                });
+                let (cache, next) = prefill;
+                let mut base = Some(cache);
+                for s in 0..n {
+                    let seed = job.params.seed.map_or_else(
+                        || {
+                            seed_counter = seed_counter
+                                .wrapping_mul(6_364_136_223_846_793_005)
+                                .wrapping_add(1_442_695_040_888_963_407);
+                            seed_counter
+                        },
+                        |sd| sd.wrapping_add(s as u64),
+                    );
+                    // Samples of one request share the prompt's prefill: the last takes it, the
+                    // others get copies.
+                    let cache = if s + 1 == n {
+                        base.take().unwrap_or_default()
+                    } else {
+                        base.as_ref().map(KvCache::deep_copy).unwrap_or_default()
+                    };
+                    seqs.push(Seq {
+                        job: id,
+                        sample: s,
+                        cache,
+                        next: next.clone(),
+                        ids: Vec::new(),
+                        logprobs: Vec::new(),
+                        rng: StdRng::seed_from_u64(seed),
+                        done: None,
+                    });
+                }
+                jobs.push(Some(Pending {
+                    samples: vec![None; n],
+                    params: job.params,
+                    reply: Some(job.reply),
+                }));
+            }
+        }
+        stats.running.store(seqs.len(), Relaxed);
+
+        // One token for every running sequence.
+        {
+            let Ok(p) = policy.lock() else { return };
+            for s in seqs.iter_mut() {
+                let Some(Some(job)) = jobs.get(s.job) else {
+                    continue;
+                };
+                if job.reply.as_ref().is_none_or(|r| r.is_closed()) {
+                    s.done = Some(("abort", None));
+                    continue;
+                }
+                let prm = &job.params;
+                let (tok, lp) = sample_token(&s.next, prm.temperature, prm.top_p, &mut s.rng);
+                s.ids.push(tok);
+                s.logprobs.push(lp);
+                stats.generated_tokens.fetch_add(1, Relaxed);
+                if eos.contains(&tok) {
+                    s.done = Some(("stop", Some(serde_json::json!(tok))));
+                } else if let Some(stop) = stop_hit(&tokenizer, &s.ids, &prm.stop) {
+                    s.done = Some(("stop", Some(serde_json::json!(stop))));
+                } else if s.ids.len() >= prm.max_tokens {
+                    s.done = Some(("length", None));
+                } else {
+                    let logits = tch::no_grad(|| {
+                        let ids = Tensor::from_slice(&[i64::from(tok)])
+                            .view([1, 1])
+                            .to_device(p.trainer.model.device);
+                        p.trainer
+                            .model
+                            .forward_cached(&ids, &mut s.cache, Fwd::POLICY)
+                    });
+                    s.next = last_logits(&logits);
+                }
+            }
+        }
+
+        // Hand back finished requests.
+        let mut i = 0;
+        while i < seqs.len() {
+            if seqs[i].done.is_none() {
+                i += 1;
+                continue;
+            }
+            let s = seqs.swap_remove(i);
+            let Some((reason, stop)) = s.done else {
+                continue;
+            };
+            let Some(Some(job)) = jobs.get_mut(s.job) else {
+                continue;
+            };
+            if reason == "abort" {
+                jobs[s.job] = None;
+                continue;
+            }
+            let mut text = tokenizer
+                .decode(&s.ids, job.params.skip_special_tokens)
+                .unwrap_or_default();
+            if !job.params.include_stop_str_in_output
+                && let Some(st) = stop.as_ref().and_then(|v| v.as_str())
+                && let Some(at) = text.find(st)
+            {
+                text.truncate(at);
+            }
+            job.samples[s.sample] = Some(Sample {
+                token_ids: s.ids,
+                logprobs: s.logprobs,
+                text,
+                finish_reason: reason,
+                stop_reason: stop,
+            });
+            if job.samples.iter().all(Option::is_some) {
+                let samples: Vec<Sample> = job.samples.drain(..).flatten().collect();
+                if let Some(r) = job.reply.take() {
+                    let _ = r.send(Ok(samples));
+                }
+                jobs[s.job] = None;
+            }
+        }
+        // Forget finished job slots once nothing refers to them.
+        if seqs.is_empty() {
+            jobs.clear();
+        }
+    }
+}
+
+/// The stop string the generated text now contains, checking only a tail window (stop strings
+/// are short) so the cost per token stays constant.
+fn stop_hit(tok: &tokenizers::Tokenizer, ids: &[u32], stops: &[String]) -> Option<String> {
+    if stops.is_empty() {
+        return None;
+    }
+    let longest = stops.iter().map(String::len).max().unwrap_or(0);
+    let window = (longest + 8).min(ids.len());
+    let tail = tok.decode(&ids[ids.len() - window..], false).ok()?;
+    stops.iter().find(|s| tail.contains(s.as_str())).cloned()
+}

@@ -1,0 +1,363 @@
+//! `trainer serve`: the long-lived trainer process. One policy (model + optimizer) behind a
+//! read/write lock: train steps take it for writing (one at a time; a concurrent one gets 409),
+//! generation reads it between tokens. Routes: `POST /v1/train_step` (the `wire` batch),
+//! `POST /v1/checkpoint`, `GET /v1/state`, `GET /health`, `GET /version`, `GET /metrics`, and the
+//! OpenAI-compatible generation API (`/v1/models`, `/v1/completions`, `/v1/chat/completions`,
+//! `/tokenize`, `/detokenize`, `/v1/load_lora_adapter`). Binds to loopback unless told otherwise.
+
+pub mod generate;
+pub mod load;
+mod openai;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::checkpoint::{self, CheckpointState};
+use crate::error::{Result, TrainerError};
+use crate::model::lora::{self, LoraConfig};
+use crate::publish::{Published, Publisher};
+use crate::train::{Sequence, StepMetrics, Trainer};
+
+/// The served policy. Behind a mutex (tch tensors are `Send` but not `Sync`): the generation
+/// worker holds it for one token round, a train step for the whole step.
+pub struct Policy {
+    pub trainer: Trainer,
+    /// Incremented by every train step; 0 is the loaded model.
+    pub version: i64,
+    pub lora: Option<LoraConfig>,
+    /// The base model directory (recorded in adapters and checkpoints).
+    pub base: String,
+    pub seed: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub bind: SocketAddr,
+    /// The name `/v1/models` serves (requests may use it or the latest versioned name).
+    pub served_name: String,
+    /// Checkpoints go to `checkpoint_dir/step-N` every `checkpoint_every` steps (0 = only on
+    /// request).
+    pub checkpoint_dir: Option<PathBuf>,
+    pub checkpoint_every: u64,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Model context length reported to clients.
+    pub max_model_len: usize,
+}
+
+pub struct AppState {
+    pub policy: Arc<Mutex<Policy>>,
+    training: tokio::sync::Mutex<()>,
+    publisher: Option<tokio::sync::Mutex<Publisher>>,
+    pub tokenizer: Arc<tokenizers::Tokenizer>,
+    pub chat_template: Option<String>,
+    pub cfg: ServeConfig,
+    gen_tx: mpsc::Sender<generate::GenJob>,
+    pub stats: Arc<generate::GenStats>,
+    /// Names under which the current policy is also served (published versions, loaded adapters).
+    aliases: std::sync::Mutex<Vec<String>>,
+}
+
+/// What a train step returns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainResponse {
+    pub policy_version: i64,
+    pub metrics: StepMetrics,
+    pub checkpoint: Option<PathBuf>,
+    pub published: Option<Published>,
+    /// Seconds to decode the batch body.
+    pub decode_seconds: f64,
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        axum::Json(
+            serde_json::json!({"error": {"message": message.into(), "code": status.as_u16()}}),
+        ),
+    )
+        .into_response()
+}
+
+fn to_sequences(batch: wire::Batch) -> Vec<Sequence> {
+    batch
+        .seqs
+        .into_iter()
+        .map(|s| Sequence {
+            tokens: s.tokens.into_iter().map(i64::from).collect(),
+            loss_mask: s.loss_mask,
+            stages: s.stages,
+            behaviour_logprobs: s.behaviour_logprobs,
+            advantages: s.advantages,
+        })
+        .collect()
+}
+
+impl AppState {
+    pub fn new(
+        policy: Policy,
+        tokenizer: tokenizers::Tokenizer,
+        chat_template: Option<String>,
+        eos: Vec<u32>,
+        cfg: ServeConfig,
+        publisher: Option<Publisher>,
+    ) -> Arc<Self> {
+        let policy = Arc::new(Mutex::new(policy));
+        let tokenizer = Arc::new(tokenizer);
+        let stats = Arc::new(generate::GenStats::default());
+        let (tx, rx) = mpsc::channel(4096);
+        {
+            let (p, t, s) = (policy.clone(), tokenizer.clone(), stats.clone());
+            std::thread::Builder::new()
+                .name("generate".into())
+                .spawn(move || generate::run_worker(p, t, eos, s, rx))
+                .ok();
+        }
+        Arc::new(Self {
+            policy,
+            training: tokio::sync::Mutex::new(()),
+            publisher: publisher.map(tokio::sync::Mutex::new),
+            tokenizer,
+            chat_template,
+            cfg,
+            gen_tx: tx,
+            stats,
+            aliases: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn served_names(&self) -> Vec<String> {
+        let mut v = vec![self.cfg.served_name.clone()];
+        if let Ok(a) = self.aliases.lock() {
+            v.extend(a.iter().cloned());
+        }
+        v
+    }
+
+    fn add_alias(&self, name: String, keep: usize) {
+        if let Ok(mut a) = self.aliases.lock() {
+            if !a.contains(&name) {
+                a.push(name);
+            }
+            let extra = a.len().saturating_sub(keep.max(1));
+            a.drain(..extra);
+        }
+    }
+
+    /// Save a checkpoint of the current policy (blocking; call off the async workers).
+    pub fn checkpoint_blocking(&self) -> Result<Option<PathBuf>> {
+        let Some(root) = &self.cfg.checkpoint_dir else {
+            return Ok(None);
+        };
+        let p = self
+            .policy
+            .lock()
+            .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+        let state = CheckpointState {
+            step: p.trainer.opt.step,
+            policy_version: p.version,
+            seed: p.seed,
+            mode: if p.lora.is_some() { "lora" } else { "full" }.into(),
+            base: p.base.clone(),
+        };
+        checkpoint::save(root, &p.trainer, p.lora.as_ref(), &state).map(Some)
+    }
+}
+
+async fn train_step(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    let Ok(_guard) = s.training.try_lock() else {
+        return error(
+            StatusCode::CONFLICT,
+            "a train step is already running; send the next batch when it returns",
+        );
+    };
+    let t0 = std::time::Instant::now();
+    let batch = match wire::Batch::decode(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("train batch rejected: {e}"),
+            );
+        }
+    };
+    let decode_seconds = t0.elapsed().as_secs_f64();
+    let rl = batch.rl;
+    let seqs = to_sequences(batch);
+    let state = s.clone();
+    let done = tokio::task::spawn_blocking(
+        move || -> Result<(StepMetrics, i64, Option<PathBuf>, Option<PathBuf>)> {
+            let (metrics, version, publish_dir) = {
+                let mut p = state
+                    .policy
+                    .lock()
+                    .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+                let m = if rl {
+                    p.trainer.rl_step(&seqs)?
+                } else {
+                    p.trainer.sft_step(&seqs)?
+                };
+                p.version += 1;
+                let version = p.version;
+                // Write the new version for the servers while holding the lock (weights are stable).
+                let dir = match &state.publisher {
+                    Some(publ) => {
+                        let publ = publ.blocking_lock();
+                        let dir = publ.dir_of(version);
+                        let lora_cfg = p.lora.clone();
+                        checkpoint::write_dir_atomically(&dir, |tmp| match &lora_cfg {
+                            Some(l) => lora::save_adapter(&p.trainer.model, l, &p.base, tmp),
+                            None => p.trainer.model.save(tmp),
+                        })?;
+                        Some(dir)
+                    }
+                    None => None,
+                };
+                (m, version, dir)
+            };
+            let ckpt = if state.cfg.checkpoint_every > 0
+                && (version as u64).is_multiple_of(state.cfg.checkpoint_every)
+            {
+                state.checkpoint_blocking()?
+            } else {
+                None
+            };
+            Ok((metrics, version, ckpt, publish_dir))
+        },
+    )
+    .await;
+    let (metrics, version, checkpoint, publish_dir) = match done {
+        Ok(Ok(x)) => x,
+        Ok(Err(e @ TrainerError::Batch(_))) => {
+            return error(StatusCode::BAD_REQUEST, e.to_string());
+        }
+        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("train step panicked: {e}"),
+            );
+        }
+    };
+    let published = match (&s.publisher, publish_dir) {
+        (Some(p), Some(_)) => {
+            let mut p = p.lock().await;
+            let r = p.publish(version).await;
+            s.add_alias(r.name.clone(), p.config().window);
+            Some(r)
+        }
+        _ => None,
+    };
+    tracing::info!(
+        version,
+        loss = metrics.loss,
+        seconds = metrics.seconds,
+        "train step"
+    );
+    axum::Json(TrainResponse {
+        policy_version: version,
+        metrics,
+        checkpoint,
+        published,
+        decode_seconds,
+    })
+    .into_response()
+}
+
+async fn save_checkpoint(State(s): State<Arc<AppState>>) -> Response {
+    let Ok(_guard) = s.training.try_lock() else {
+        return error(StatusCode::CONFLICT, "a train step is running");
+    };
+    let st = s.clone();
+    match tokio::task::spawn_blocking(move || st.checkpoint_blocking()).await {
+        Ok(Ok(Some(dir))) => axum::Json(serde_json::json!({"checkpoint": dir})).into_response(),
+        Ok(Ok(None)) => error(
+            StatusCode::BAD_REQUEST,
+            "no checkpoint directory configured (start with --checkpoint-dir)",
+        ),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn get_state(State(s): State<Arc<AppState>>) -> Response {
+    let Ok(p) = s.policy.lock() else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "policy lock poisoned");
+    };
+    axum::Json(serde_json::json!({
+        "policy_version": p.version,
+        "optimizer_step": p.trainer.opt.step,
+        "mode": if p.lora.is_some() { "lora" } else { "full" },
+        "lora": p.lora,
+        "base": p.base,
+        "training": s.training.try_lock().is_err(),
+        "served_names": s.served_names(),
+        "device": format!("{:?}", p.trainer.model.device),
+        "train_config": p.trainer.cfg,
+    }))
+    .into_response()
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> String {
+    let st = &s.stats;
+    let version = s.policy.lock().map(|p| p.version).unwrap_or(-1);
+    format!(
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {}\n\
+         # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting {}\n\
+         # TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total {}\n\
+         # TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total {}\n\
+         # TYPE trainer_policy_version gauge\ntrainer_policy_version {version}\n",
+        st.running.load(Ordering::Relaxed),
+        st.waiting.load(Ordering::Relaxed),
+        st.generated_tokens.load(Ordering::Relaxed),
+        st.prompt_tokens.load(Ordering::Relaxed),
+    )
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.cfg.max_body_bytes;
+    Router::new()
+        .route("/v1/train_step", post(train_step))
+        .route("/v1/checkpoint", post(save_checkpoint))
+        .route("/v1/state", get(get_state))
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/version",
+            get(|| async {
+                axum::Json(serde_json::json!({"version": concat!("trainer-serve ", env!("CARGO_PKG_VERSION"))}))
+            }),
+        )
+        .route("/metrics", get(metrics))
+        .merge(openai::routes())
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Serve until Ctrl-C / SIGTERM; an in-flight train step finishes first.
+pub async fn serve(state: Arc<AppState>) -> Result<()> {
+    let addr = state.cfg.bind;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| TrainerError::Config(format!("cannot bind {addr}: {e}")))?;
+    tracing::info!(%addr, "trainer serve listening");
+    let st = state.clone();
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::warn!("shutting down: waiting for the current train step");
+            let _ = st.training.lock().await;
+        })
+        .await
+        .map_err(|e| TrainerError::Config(format!("server error: {e}")))
+}

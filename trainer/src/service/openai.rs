@@ -1,0 +1,445 @@
+//! The OpenAI-compatible surface of `trainer serve` (vLLM dialect): `/v1/models`,
+//! `/v1/completions` (token-id or text prompts, `return_token_ids`, sampled-token `logprobs`,
+//! `return_tokens_as_token_ids`, stop strings, temperature, top-p, n, max_tokens, seed),
+//! `/v1/chat/completions` (the model's chat template), `/tokenize`, `/detokenize`, and
+//! `/v1/load_lora_adapter` (makes an adapter directory the served and trained policy under a
+//! name; the optimizer restarts on the new adapter's tensors).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use super::generate::{GenJob, GenParams, Sample};
+use super::{AppState, error};
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Ids(Vec<u32>),
+    Text(String),
+    Batch(Vec<Vec<u32>>),
+}
+
+fn default_one() -> f32 {
+    1.0
+}
+fn default_n() -> usize {
+    1
+}
+fn default_max() -> usize {
+    16
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionBody {
+    model: String,
+    prompt: Prompt,
+    #[serde(default = "default_max")]
+    max_tokens: usize,
+    #[serde(default = "default_one")]
+    temperature: f32,
+    #[serde(default = "default_one")]
+    top_p: f32,
+    #[serde(default = "default_n")]
+    n: usize,
+    #[serde(default)]
+    stop: Option<StopField>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    include_stop_str_in_output: bool,
+    #[serde(default = "yes")]
+    skip_special_tokens: bool,
+    #[serde(default)]
+    return_token_ids: bool,
+    #[serde(default)]
+    return_tokens_as_token_ids: bool,
+    #[serde(default)]
+    logprobs: Option<u32>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            StopField::One(s) => vec![s],
+            StopField::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatMessage {
+    role: String,
+    content: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatBody {
+    model: String,
+    messages: Vec<ChatMessage>,
+    #[serde(default = "default_max")]
+    max_tokens: usize,
+    #[serde(default = "default_one")]
+    temperature: f32,
+    #[serde(default = "default_one")]
+    top_p: f32,
+    #[serde(default = "default_n")]
+    n: usize,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: Option<StopField>,
+}
+
+const MAX_N: usize = 64;
+
+/// A request the API refuses, with its status.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error(self.status, self.message)
+    }
+}
+
+fn check_model(s: &AppState, model: &str) -> Result<(), ApiError> {
+    let names = s.served_names();
+    if names.iter().any(|n| n == model) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "model `{model}` is not served; served: {}",
+                names.join(", ")
+            ),
+        ))
+    }
+}
+
+fn check_params(s: &AppState, prompt_len: usize, p: &GenParams) -> Result<(), ApiError> {
+    let bad = |m: String| Err(ApiError::new(StatusCode::BAD_REQUEST, m));
+    if p.n == 0 || p.n > MAX_N {
+        return bad(format!("n = {} is out of range; allowed: 1..={MAX_N}", p.n));
+    }
+    if !((0.0..=100.0).contains(&p.temperature) && p.top_p > 0.0 && p.top_p <= 1.0) {
+        return bad(format!(
+            "temperature = {} (allowed 0..=100) or top_p = {} (allowed (0, 1]) out of range",
+            p.temperature, p.top_p
+        ));
+    }
+    if prompt_len == 0 {
+        return bad("empty prompt".into());
+    }
+    let vocab = s.tokenizer.get_vocab_size(true);
+    if prompt_len + p.max_tokens > s.cfg.max_model_len {
+        return bad(format!(
+            "prompt ({prompt_len} tokens) + max_tokens ({}) exceeds the context of {} tokens",
+            p.max_tokens, s.cfg.max_model_len
+        ));
+    }
+    let _ = vocab;
+    Ok(())
+}
+
+async fn run(s: &AppState, prompt: Vec<u32>, params: GenParams) -> Result<Vec<Sample>, ApiError> {
+    let vocab = s
+        .policy
+        .lock()
+        .map(|p| p.trainer.model.cfg.vocab_size)
+        .unwrap_or(0);
+    if let Some(t) = prompt.iter().find(|&&t| i64::from(t) >= vocab) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("token id {t} is out of range; the vocabulary has {vocab} ids"),
+        ));
+    }
+    let (tx, rx) = oneshot::channel();
+    s.gen_tx
+        .send(GenJob {
+            prompt,
+            params,
+            reply: tx,
+        })
+        .await
+        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "generation worker stopped"))?;
+    match rx.await {
+        Ok(Ok(samples)) => Ok(samples),
+        Ok(Err(e)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
+        Err(_) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "generation worker stopped",
+        )),
+    }
+}
+
+fn encode(s: &AppState, text: &str, special: bool) -> Result<Vec<u32>, ApiError> {
+    s.tokenizer
+        .encode(text, special)
+        .map(|e| e.get_ids().to_vec())
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("cannot tokenize: {e}")))
+}
+
+async fn completions(State(s): State<Arc<AppState>>, Json(b): Json<CompletionBody>) -> Response {
+    if let Err(r) = check_model(&s, &b.model) {
+        return r.into_response();
+    }
+    let prompt = match b.prompt {
+        Prompt::Ids(ids) => ids,
+        Prompt::Batch(mut v) if v.len() == 1 => v.remove(0),
+        Prompt::Batch(v) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "{} prompts in one request; send one prompt per request",
+                    v.len()
+                ),
+            );
+        }
+        Prompt::Text(t) => match encode(&s, &t, false) {
+            Ok(ids) => ids,
+            Err(r) => return r.into_response(),
+        },
+    };
+    let params = GenParams {
+        max_tokens: b.max_tokens,
+        temperature: b.temperature,
+        top_p: b.top_p,
+        n: b.n,
+        stop: b.stop.map(StopField::into_vec).unwrap_or_default(),
+        seed: b.seed,
+        include_stop_str_in_output: b.include_stop_str_in_output,
+        skip_special_tokens: b.skip_special_tokens,
+    };
+    if let Err(r) = check_params(&s, prompt.len(), &params) {
+        return r.into_response();
+    }
+    let n_prompt = prompt.len();
+    let samples = match run(&s, prompt, params).await {
+        Ok(x) => x,
+        Err(r) => return r.into_response(),
+    };
+    let mut completion_tokens = 0;
+    let choices: Vec<Value> = samples
+        .into_iter()
+        .enumerate()
+        .map(|(i, smp)| {
+            completion_tokens += smp.token_ids.len();
+            let mut c = json!({
+                "index": i, "text": smp.text, "finish_reason": smp.finish_reason,
+                "stop_reason": smp.stop_reason,
+            });
+            if b.return_token_ids {
+                c["token_ids"] = json!(smp.token_ids);
+            }
+            if b.logprobs.is_some() {
+                let tokens: Vec<String> = smp
+                    .token_ids
+                    .iter()
+                    .map(|t| {
+                        if b.return_tokens_as_token_ids {
+                            format!("token_id:{t}")
+                        } else {
+                            s.tokenizer.decode(&[*t], false).unwrap_or_default()
+                        }
+                    })
+                    .collect();
+                c["logprobs"] = json!({"tokens": tokens, "token_logprobs": smp.logprobs});
+            }
+            c
+        })
+        .collect();
+    Json(json!({
+        "id": format!("cmpl-{}", s.stats.generated_tokens.load(std::sync::atomic::Ordering::Relaxed)),
+        "object": "text_completion",
+        "model": b.model,
+        "choices": choices,
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": completion_tokens,
+                  "total_tokens": n_prompt + completion_tokens},
+    }))
+    .into_response()
+}
+
+fn render_chat(s: &AppState, messages: &[ChatMessage]) -> Result<String, ApiError> {
+    let Some(tmpl) = &s.chat_template else {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "the model directory has no chat template (tokenizer_config.json chat_template)",
+        ));
+    };
+    let mut env = minijinja::Environment::new();
+    minijinja_contrib::add_to_environment(&mut env);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    let msgs: Vec<Value> = messages
+        .iter()
+        .map(|m| json!({"role": m.role, "content": m.content}))
+        .collect();
+    env.template_from_str(tmpl)
+        .and_then(|t| {
+            t.render(minijinja::context! { messages => msgs, add_generation_prompt => true })
+        })
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("chat template: {e}")))
+}
+
+async fn chat(State(s): State<Arc<AppState>>, Json(b): Json<ChatBody>) -> Response {
+    if let Err(r) = check_model(&s, &b.model) {
+        return r.into_response();
+    }
+    let text = match render_chat(&s, &b.messages) {
+        Ok(t) => t,
+        Err(r) => return r.into_response(),
+    };
+    let prompt = match encode(&s, &text, false) {
+        Ok(p) => p,
+        Err(r) => return r.into_response(),
+    };
+    let params = GenParams {
+        max_tokens: b.max_tokens,
+        temperature: b.temperature,
+        top_p: b.top_p,
+        n: b.n,
+        stop: b.stop.map(StopField::into_vec).unwrap_or_default(),
+        seed: b.seed,
+        include_stop_str_in_output: false,
+        skip_special_tokens: true,
+    };
+    if let Err(r) = check_params(&s, prompt.len(), &params) {
+        return r.into_response();
+    }
+    let n_prompt = prompt.len();
+    let samples = match run(&s, prompt, params).await {
+        Ok(x) => x,
+        Err(r) => return r.into_response(),
+    };
+    let completion_tokens: usize = samples.iter().map(|x| x.token_ids.len()).sum();
+    let choices: Vec<Value> = samples
+        .into_iter()
+        .enumerate()
+        .map(|(i, smp)| {
+            json!({"index": i, "message": {"role": "assistant", "content": smp.text},
+                   "finish_reason": smp.finish_reason})
+        })
+        .collect();
+    Json(json!({
+        "id": "chatcmpl-trainer", "object": "chat.completion", "model": b.model,
+        "choices": choices,
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": completion_tokens,
+                  "total_tokens": n_prompt + completion_tokens},
+    }))
+    .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenizeBody {
+    prompt: String,
+    #[serde(default = "yes")]
+    add_special_tokens: bool,
+}
+
+async fn tokenize(State(s): State<Arc<AppState>>, Json(b): Json<TokenizeBody>) -> Response {
+    match encode(&s, &b.prompt, b.add_special_tokens) {
+        Ok(ids) => {
+            Json(json!({"tokens": ids, "count": ids.len(), "max_model_len": s.cfg.max_model_len}))
+                .into_response()
+        }
+        Err(r) => r.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct DetokenizeBody {
+    tokens: Vec<u32>,
+}
+
+async fn detokenize(State(s): State<Arc<AppState>>, Json(b): Json<DetokenizeBody>) -> Response {
+    match s.tokenizer.decode(&b.tokens, false) {
+        Ok(t) => Json(json!({"prompt": t})).into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, format!("cannot detokenize: {e}")),
+    }
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Response {
+    let data: Vec<Value> = s
+        .served_names()
+        .into_iter()
+        .map(|n| json!({"id": n, "object": "model", "owned_by": "trainer", "max_model_len": s.cfg.max_model_len}))
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct LoadLora {
+    lora_name: String,
+    lora_path: String,
+}
+
+async fn load_lora(State(s): State<Arc<AppState>>, Json(b): Json<LoadLora>) -> Response {
+    let st = s.clone();
+    let path = std::path::PathBuf::from(&b.lora_path);
+    let res = tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
+        let mut p = st
+            .policy
+            .lock()
+            .map_err(|_| crate::TrainerError::Config("policy lock poisoned".into()))?;
+        let cfg = crate::model::lora::load_adapter(&mut p.trainer.model, &path)?;
+        // The optimizer held the previous adapter's tensors: start it afresh on the new ones.
+        let params = p.trainer.model.trainable();
+        p.trainer.opt = crate::optim::AdamW::new(params, p.trainer.cfg.optim.clone());
+        p.lora = Some(cfg);
+        Ok(())
+    })
+    .await;
+    match res {
+        Ok(Ok(())) => {
+            s.add_alias(b.lora_name.clone(), 8);
+            Json(json!({"loaded": b.lora_name})).into_response()
+        }
+        Ok(Err(e)) => error(
+            StatusCode::BAD_REQUEST,
+            format!("cannot load {}: {e}", b.lora_path),
+        ),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+pub(super) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/v1/load_lora_adapter", post(load_lora))
+}

@@ -1,0 +1,541 @@
+//! `trainer serve` on CPU with a tiny model created here: generation through the orchestrator's
+//! own client (feature detection passes; token ids and logprobs equal the trainer's forward to
+//! 1e-4); train steps over HTTP with the wire batch move log-probs by the sign of the advantage,
+//! and a concurrent step gets 409; publishing to a fake vLLM records exactly the load and unload
+//! calls, keeps the previous version on failure, and never leaves a partial directory;
+//! checkpoint + restart continues with parameters identical to a run that never stopped.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use trainer::model::Fwd;
+use trainer::publish::{PublishConfig, PublishTarget, Publisher, ServerKind};
+use trainer::service::{AppState, ServeConfig, load};
+
+fn tiny_config() -> serde_json::Value {
+    serde_json::json!({
+        "vocab_size": 0, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 512, "rope_theta": 10000.0, "tie_word_embeddings": true
+    })
+}
+
+/// Tokenizer + random tiny Qwen3 in HF layout.
+fn model_dir(tmp: &Path) -> PathBuf {
+    let corpus = tmp.join("corpus.jsonl");
+    let mut lines = String::new();
+    for i in 0..200 {
+        lines.push_str(
+            &serde_json::json!({"text": format!("gene TN{i} binds receptor {i}; <answer>yes</answer> study {i} in yeast")})
+                .to_string(),
+        );
+        lines.push('\n');
+    }
+    std::fs::write(&corpus, lines).unwrap();
+    let tok = tmp.join("tok");
+    trainer::smallmodel::train_tokenizer(&corpus, 300, &tok).unwrap();
+    let cfg = tmp.join("config.json");
+    std::fs::write(&cfg, tiny_config().to_string()).unwrap();
+    let out = tmp.join("model");
+    trainer::smallmodel::init_model(&cfg, &tok, &out, 3).unwrap();
+    out
+}
+
+fn lora() -> trainer::model::LoraConfig {
+    trainer::model::LoraConfig {
+        r: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        targets: trainer::model::LoraTarget::ALL.to_vec(),
+    }
+}
+
+struct Server {
+    url: String,
+    state: Arc<AppState>,
+}
+
+async fn start(
+    dir: &Path,
+    lora: Option<trainer::model::LoraConfig>,
+    ckpt: Option<PathBuf>,
+    resume: bool,
+    publisher: Option<Publisher>,
+) -> Server {
+    let mut train = trainer::train::TrainConfig::default();
+    train.optim.lr = 0.05;
+    train.optim.max_grad_norm = 0.0;
+    train.loss.kl_coef = 0.0;
+    let loaded = load::load(&load::LoadOptions {
+        model_dir: dir.to_path_buf(),
+        lora,
+        train,
+        device: tch::Device::Cpu,
+        seed: 11,
+        resume_from: if resume { ckpt.clone() } else { None },
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = AppState::new(
+        loaded.policy,
+        loaded.tokenizer,
+        loaded.chat_template,
+        loaded.eos,
+        ServeConfig {
+            bind: addr,
+            served_name: "policy".into(),
+            checkpoint_dir: ckpt,
+            checkpoint_every: 0,
+            max_body_bytes: 64 << 20,
+            max_model_len: loaded.max_model_len,
+        },
+        publisher,
+    );
+    let app = trainer::service::router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Server {
+        url: format!("http://{addr}"),
+        state,
+    }
+}
+
+fn orchestrator_client(url: &str) -> orchestrator::llm::LlmClient {
+    let pool = orchestrator::llm::EndpointPool::new(
+        orchestrator::llm::Role::Policy,
+        "policy",
+        &[url.to_string()],
+        64,
+        Duration::from_secs(60),
+        3,
+    );
+    orchestrator::llm::LlmClient::new(
+        orchestrator::llm::build_http(Duration::from_secs(5)).unwrap(),
+        Arc::new(pool),
+        orchestrator::llm::RetryPolicy::none(),
+    )
+}
+
+/// The trainer's own per-token log-probs of `tokens` (entry t is log p(tokens[t] | prefix)).
+fn forward_logprobs(s: &Server, tokens: &[u32]) -> Vec<f32> {
+    let p = s.state.policy.lock().unwrap();
+    let seq: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+    p.trainer.logprobs(&[seq], Fwd::POLICY).remove(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generation_through_the_orchestrator_client_matches_the_forward_pass() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path());
+    let s = start(&dir, Some(lora()), None, false, None).await;
+    let client = orchestrator_client(&s.url);
+    let features = orchestrator::llm::detect_all(&client, orchestrator::llm::Role::Policy)
+        .await
+        .unwrap();
+    let f = &features[0];
+    assert!(f.tokenize && f.token_id_prompts && f.return_token_ids && f.logprobs);
+    assert!(f.models.contains(&"policy".to_string()));
+    assert_eq!(
+        f.version.as_deref(),
+        Some(concat!("trainer-serve ", env!("CARGO_PKG_VERSION")))
+    );
+
+    let prompt = client
+        .tokenize(None, "gene TN5 binds receptor")
+        .await
+        .unwrap();
+    assert!(!prompt.is_empty());
+    let mut req = orchestrator::llm::CompletionRequest::new("policy", prompt.clone(), 24);
+    req.seed = Some(7);
+    req.n = 3;
+    let (c, _) = client.complete("s1", &req).await.unwrap();
+    assert_eq!(c.choices.len(), 3);
+    for ch in &c.choices {
+        assert!(!ch.token_ids.is_empty() && ch.token_ids.len() <= 24);
+        assert_eq!(ch.logprobs.len(), ch.token_ids.len());
+        let mut all = prompt.clone();
+        all.extend(&ch.token_ids);
+        let want = forward_logprobs(&s, &all);
+        for (i, lp) in ch.logprobs.iter().enumerate() {
+            let w = want[prompt.len() + i];
+            assert!(
+                (lp - w).abs() < 1e-4,
+                "token {i}: served {lp} vs forward {w}"
+            );
+        }
+    }
+    // Seeded requests are reproducible whatever runs beside them.
+    let (again, _) = client.complete("s2", &req).await.unwrap();
+    assert_eq!(again.choices[0].token_ids, c.choices[0].token_ids);
+    // Greedy decoding follows the argmax of the forward pass.
+    let mut greedy = orchestrator::llm::CompletionRequest::new("policy", prompt.clone(), 5);
+    greedy.temperature = 0.0;
+    let (g, _) = client.complete("s3", &greedy).await.unwrap();
+    {
+        let p = s.state.policy.lock().unwrap();
+        let mut ctx: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
+        for &t in &g.choices[0].token_ids {
+            let ids = tch::Tensor::from_slice(&ctx).view([1, -1]);
+            let logits = p.trainer.model.logits(&ids, Fwd::POLICY);
+            let arg = logits
+                .select(1, ctx.len() as i64 - 1)
+                .argmax(-1, false)
+                .int64_value(&[0]);
+            assert_eq!(arg, i64::from(t));
+            ctx.push(arg);
+        }
+    }
+    // Detokenize and chat answer; an unknown model and a bad n are refused by name.
+    let text = client.detokenize(&prompt).await.unwrap();
+    assert!(text.contains("TN5"), "{text}");
+    let http = trainer::publish::http_client();
+    let chat: serde_json::Value = http
+        .post(format!("{}/v1/chat/completions", s.url))
+        .json(&serde_json::json!({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(chat["choices"][0]["message"]["role"], "assistant");
+    let r = http
+        .post(format!("{}/v1/completions", s.url))
+        .json(&serde_json::json!({"model": "nope", "prompt": [1, 2]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = http
+        .post(format!("{}/v1/completions", s.url))
+        .json(&serde_json::json!({"model": "policy", "prompt": [1, 2], "n": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("n = 1000"));
+}
+
+/// A batch where sequence i gets advantage `adv[i]` on its last 8 tokens; behaviour logprobs
+/// are the current policy's, so every ratio starts at 1.
+fn batch(s: &Server, seqs: &[Vec<u32>], adv: &[f32]) -> wire::Batch {
+    wire::Batch {
+        policy_version: 0,
+        rl: true,
+        seqs: seqs
+            .iter()
+            .zip(adv)
+            .enumerate()
+            .map(|(i, (t, a))| {
+                let n = t.len();
+                let lp = forward_logprobs(s, t);
+                wire::WireSequence {
+                    tokens: t.clone(),
+                    loss_mask: (0..n).map(|k| k >= n - 8).collect(),
+                    stages: (0..n).map(|k| if k >= n - 8 { 3 } else { -1 }).collect(),
+                    behaviour_logprobs: lp,
+                    advantages: vec![*a],
+                    group_id: i as u32,
+                    policy_version: 0,
+                }
+            })
+            .collect(),
+    }
+}
+
+fn masked_mean(lp: &[f32]) -> f32 {
+    lp[lp.len() - 8..].iter().sum::<f32>() / 8.0
+}
+
+async fn post_batch(url: &str, b: &wire::Batch) -> reqwest::Response {
+    trainer::publish::http_client()
+        .post(format!("{url}/v1/train_step"))
+        .body(b.encode().unwrap())
+        .send()
+        .await
+        .unwrap()
+}
+
+fn seqs(n: usize, len: usize) -> Vec<Vec<u32>> {
+    (0..n)
+        .map(|i| {
+            (0..len)
+                .map(|k| ((i * 31 + k * 7) % 250 + 5) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn train_steps_over_http_follow_the_advantage_sign_and_refuse_concurrency() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path());
+    let s = start(&dir, Some(lora()), None, false, None).await;
+    let xs = seqs(2, 24);
+    let before: Vec<f32> = xs
+        .iter()
+        .map(|t| masked_mean(&forward_logprobs(&s, t)))
+        .collect();
+    let r = post_batch(&s.url, &batch(&s, &xs, &[1.0, -1.0])).await;
+    assert_eq!(r.status(), 200);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["policy_version"], 1);
+    assert!(body["metrics"]["tokens"].as_i64().unwrap() > 0);
+    let after: Vec<f32> = xs
+        .iter()
+        .map(|t| masked_mean(&forward_logprobs(&s, t)))
+        .collect();
+    assert!(
+        after[0] > before[0],
+        "positive advantage raised: {before:?} -> {after:?}"
+    );
+    assert!(
+        after[1] < before[1],
+        "negative advantage lowered: {before:?} -> {after:?}"
+    );
+
+    // Two steps at once: exactly one runs, the other gets 409.
+    let big = batch(&s, &seqs(24, 200), &[0.5; 24]);
+    let (a, b) = tokio::join!(post_batch(&s.url, &big), post_batch(&s.url, &big));
+    let mut codes = [a.status().as_u16(), b.status().as_u16()];
+    codes.sort();
+    assert_eq!(codes, [200, 409]);
+
+    // Garbage bodies are a 400 naming the problem; the version did not move.
+    let r = trainer::publish::http_client()
+        .post(format!("{}/v1/train_step", s.url))
+        .body(vec![1u8; 40])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("bad magic"));
+    let st: serde_json::Value = reqwest::get(format!("{}/v1/state", s.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(st["policy_version"], 2);
+    assert_eq!(st["mode"], "lora");
+}
+
+#[derive(Default)]
+struct FakeVllm {
+    calls: Mutex<Vec<(String, serde_json::Value)>>,
+    fail_loads_from: Mutex<Option<String>>,
+}
+
+async fn fake_vllm() -> (String, Arc<FakeVllm>) {
+    let st = Arc::new(FakeVllm::default());
+    async fn load(State(s): State<Arc<FakeVllm>>, Json(b): Json<serde_json::Value>) -> StatusCode {
+        let name = b["lora_name"].as_str().unwrap_or("").to_string();
+        let path = PathBuf::from(b["lora_path"].as_str().unwrap_or(""));
+        // vLLM reads the directory when asked: it must be complete.
+        assert!(path.join("adapter_model.safetensors").exists());
+        assert!(path.join("adapter_config.json").exists());
+        s.calls.lock().unwrap().push(("load".into(), b));
+        if s.fail_loads_from.lock().unwrap().as_deref() == Some(name.as_str()) {
+            return StatusCode::INTERNAL_SERVER_ERROR;
+        }
+        StatusCode::OK
+    }
+    async fn unload(
+        State(s): State<Arc<FakeVllm>>,
+        Json(b): Json<serde_json::Value>,
+    ) -> StatusCode {
+        s.calls.lock().unwrap().push(("unload".into(), b));
+        StatusCode::OK
+    }
+    let app = axum::Router::new()
+        .route("/v1/load_lora_adapter", post(load))
+        .route("/v1/unload_lora_adapter", post(unload))
+        .with_state(st.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), st)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_records_exact_calls_and_keeps_the_previous_version_on_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path());
+    let (vurl, fake) = fake_vllm().await;
+    let root = tmp.path().join("published");
+    std::fs::create_dir_all(&root).unwrap();
+    let root = std::fs::canonicalize(&root).unwrap();
+    let publisher = Publisher::new(PublishConfig {
+        root: root.clone(),
+        name: "pol".into(),
+        window: 2,
+        retries: 0,
+        targets: vec![PublishTarget {
+            url: vurl,
+            kind: ServerKind::Vllm,
+        }],
+        lora: true,
+    });
+    let s = start(&dir, Some(lora()), None, false, Some(publisher)).await;
+    let xs = seqs(2, 20);
+    for v in 1..=3 {
+        let r: serde_json::Value = post_batch(&s.url, &batch(&s, &xs, &[1.0, -1.0]))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r["published"]["name"], format!("pol-v{v}"));
+        assert_eq!(r["published"]["failed"].as_array().unwrap().len(), 0);
+    }
+    let calls = fake.calls.lock().unwrap().clone();
+    let seen: Vec<(String, String, Option<String>)> = calls
+        .iter()
+        .map(|(k, b)| {
+            (
+                k.clone(),
+                b["lora_name"].as_str().unwrap().to_string(),
+                b["lora_path"].as_str().map(str::to_string),
+            )
+        })
+        .collect();
+    let path = |v: i64| Some(root.join(format!("pol-v{v}")).display().to_string());
+    assert_eq!(
+        seen,
+        vec![
+            ("load".into(), "pol-v1".into(), path(1)),
+            ("load".into(), "pol-v2".into(), path(2)),
+            ("load".into(), "pol-v3".into(), path(3)),
+            ("unload".into(), "pol-v1".into(), None),
+        ]
+    );
+    assert!(
+        !root.join("pol-v1").exists(),
+        "unloaded versions are removed"
+    );
+    assert!(root.join("pol-v3/adapter_model.safetensors").exists());
+    // The served names follow the window.
+    let models: serde_json::Value = reqwest::get(format!("{}/v1/models", s.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["policy", "pol-v2", "pol-v3"]);
+
+    // A failed load is reported; nothing is unloaded, v2 and v3 stay.
+    *fake.fail_loads_from.lock().unwrap() = Some("pol-v4".into());
+    let r: serde_json::Value = post_batch(&s.url, &batch(&s, &xs, &[1.0, -1.0]))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["published"]["failed"].as_array().unwrap().len(), 1);
+    assert!(
+        r["published"]["failed"][0][1]
+            .as_str()
+            .unwrap()
+            .contains("500")
+    );
+    let calls = fake.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 5, "one failed load, no unload");
+    assert!(root.join("pol-v2").exists() && root.join("pol-v3").exists());
+}
+
+#[test]
+fn a_crash_mid_write_never_leaves_a_published_directory_incomplete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("pol-v7");
+    // The writer dies half-way: nothing appears under the final name, no temporary remains.
+    let e = trainer::checkpoint::write_dir_atomically(&dst, |d| {
+        std::fs::write(d.join("adapter_model.safetensors"), b"half").unwrap();
+        Err(trainer::TrainerError::Config("killed".into()))
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("killed"));
+    assert!(!dst.exists());
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    // A process killed outright leaves its temporary; start-up cleaning removes it, and the
+    // final name never existed.
+    std::fs::create_dir_all(tmp.path().join(".pol-v8.tmp-4242")).unwrap();
+    assert_eq!(trainer::checkpoint::clean_partial(tmp.path()), 1);
+    assert!(!tmp.path().join("pol-v8").exists());
+    // Replacing an existing directory swaps it whole.
+    trainer::checkpoint::write_dir_atomically(&dst, |d| {
+        std::fs::write(d.join("a"), b"1").map_err(trainer::TrainerError::io(d))
+    })
+    .unwrap();
+    trainer::checkpoint::write_dir_atomically(&dst, |d| {
+        std::fs::write(d.join("b"), b"2").map_err(trainer::TrainerError::io(d))
+    })
+    .unwrap();
+    assert!(!dst.join("a").exists() && dst.join("b").exists());
+}
+
+fn lora_params(s: &Server) -> Vec<(String, Vec<f32>)> {
+    let p = s.state.policy.lock().unwrap();
+    p.trainer
+        .model
+        .lora_tensors()
+        .into_iter()
+        .map(|(n, t)| (n, Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_restart_next_step_equals_a_run_that_never_stopped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path());
+    let xs = seqs(3, 20);
+    let adv = [1.0, -0.5, 0.25];
+
+    // A run that never stops: three steps.
+    let straight = start(&dir, Some(lora()), None, false, None).await;
+    let batches: Vec<wire::Batch> = vec![batch(&straight, &xs, &adv); 3];
+    for b in &batches {
+        assert_eq!(post_batch(&straight.url, b).await.status(), 200);
+    }
+    let want = lora_params(&straight);
+
+    // Two steps, checkpoint, "crash", restart from the checkpoint, third step.
+    let ck = tmp.path().join("ckpt");
+    let first = start(&dir, Some(lora()), Some(ck.clone()), false, None).await;
+    for b in &batches[..2] {
+        assert_eq!(post_batch(&first.url, b).await.status(), 200);
+    }
+    let r = trainer::publish::http_client()
+        .post(format!("{}/v1/checkpoint", first.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    drop(first);
+    let second = start(&dir, Some(lora()), Some(ck.clone()), true, None).await;
+    {
+        let p = second.state.policy.lock().unwrap();
+        assert_eq!((p.version, p.trainer.opt.step), (2, 2));
+    }
+    let r: serde_json::Value = post_batch(&second.url, &batches[2])
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["policy_version"], 3);
+    let got = lora_params(&second);
+    assert_eq!(got.len(), want.len());
+    for ((n, a), (_, b)) in got.iter().zip(&want) {
+        assert_eq!(a, b, "{n} differs after restart");
+    }
+}

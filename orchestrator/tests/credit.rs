@@ -47,9 +47,11 @@ proptest! {
             let n = col.len() as f64;
             let mean = col.iter().sum::<f64>() / n;
             prop_assert!(mean.abs() < 1e-9);
-            if g.std[k] > 1e-6 {
+            if g.std[k] > 0.0 {
+                // (G - mean) / (std + ε) has variance exactly (std / (std + ε))²: 1 up to ε/std.
                 let var = col.iter().map(|a| a * a).sum::<f64>() / n;
-                prop_assert!((var - 1.0).abs() < 1e-4, "stage {} var {}", k, var);
+                let want = (g.std[k] / (g.std[k] + orchestrator::credit::EPS)).powi(2);
+                prop_assert!((var - want).abs() < 1e-9, "stage {} var {} want {}", k, var, want);
             } else if g.std[k] == 0.0 {
                 prop_assert!(col.iter().all(|a| *a == 0.0));
             }

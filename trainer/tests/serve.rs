@@ -539,3 +539,45 @@ async fn checkpoint_restart_next_step_equals_a_run_that_never_stopped() {
         assert_eq!(a, b, "{n} differs after restart");
     }
 }
+
+#[test]
+fn batched_decode_equals_one_sequence_at_a_time() {
+    let cfg: trainer::model::Qwen3Config = serde_json::from_value(serde_json::json!({
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 128, "rope_theta": 10000.0, "tie_word_embeddings": false
+    }))
+    .unwrap();
+    let m = trainer::model::Qwen3::random(cfg, 5, 0.3, tch::Device::Cpu, tch::Kind::Float).unwrap();
+    let prompts: Vec<Vec<i64>> = vec![vec![1, 2, 3], vec![4, 5, 6, 7, 8, 9, 10], vec![11]];
+    let prefill = |c: &mut trainer::model::KvCache, p: &[i64]| {
+        m.forward_cached(&tch::Tensor::from_slice(p).view([1, -1]), c, Fwd::POLICY)
+    };
+    let mut one: Vec<trainer::model::KvCache> = Vec::new();
+    let mut many: Vec<trainer::model::KvCache> = Vec::new();
+    for p in &prompts {
+        let mut a = trainer::model::KvCache::new(2);
+        let mut b = trainer::model::KvCache::new(2);
+        prefill(&mut a, p);
+        prefill(&mut b, p);
+        one.push(a);
+        many.push(b);
+    }
+    for step in 0..4i64 {
+        let toks: Vec<i64> = (0..3).map(|i| (step * 13 + i * 7) % 64).collect();
+        let batched = tch::no_grad(|| m.decode_step(&toks, &mut many, Fwd::POLICY));
+        for (i, t) in toks.iter().enumerate() {
+            let single = m.forward_cached(
+                &tch::Tensor::from_slice(&[*t]).view([1, 1]),
+                &mut one[i],
+                Fwd::POLICY,
+            );
+            let diff = (batched.get(i as i64) - single.view([-1]))
+                .abs()
+                .max()
+                .double_value(&[]);
+            assert!(diff < 1e-5, "step {step} row {i}: {diff}");
+            assert_eq!(many[i].seq_len(), one[i].seq_len());
+        }
+    }
+}

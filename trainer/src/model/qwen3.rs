@@ -127,6 +127,25 @@ impl Rope {
         let rot = Tensor::cat(&[-x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1);
         x * cos + rot * sin
     }
+
+    /// x: [B, heads, 1, d]; row i is at position `pos[i]`.
+    pub fn apply_rows(&self, x: &Tensor, pos: &Tensor) -> Tensor {
+        let d = x.size()[3];
+        let b = x.size()[0];
+        let cos = self
+            .cos
+            .index_select(0, pos)
+            .to_kind(x.kind())
+            .view([b, 1, 1, d]);
+        let sin = self
+            .sin
+            .index_select(0, pos)
+            .to_kind(x.kind())
+            .view([b, 1, 1, d]);
+        let half = d / 2;
+        let rot = Tensor::cat(&[-x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1);
+        x * cos + rot * sin
+    }
 }
 
 /// One layer's cached keys and values, [B, kv_heads, T, d].
@@ -678,6 +697,104 @@ impl Qwen3 {
         rms_norm(&xs, &self.norm, self.cfg.rms_norm_eps)
             .matmul(&self.lm_weight().tr())
             .to_kind(Kind::Float)
+    }
+
+    /// One decoding step for several sequences at once, each with its own cache (of any length):
+    /// `ids[i]` is sequence i's next token. Projections and MLPs run batched; attention reads
+    /// each row's keys padded to the longest cache with a mask, and RoPE uses each row's own
+    /// position. Returns logits [B, V] (f32) and appends to every cache.
+    pub fn decode_step(&self, ids: &[i64], caches: &mut [KvCache], f: Fwd) -> Tensor {
+        let b = ids.len() as i64;
+        for c in caches.iter_mut() {
+            if c.layers.len() != self.layers.len() {
+                *c = KvCache::new(self.layers.len());
+            }
+        }
+        let lens: Vec<i64> = caches.iter().map(KvCache::seq_len).collect();
+        let lmax = lens.iter().copied().max().unwrap_or(0);
+        let pos = Tensor::from_slice(&lens).to_device(self.device);
+        // Key j of row i is valid when j <= len_i (its past plus the new token at slot len_i).
+        let kj = Tensor::arange(lmax + 1, (Kind::Int64, self.device)).unsqueeze(0);
+        let mask = kj.le_tensor(&pos.unsqueeze(1)).view([b, 1, 1, lmax + 1]);
+        let ids_t = Tensor::from_slice(ids).view([b, 1]).to_device(self.device);
+        let mut xs = self.embed(&ids_t);
+        let eps = self.cfg.rms_norm_eps;
+        for l in 0..self.layers.len() {
+            let layer = &self.layers[l];
+            let h = rms_norm(&xs, &layer.input_layernorm, eps);
+            let h = self.attention_rows(&layer.self_attn, &h, &pos, &mask, lmax, caches, l, f);
+            xs = xs + h;
+            let h = rms_norm(&xs, &layer.post_attention_layernorm, eps);
+            let m = &layer.mlp;
+            let h = m.down_proj.forward(
+                &(m.gate_proj.forward(&h, f).silu() * m.up_proj.forward(&h, f)),
+                f,
+            );
+            xs = xs + h;
+        }
+        rms_norm(&xs, &self.norm, self.cfg.rms_norm_eps)
+            .matmul(&self.lm_weight().tr())
+            .to_kind(Kind::Float)
+            .view([b, -1])
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention_rows(
+        &self,
+        a: &Attention,
+        xs: &Tensor,
+        pos: &Tensor,
+        mask: &Tensor,
+        lmax: i64,
+        caches: &mut [KvCache],
+        l: usize,
+        f: Fwd,
+    ) -> Tensor {
+        let b = xs.size()[0];
+        let (nh, nkv, d) = (
+            self.cfg.num_attention_heads,
+            self.cfg.num_key_value_heads,
+            self.cfg.head_dim(),
+        );
+        let eps = self.cfg.rms_norm_eps;
+        let q = a.q_proj.forward(xs, f).view([b, 1, nh, d]);
+        let k = a.k_proj.forward(xs, f).view([b, 1, nkv, d]);
+        let v = a.v_proj.forward(xs, f).view([b, 1, nkv, d]).transpose(1, 2);
+        let q = self
+            .rope
+            .apply_rows(&rms_norm(&q, &a.q_norm, eps).transpose(1, 2), pos);
+        let k = self
+            .rope
+            .apply_rows(&rms_norm(&k, &a.k_norm, eps).transpose(1, 2), pos);
+        // Per row: append the new key/value to its cache, then pad to lmax + 1 for the batch.
+        let mut ks = Vec::with_capacity(b as usize);
+        let mut vs = Vec::with_capacity(b as usize);
+        for (i, c) in caches.iter_mut().enumerate() {
+            let i = i as i64;
+            let (kr, vr) = c.layers[l].append(&k.narrow(0, i, 1), &v.narrow(0, i, 1));
+            let pad = lmax + 1 - kr.size()[2];
+            if pad > 0 {
+                ks.push(kr.constant_pad_nd([0, 0, 0, pad]));
+                vs.push(vr.constant_pad_nd([0, 0, 0, pad]));
+            } else {
+                ks.push(kr);
+                vs.push(vr);
+            }
+        }
+        let k = Tensor::cat(&ks, 0);
+        let v = Tensor::cat(&vs, 0);
+        let y = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            Some(mask.shallow_clone()),
+            0.0,
+            false,
+            None,
+            true,
+        );
+        a.o_proj
+            .forward(&y.transpose(1, 2).reshape([b, 1, nh * d]), f)
     }
 
     /// Save the base weights (HF names) and config.json into `dir`.

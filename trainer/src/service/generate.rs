@@ -1,6 +1,8 @@
 //! Generation for the embedded policy server: one worker thread owns every in-flight sequence
-//! (its KV cache, sampler and stop state) and advances all of them a token per round, taking the
-//! policy's read lock per round so a train step can slip in between tokens. Logprobs are the
+//! (its KV cache, sampler and stop state) and advances all of them a token per round in one
+//! batched forward (`Qwen3::decode_step`: batched projections and MLPs, per-row RoPE positions,
+//! masked attention over each row's own cache), taking the policy lock per round so a train
+//! step can slip in between tokens. Logprobs are the
 //! model's raw log-softmax of the sampled token (vLLM's default `raw_logprobs`), so they equal
 //! the trainer's own log-probs of the same tokens. Sampling runs in Rust on a per-sequence
 //! seeded generator, so a request with a seed is reproducible whatever else is in flight.
@@ -26,6 +28,8 @@ pub struct GenParams {
     pub seed: Option<u64>,
     pub include_stop_str_in_output: bool,
     pub skip_special_tokens: bool,
+    /// Keep generating past end-of-sequence tokens (benchmarks).
+    pub ignore_eos: bool,
 }
 
 /// One finished sample.
@@ -207,11 +211,14 @@ pub fn run_worker(
         }
         stats.running.store(seqs.len(), Relaxed);
 
-        // One token for every running sequence.
+        // One token for every running sequence: sample from its last logits, then advance all
+        // that continue in one batched forward.
         {
-            let Ok(p) = policy.lock() else { return };
-            for s in seqs.iter_mut() {
+            let mut cont: Vec<usize> = Vec::new();
+            let mut toks: Vec<i64> = Vec::new();
+            for (i, s) in seqs.iter_mut().enumerate() {
                 let Some(Some(job)) = jobs.get(s.job) else {
+                    s.done = Some(("abort", None));
                     continue;
                 };
                 if job.reply.as_ref().is_none_or(|r| r.is_closed()) {
@@ -223,22 +230,34 @@ pub fn run_worker(
                 s.ids.push(tok);
                 s.logprobs.push(lp);
                 stats.generated_tokens.fetch_add(1, Relaxed);
-                if eos.contains(&tok) {
+                if !prm.ignore_eos && eos.contains(&tok) {
                     s.done = Some(("stop", Some(serde_json::json!(tok))));
                 } else if let Some(stop) = stop_hit(&tokenizer, &s.ids, &prm.stop) {
                     s.done = Some(("stop", Some(serde_json::json!(stop))));
                 } else if s.ids.len() >= prm.max_tokens {
                     s.done = Some(("length", None));
                 } else {
-                    let logits = tch::no_grad(|| {
-                        let ids = Tensor::from_slice(&[i64::from(tok)])
-                            .view([1, 1])
-                            .to_device(p.trainer.model.device);
-                        p.trainer
-                            .model
-                            .forward_cached(&ids, &mut s.cache, Fwd::POLICY)
-                    });
-                    s.next = last_logits(&logits);
+                    cont.push(i);
+                    toks.push(i64::from(tok));
+                }
+            }
+            if !cont.is_empty() {
+                let mut caches: Vec<KvCache> = cont
+                    .iter()
+                    .map(|&i| std::mem::take(&mut seqs[i].cache))
+                    .collect();
+                let rows = {
+                    let Ok(p) = policy.lock() else { return };
+                    tch::no_grad(|| p.trainer.model.decode_step(&toks, &mut caches, Fwd::POLICY))
+                };
+                let v = rows.size()[1] as usize;
+                let flat = Vec::<f32>::try_from(rows.view([-1])).unwrap_or_default();
+                for (j, (&i, c)) in cont.iter().zip(caches).enumerate() {
+                    seqs[i].cache = c;
+                    seqs[i].next = flat
+                        .get(j * v..(j + 1) * v)
+                        .map(<[f32]>::to_vec)
+                        .unwrap_or_default();
                 }
             }
         }

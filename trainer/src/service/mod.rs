@@ -1,6 +1,7 @@
 //! `trainer serve`: the long-lived trainer process. One policy (model + optimizer) behind a
 //! read/write lock: train steps take it for writing (one at a time; a concurrent one gets 409),
-//! generation reads it between tokens. Routes: `POST /v1/train_step` (the `wire` batch),
+//! generation reads it between tokens. Routes: `POST /v1/train_step` (the `wire` batch;
+//! `?dry_run=true` only decodes and validates it),
 //! `POST /v1/checkpoint`, `GET /v1/state`, `GET /health`, `GET /version`, `GET /metrics`, and the
 //! OpenAI-compatible generation API (`/v1/models`, `/v1/completions`, `/v1/chat/completions`,
 //! `/tokenize`, `/detokenize`, `/v1/load_lora_adapter`). Binds to loopback unless told otherwise.
@@ -175,7 +176,48 @@ impl AppState {
     }
 }
 
-async fn train_step(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+#[derive(Debug, Default, Deserialize)]
+struct TrainQuery {
+    /// Decode and validate the batch, but do not train (clients check batches; benchmarks time
+    /// the handoff).
+    #[serde(default)]
+    dry_run: bool,
+}
+
+async fn train_step(
+    State(s): State<Arc<AppState>>,
+    axum::extract::Query(q): axum::extract::Query<TrainQuery>,
+    body: Bytes,
+) -> Response {
+    if q.dry_run {
+        let t0 = std::time::Instant::now();
+        let batch = match wire::Batch::decode(&body) {
+            Ok(b) => b,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("train batch rejected: {e}"),
+                );
+            }
+        };
+        let rl = batch.rl;
+        let seqs = to_sequences(batch);
+        let vocab = match s.policy.lock() {
+            Ok(p) => p.trainer.model.cfg.vocab_size,
+            Err(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "policy lock poisoned"),
+        };
+        for (i, sq) in seqs.iter().enumerate() {
+            if let Err(e) = sq.validate(i, vocab, rl) {
+                return error(StatusCode::BAD_REQUEST, e.to_string());
+            }
+        }
+        return axum::Json(serde_json::json!({
+            "sequences": seqs.len(),
+            "tokens": seqs.iter().map(|x| x.tokens.len()).sum::<usize>(),
+            "decode_seconds": t0.elapsed().as_secs_f64(),
+        }))
+        .into_response();
+    }
     let Ok(_guard) = s.training.try_lock() else {
         return error(
             StatusCode::CONFLICT,

@@ -64,6 +64,8 @@ struct CompletionBody {
     return_tokens_as_token_ids: bool,
     #[serde(default)]
     logprobs: Option<u32>,
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 fn yes() -> bool {
@@ -242,6 +244,7 @@ async fn completions(State(s): State<Arc<AppState>>, Json(b): Json<CompletionBod
         seed: b.seed,
         include_stop_str_in_output: b.include_stop_str_in_output,
         skip_special_tokens: b.skip_special_tokens,
+        ignore_eos: b.ignore_eos,
     };
     if let Err(r) = check_params(&s, prompt.len(), &params) {
         return r.into_response();
@@ -334,6 +337,7 @@ async fn chat(State(s): State<Arc<AppState>>, Json(b): Json<ChatBody>) -> Respon
         seed: b.seed,
         include_stop_str_in_output: false,
         skip_special_tokens: true,
+        ignore_eos: false,
     };
     if let Err(r) = check_params(&s, prompt.len(), &params) {
         return r.into_response();

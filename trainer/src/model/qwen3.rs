@@ -723,14 +723,14 @@ impl Qwen3 {
             let layer = &self.layers[l];
             let h = rms_norm(&xs, &layer.input_layernorm, eps);
             let h = self.attention_rows(&layer.self_attn, &h, &pos, &mask, lmax, caches, l, f);
-            xs = xs + h;
+            xs += h;
             let h = rms_norm(&xs, &layer.post_attention_layernorm, eps);
             let m = &layer.mlp;
             let h = m.down_proj.forward(
                 &(m.gate_proj.forward(&h, f).silu() * m.up_proj.forward(&h, f)),
                 f,
             );
-            xs = xs + h;
+            xs += h;
         }
         rms_norm(&xs, &self.norm, self.cfg.rms_norm_eps)
             .matmul(&self.lm_weight().tr())

@@ -558,8 +558,8 @@ fn batched_decode_equals_one_sequence_at_a_time() {
     for p in &prompts {
         let mut a = trainer::model::KvCache::new(2);
         let mut b = trainer::model::KvCache::new(2);
-        prefill(&mut a, p);
-        prefill(&mut b, p);
+        let _ = prefill(&mut a, p);
+        let _ = prefill(&mut b, p);
         one.push(a);
         many.push(b);
     }

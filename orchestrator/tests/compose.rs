@@ -216,11 +216,9 @@ fn vllm_servers_are_configured_for_rl() {
         s["vllm-policy"]["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"],
         "True"
     );
-    let trainer: Vec<String> = s["trainer"]["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect();
-    assert!(trainer.contains(&format!("--port={}", ports(&s["trainer"])[0].2)));
+    // `trainer serve` listens where the published port points (TRAINER_BIND = --bind).
+    assert_eq!(s["trainer"]["command"][0], "serve");
+    let bind = s["trainer"]["environment"]["TRAINER_BIND"].as_str().unwrap();
+    assert_eq!(bind, format!("0.0.0.0:{}", ports(&s["trainer"])[0].2));
+    assert!(s["trainer"]["environment"]["TRAINER_MODEL"].as_str().is_some());
 }

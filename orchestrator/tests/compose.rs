@@ -218,7 +218,13 @@ fn vllm_servers_are_configured_for_rl() {
     );
     // `trainer serve` listens where the published port points (TRAINER_BIND = --bind).
     assert_eq!(s["trainer"]["command"][0], "serve");
-    let bind = s["trainer"]["environment"]["TRAINER_BIND"].as_str().unwrap();
+    let bind = s["trainer"]["environment"]["TRAINER_BIND"]
+        .as_str()
+        .unwrap();
     assert_eq!(bind, format!("0.0.0.0:{}", ports(&s["trainer"])[0].2));
-    assert!(s["trainer"]["environment"]["TRAINER_MODEL"].as_str().is_some());
+    assert!(
+        s["trainer"]["environment"]["TRAINER_MODEL"]
+            .as_str()
+            .is_some()
+    );
 }

@@ -161,7 +161,7 @@ fn main() {
         let batch = wire::Batch { policy_version: 0, rl: true, seqs: (0..256).map(|i| wire::WireSequence {
             tokens: (0..n).map(|k| ((i * 7 + k) % 500) as u32).collect(),
             loss_mask: (0..n).map(|k| k % 3 != 0).collect(),
-            stages: (0..n).map(|k| ((k * 4 / n) as i8)).collect(),
+            stages: (0..n).map(|k| (k * 4 / n) as i8).collect(),
             behaviour_logprobs: vec![-1.5; n],
             advantages: vec![0.5, -0.25, 0.1, 1.0],
             group_id: (i / 8) as u32, policy_version: 0 }).collect() };

@@ -189,40 +189,19 @@ async fn train_step(
     axum::extract::Query(q): axum::extract::Query<TrainQuery>,
     body: Bytes,
 ) -> Response {
-    if q.dry_run {
-        let t0 = std::time::Instant::now();
-        let batch = match wire::Batch::decode(&body) {
-            Ok(b) => b,
-            Err(e) => {
+    // A real step holds the training lock from here on; a dry run never takes it.
+    let _guard = if q.dry_run {
+        None
+    } else {
+        match s.training.try_lock() {
+            Ok(g) => Some(g),
+            Err(_) => {
                 return error(
-                    StatusCode::BAD_REQUEST,
-                    format!("train batch rejected: {e}"),
+                    StatusCode::CONFLICT,
+                    "a train step is already running; send the next batch when it returns",
                 );
             }
-        };
-        let rl = batch.rl;
-        let seqs = to_sequences(batch);
-        let vocab = match s.policy.lock() {
-            Ok(p) => p.trainer.model.cfg.vocab_size,
-            Err(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "policy lock poisoned"),
-        };
-        for (i, sq) in seqs.iter().enumerate() {
-            if let Err(e) = sq.validate(i, vocab, rl) {
-                return error(StatusCode::BAD_REQUEST, e.to_string());
-            }
         }
-        return axum::Json(serde_json::json!({
-            "sequences": seqs.len(),
-            "tokens": seqs.iter().map(|x| x.tokens.len()).sum::<usize>(),
-            "decode_seconds": t0.elapsed().as_secs_f64(),
-        }))
-        .into_response();
-    }
-    let Ok(_guard) = s.training.try_lock() else {
-        return error(
-            StatusCode::CONFLICT,
-            "a train step is already running; send the next batch when it returns",
-        );
     };
     let t0 = std::time::Instant::now();
     let batch = match wire::Batch::decode(&body) {
@@ -234,9 +213,28 @@ async fn train_step(
             );
         }
     };
-    let decode_seconds = t0.elapsed().as_secs_f64();
     let rl = batch.rl;
     let seqs = to_sequences(batch);
+    if q.dry_run {
+        let vocab = match s.policy.lock() {
+            Ok(p) => p.trainer.model.cfg.vocab_size,
+            Err(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "policy lock poisoned"),
+        };
+        if let Some(e) = seqs
+            .iter()
+            .enumerate()
+            .find_map(|(i, sq)| sq.validate(i, vocab, rl).err())
+        {
+            return error(StatusCode::BAD_REQUEST, e.to_string());
+        }
+        return axum::Json(serde_json::json!({
+            "sequences": seqs.len(),
+            "tokens": seqs.iter().map(|x| x.tokens.len()).sum::<usize>(),
+            "decode_seconds": t0.elapsed().as_secs_f64(),
+        }))
+        .into_response();
+    }
+    let decode_seconds = t0.elapsed().as_secs_f64();
     let state = s.clone();
     let done = tokio::task::spawn_blocking(
         move || -> Result<(StepMetrics, i64, Option<PathBuf>, Option<PathBuf>)> {

@@ -176,7 +176,9 @@ fn check_params(s: &AppState, prompt_len: usize, p: &GenParams) -> Result<(), Ap
     Ok(())
 }
 
+/// Check the request against the limits, then generate.
 async fn run(s: &AppState, prompt: Vec<u32>, params: GenParams) -> Result<Vec<Sample>, ApiError> {
+    check_params(s, prompt.len(), &params)?;
     let vocab = s
         .policy
         .lock()
@@ -246,9 +248,6 @@ async fn completions(State(s): State<Arc<AppState>>, Json(b): Json<CompletionBod
         skip_special_tokens: b.skip_special_tokens,
         ignore_eos: b.ignore_eos,
     };
-    if let Err(r) = check_params(&s, prompt.len(), &params) {
-        return r.into_response();
-    }
     let n_prompt = prompt.len();
     let samples = match run(&s, prompt, params).await {
         Ok(x) => x,
@@ -339,9 +338,6 @@ async fn chat(State(s): State<Arc<AppState>>, Json(b): Json<ChatBody>) -> Respon
         skip_special_tokens: true,
         ignore_eos: false,
     };
-    if let Err(r) = check_params(&s, prompt.len(), &params) {
-        return r.into_response();
-    }
     let n_prompt = prompt.len();
     let samples = match run(&s, prompt, params).await {
         Ok(x) => x,

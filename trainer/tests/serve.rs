@@ -581,3 +581,121 @@ fn batched_decode_equals_one_sequence_at_a_time() {
         }
     }
 }
+
+/// Records every POST path and body; answers /get_server_info only when it plays SGLang.
+async fn recording_server(sglang: bool) -> (String, Arc<Mutex<Vec<(String, serde_json::Value)>>>) {
+    let calls: Arc<Mutex<Vec<(String, serde_json::Value)>>> = Arc::default();
+    let rec = calls.clone();
+    let mut app = axum::Router::new().fallback(
+        move |method: axum::http::Method, uri: axum::http::Uri, body: axum::body::Bytes| {
+            let rec = rec.clone();
+            async move {
+                if method != axum::http::Method::POST {
+                    return StatusCode::NOT_FOUND; // like vLLM for routes it does not have
+                }
+                let v = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+                rec.lock().unwrap().push((uri.path().to_string(), v));
+                StatusCode::OK
+            }
+        },
+    );
+    if sglang {
+        app = app.route(
+            "/get_server_info",
+            axum::routing::get(|| async { Json(serde_json::json!({"version": "fake"})) }),
+        );
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_and_full_weight_publishing_speak_each_servers_api() {
+    let (vurl, vcalls) = recording_server(false).await;
+    let (surl, scalls) = recording_server(true).await;
+    let http = trainer::publish::http_client();
+    assert_eq!(
+        trainer::publish::detect_kind(&http, &vurl).await,
+        ServerKind::Vllm
+    );
+    assert_eq!(
+        trainer::publish::detect_kind(&http, &surl).await,
+        ServerKind::Sglang
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let targets = vec![
+        PublishTarget {
+            url: vurl,
+            kind: ServerKind::Vllm,
+        },
+        PublishTarget {
+            url: surl,
+            kind: ServerKind::Sglang,
+        },
+    ];
+    // Full weights: vLLM's disk weight transfer, SGLang's update from disk.
+    let mut full = Publisher::new(PublishConfig {
+        root: tmp.path().join("full"),
+        name: "pol".into(),
+        window: 1,
+        retries: 0,
+        targets: targets.clone(),
+        lora: false,
+    });
+    std::fs::create_dir_all(full.dir_of(1)).unwrap();
+    let r = full.publish(1).await;
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    let dir = full.dir_of(1).display().to_string();
+    let v: Vec<(String, serde_json::Value)> = vcalls.lock().unwrap().drain(..).collect();
+    assert_eq!(
+        v,
+        vec![
+            ("/start_weight_update".to_string(), serde_json::json!({})),
+            (
+                "/update_weights".to_string(),
+                serde_json::json!({"update_info": {"path": dir}})
+            ),
+            (
+                "/finish_weight_update".to_string(),
+                serde_json::json!({"weight_version": "v1"})
+            ),
+        ]
+    );
+    let sg: Vec<(String, serde_json::Value)> = scalls.lock().unwrap().drain(..).collect();
+    assert_eq!(
+        sg,
+        vec![(
+            "/update_weights_from_disk".to_string(),
+            serde_json::json!({"model_path": dir})
+        )]
+    );
+    // LoRA on SGLang: its own load/unload paths (no /v1 prefix); window 1 unloads v1 at v2.
+    let mut lora = Publisher::new(PublishConfig {
+        root: tmp.path().join("lora"),
+        name: "pol".into(),
+        window: 1,
+        retries: 0,
+        targets: targets[1..].to_vec(),
+        lora: true,
+    });
+    for v in 1..=2 {
+        std::fs::create_dir_all(lora.dir_of(v)).unwrap();
+        assert!(lora.publish(v).await.failed.is_empty());
+    }
+    let sg: Vec<(String, String)> = scalls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, b)| (p.clone(), b["lora_name"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(
+        sg,
+        vec![
+            ("/load_lora_adapter".to_string(), "pol-v1".to_string()),
+            ("/load_lora_adapter".to_string(), "pol-v2".to_string()),
+            ("/unload_lora_adapter".to_string(), "pol-v1".to_string()),
+        ]
+    );
+}

@@ -63,7 +63,7 @@ struct Seq {
 
 struct Pending {
     params: GenParams,
-    reply: Option<oneshot::Sender<Result<Vec<Sample>, String>>>,
+    reply: oneshot::Sender<Result<Vec<Sample>, String>>,
     samples: Vec<Option<Sample>>,
 }
 
@@ -136,7 +136,9 @@ pub fn run_worker(
     mut rx: mpsc::Receiver<GenJob>,
 ) {
     use std::sync::atomic::Ordering::Relaxed;
-    let mut jobs: Vec<Option<Pending>> = Vec::new();
+    // Requests in flight by id; a request leaves when its last sample ends or it is abandoned.
+    let mut jobs: std::collections::HashMap<usize, Pending> = std::collections::HashMap::new();
+    let mut next_job = 0usize;
     let mut seqs: Vec<Seq> = Vec::new();
     let mut seed_counter: u64 = 0x5eed;
     loop {
@@ -155,7 +157,8 @@ pub fn run_worker(
         if !incoming.is_empty() {
             let Ok(p) = policy.lock() else { return };
             for job in incoming {
-                let id = jobs.len();
+                let id = next_job;
+                next_job += 1;
                 let n = job.params.n.max(1);
                 stats
                     .prompt_tokens
@@ -202,11 +205,14 @@ pub fn run_worker(
                         done: None,
                     });
                 }
-                jobs.push(Some(Pending {
-                    samples: vec![None; n],
-                    params: job.params,
-                    reply: Some(job.reply),
-                }));
+                jobs.insert(
+                    id,
+                    Pending {
+                        samples: vec![None; n],
+                        params: job.params,
+                        reply: job.reply,
+                    },
+                );
             }
         }
         stats.running.store(seqs.len(), Relaxed);
@@ -217,11 +223,11 @@ pub fn run_worker(
             let mut cont: Vec<usize> = Vec::new();
             let mut toks: Vec<i64> = Vec::new();
             for (i, s) in seqs.iter_mut().enumerate() {
-                let Some(Some(job)) = jobs.get(s.job) else {
+                let Some(job) = jobs.get(&s.job) else {
                     s.done = Some(("abort", None));
                     continue;
                 };
-                if job.reply.as_ref().is_none_or(|r| r.is_closed()) {
+                if job.reply.is_closed() {
                     s.done = Some(("abort", None));
                     continue;
                 }
@@ -273,11 +279,11 @@ pub fn run_worker(
             let Some((reason, stop)) = s.done else {
                 continue;
             };
-            let Some(Some(job)) = jobs.get_mut(s.job) else {
+            let Some(job) = jobs.get_mut(&s.job) else {
                 continue;
             };
             if reason == "abort" {
-                jobs[s.job] = None;
+                jobs.remove(&s.job);
                 continue;
             }
             let mut text = tokenizer
@@ -296,17 +302,13 @@ pub fn run_worker(
                 finish_reason: reason,
                 stop_reason: stop,
             });
-            if job.samples.iter().all(Option::is_some) {
-                let samples: Vec<Sample> = job.samples.drain(..).flatten().collect();
-                if let Some(r) = job.reply.take() {
-                    let _ = r.send(Ok(samples));
-                }
-                jobs[s.job] = None;
+            if job.samples.iter().all(Option::is_some)
+                && let Some(done) = jobs.remove(&s.job)
+            {
+                let _ = done
+                    .reply
+                    .send(Ok(done.samples.into_iter().flatten().collect()));
             }
-        }
-        // Forget finished job slots once nothing refers to them.
-        if seqs.is_empty() {
-            jobs.clear();
         }
     }
 }

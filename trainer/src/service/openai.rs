@@ -165,14 +165,12 @@ fn check_params(s: &AppState, prompt_len: usize, p: &GenParams) -> Result<(), Ap
     if prompt_len == 0 {
         return bad("empty prompt".into());
     }
-    let vocab = s.tokenizer.get_vocab_size(true);
     if prompt_len + p.max_tokens > s.cfg.max_model_len {
         return bad(format!(
             "prompt ({prompt_len} tokens) + max_tokens ({}) exceeds the context of {} tokens",
             p.max_tokens, s.cfg.max_model_len
         ));
     }
-    let _ = vocab;
     Ok(())
 }
 

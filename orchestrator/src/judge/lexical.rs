@@ -145,42 +145,14 @@ impl LexicalJudge {
         Self { name: name.into() }
     }
 
-    /// Score one rubric against a text: coverage of its key terms ≥ 2/3 → 2, ≥ 1/3 → 1, else 0.
-    pub fn score_text(&self, r: &Rubric, text: &str) -> (u8, String) {
-        let keys = key_terms(r);
-        if keys.is_empty() {
-            return (1, "no key terms to look for; neutral score".into());
-        }
-        let hay = text.to_lowercase();
-        let (hit, miss): (Vec<&String>, Vec<&String>) =
-            keys.iter().partition(|k| hay.contains(k.as_str()));
-        let cov = hit.len() as f64 / keys.len() as f64;
-        let s = if cov >= 2.0 / 3.0 {
-            2
-        } else if cov >= 1.0 / 3.0 {
-            1
-        } else {
-            0
-        };
-        let list = |v: &[&String]| v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
-        (
-            s,
-            format!(
-                "{}/{} key terms present [{}]; missing [{}]",
-                hit.len(),
-                keys.len(),
-                list(&hit),
-                list(&miss)
-            ),
-        )
-    }
-
     fn score_sync(&self, trace: &TraceView, rubrics: &[Rubric], mode: ScoreMode) -> Scoring {
         let fabricated = unknown_cited_ids(trace);
+        let lowered: [String; 4] =
+            std::array::from_fn(|k| trace.text_for(Stage::ALL[k], mode).to_lowercase());
         let scores = rubrics
             .iter()
             .map(|r| {
-                let (mut s, mut why) = self.score_text(r, trace.text_for(r.stage, mode));
+                let (mut s, mut why) = score_lowered(r, &lowered[r.stage.index()]);
                 if r.stage == Stage::Answer && !r.negative && !fabricated.is_empty() && s > 0 {
                     s -= 1;
                     why.push_str(&format!(
@@ -232,11 +204,13 @@ impl LexicalJudge {
                 if answer_rubrics.is_empty() {
                     grounded_terms(t) as f64
                 } else {
+                    let answer = t
+                        .text_for(Stage::Answer, ScoreMode::Stagewise)
+                        .to_lowercase();
                     answer_rubrics
                         .iter()
                         .map(|r| {
-                            let (s, _) =
-                                self.score_text(r, t.text_for(Stage::Answer, ScoreMode::Stagewise));
+                            let (s, _) = score_lowered(r, &answer);
                             super::score::contribution(s, r.negative) * f64::from(r.weight)
                         })
                         .sum()
@@ -402,6 +376,36 @@ impl LexicalJudge {
             })
             .collect()
     }
+}
+
+/// Score one rubric against an already lower-cased text (callers lower a text once for all its
+/// rubrics): coverage of its key terms ≥ 2/3 → 2, ≥ 1/3 → 1, else 0.
+fn score_lowered(r: &Rubric, hay: &str) -> (u8, String) {
+    let keys = key_terms(r);
+    if keys.is_empty() {
+        return (1, "no key terms to look for; neutral score".into());
+    }
+    let (hit, miss): (Vec<&String>, Vec<&String>) =
+        keys.iter().partition(|k| hay.contains(k.as_str()));
+    let cov = hit.len() as f64 / keys.len() as f64;
+    let s = if cov >= 2.0 / 3.0 {
+        2
+    } else if cov >= 1.0 / 3.0 {
+        1
+    } else {
+        0
+    };
+    let list = |v: &[&String]| v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
+    (
+        s,
+        format!(
+            "{}/{} key terms present [{}]; missing [{}]",
+            hit.len(),
+            keys.len(),
+            list(&hit),
+            list(&miss)
+        ),
+    )
 }
 
 /// Cited ids of the answer that are not among the trajectory's snippets, sorted.

@@ -180,48 +180,63 @@ pub async fn save_buffer(
     Ok(())
 }
 
-/// Store per-rubric judgments of one trajectory (upsert per rubric and judge model).
+/// One trajectory's rubric scores for `insert_judgments`.
+#[derive(Debug, Clone, Copy)]
+pub struct JudgmentSet<'a> {
+    pub trajectory_id: Uuid,
+    pub scores: &'a [RubricScore],
+    /// The scores came from a fallback (answer-only call), not the stagewise call.
+    pub fallback: bool,
+}
+
+/// Store the per-rubric judgments of a group of trajectories in one statement (upsert per
+/// trajectory, rubric and judge model). Scores for rubrics not in `rubrics` are skipped.
 pub async fn insert_judgments(
     conn: &mut PgConnection,
-    trajectory_id: Uuid,
     rubrics: &[Rubric],
-    scores: &[RubricScore],
+    sets: &[JudgmentSet<'_>],
     judge_model: &str,
     kind: JudgeKind,
-    fallback: bool,
 ) -> Result<(), DbError> {
     let stage_of: HashMap<Uuid, i16> = rubrics.iter().map(|r| (r.id, r.stage as i16)).collect();
-    let kept: Vec<&RubricScore> = scores
+    let kept: Vec<(&JudgmentSet, &RubricScore)> = sets
         .iter()
-        .filter(|s| stage_of.contains_key(&s.rubric_id))
+        .flat_map(|j| j.scores.iter().map(move |s| (j, s)))
+        .filter(|(_, s)| stage_of.contains_key(&s.rubric_id))
         .collect();
     if kept.is_empty() {
         return Ok(());
     }
     let ids: Vec<Uuid> = kept.iter().map(|_| Uuid::now_v7()).collect();
-    let rids: Vec<Uuid> = kept.iter().map(|s| s.rubric_id).collect();
-    let stages: Vec<i16> = kept.iter().map(|s| stage_of[&s.rubric_id]).collect();
-    let sc: Vec<f32> = kept.iter().map(|s| f32::from(s.score.min(2))).collect();
-    let just: Vec<&str> = kept.iter().map(|s| s.justification.as_str()).collect();
+    let tids: Vec<Uuid> = kept.iter().map(|(j, _)| j.trajectory_id).collect();
+    let fallback: Vec<bool> = kept.iter().map(|(j, _)| j.fallback).collect();
+    let rids: Vec<Uuid> = kept.iter().map(|(_, s)| s.rubric_id).collect();
+    let stages: Vec<i16> = kept.iter().map(|(_, s)| stage_of[&s.rubric_id]).collect();
+    let sc: Vec<f32> = kept
+        .iter()
+        .map(|(_, s)| f32::from(s.score.min(2)))
+        .collect();
+    let just: Vec<&str> = kept.iter().map(|(_, s)| s.justification.as_str()).collect();
     sqlx::query(
         "INSERT INTO judgments (id, trajectory_id, rubric_id, stage, score, justification,
                                 judge_model, judge_kind, fallback)
-         SELECT u.id, $1, u.rid, u.stage, u.score, u.just, $2, $3, $4
-         FROM UNNEST($5::uuid[], $6::uuid[], $7::int2[], $8::real[], $9::text[])
-              AS u(id, rid, stage, score, just)
+         SELECT u.id, u.tid, u.rid, u.stage, u.score, u.just, $1, $2, u.fallback
+         FROM UNNEST($3::uuid[], $4::uuid[], $5::uuid[], $6::int2[], $7::real[], $8::text[],
+                     $9::bool[])
+              AS u(id, tid, rid, stage, score, just, fallback)
          ON CONFLICT (trajectory_id, rubric_id, judge_model) DO UPDATE SET
              score = EXCLUDED.score, justification = EXCLUDED.justification,
              fallback = EXCLUDED.fallback, created_at = now()",
     )
-    .bind(trajectory_id)
     .bind(judge_model)
     .bind(kind.as_str())
-    .bind(fallback)
     .bind(&ids)
+    .bind(&tids)
     .bind(&rids)
     .bind(&stages)
     .bind(&sc)
     .bind(&just)
+    .bind(&fallback)
     .execute(&mut *conn)
     .await?;
     Ok(())

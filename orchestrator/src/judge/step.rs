@@ -250,18 +250,18 @@ pub async fn judge_step(
         rubrics.extend(d.judged.new_rubrics.iter().cloned());
         judging::insert_rubrics(&mut tx, run_id, d.task, step, &rubrics).await?;
         judging::save_buffer(&mut tx, run_id, d.task, &d.buffer).await?;
+        let sets: Vec<judging::JudgmentSet> = d
+            .judged
+            .trajectories
+            .iter()
+            .map(|t| judging::JudgmentSet {
+                trajectory_id: t.trajectory_id,
+                scores: &t.scores,
+                fallback: t.source != ScoreSource::Judged,
+            })
+            .collect();
+        judging::insert_judgments(&mut tx, &d.judged.scored_against, &sets, &model, kind).await?;
         for t in &d.judged.trajectories {
-            let fallback = t.source != ScoreSource::Judged;
-            judging::insert_judgments(
-                &mut tx,
-                t.trajectory_id,
-                &d.judged.scored_against,
-                &t.scores,
-                &model,
-                kind,
-                fallback,
-            )
-            .await?;
             report.broadcast += usize::from(t.source == ScoreSource::Broadcast);
             report.failed += usize::from(t.source == ScoreSource::Failed);
             for k in 0..STAGES {

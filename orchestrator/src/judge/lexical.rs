@@ -111,6 +111,15 @@ const STOPWORDS: &[&str] = &[
     "rubric",
 ];
 
+/// What a lexical call costs: one attempt, no tokens, no money, no waiting.
+const LOCAL_CALL: Usage = Usage {
+    prompt_tokens: 0,
+    completion_tokens: 0,
+    cost_usd: 0.0,
+    attempts: 1,
+    latency_ms: 0,
+};
+
 /// Lower-cased content tokens of `text` in order (letters/digits runs of ≥ 3 chars, or any run
 /// containing a non-ASCII letter, e.g. CJK), stopwords removed.
 pub fn terms(text: &str) -> Vec<String> {
@@ -169,10 +178,7 @@ impl LexicalJudge {
             .collect();
         Scoring {
             scores,
-            usage: Usage {
-                attempts: 1,
-                ..Usage::default()
-            },
+            usage: LOCAL_CALL,
         }
     }
 
@@ -183,10 +189,7 @@ impl LexicalJudge {
         stages: &[Stage],
     ) -> Generated {
         let mut out = Generated {
-            usage: Usage {
-                attempts: 1,
-                ..Usage::default()
-            },
+            usage: LOCAL_CALL,
             ..Generated::default()
         };
         if rollouts.len() < 2 {
@@ -307,10 +310,7 @@ impl LexicalJudge {
             df.into_iter().filter(|(_, ids)| ids.len() >= 2).collect();
         ranked.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
         let mut out = Generated {
-            usage: Usage {
-                attempts: 1,
-                ..Usage::default()
-            },
+            usage: LOCAL_CALL,
             ..Generated::default()
         };
         for (i, (w, ids)) in ranked.into_iter().take(5).enumerate() {
@@ -481,14 +481,6 @@ impl Judge for LexicalJudge {
         claims: &'a [Claim],
         snippets: &'a HashMap<String, String>,
     ) -> BoxFuture<'a, Result<(Vec<ClaimVerdict>, Usage), JudgeError>> {
-        Box::pin(async move {
-            Ok((
-                self.claims_sync(claims, snippets),
-                Usage {
-                    attempts: 1,
-                    ..Usage::default()
-                },
-            ))
-        })
+        Box::pin(async move { Ok((self.claims_sync(claims, snippets), LOCAL_CALL)) })
     }
 }

@@ -98,7 +98,98 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Judge(args) => judge(&args).await,
         Command::Rubrics(cmd) => rubrics(cmd).await,
         Command::Run { config, resume } => run_experiment(&config, resume).await,
+        Command::SftData(args) => sft_data(&args).await,
+        Command::Report {
+            target,
+            out: dir,
+            database_url,
+        } => {
+            let pool = db::open(&database_url, 4).await?;
+            let path = crate::report::write(&pool, target, &dir).await?;
+            out(format!("report written to {}", path.display()));
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+/// `orchestrator sft-data`: offline teacher trajectories over the research world.
+async fn sft_data(args: &crate::cli::SftDataArgs) -> anyhow::Result<ExitCode> {
+    use std::collections::HashMap;
+    let cfg = load_config(&args.config)?;
+    crate::pipeline::setup::ensure_world(&cfg)?;
+    let tasks_path = args.tasks.clone().unwrap_or_else(|| cfg.data.tasks.clone());
+    let dir = tasks_path
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    let text = std::fs::read_to_string(&tasks_path)
+        .with_context(|| format!("reading {}", tasks_path.display()))?;
+    let mut tasks = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let t: crate::data::world::WorldTask = serde_json::from_str(line).with_context(|| {
+            format!(
+                "{} line {}: not a research-world task (sft-data needs the world's evidence chains)",
+                tasks_path.display(),
+                i + 1
+            )
+        })?;
+        tasks.push(t);
+    }
+    if let Some(l) = args.limit {
+        tasks.truncate(l);
+    }
+    let docs: HashMap<String, crate::tools::local_search::CorpusDoc> =
+        crate::tools::local_search::read_corpus(&dir.join("corpus.jsonl"))?
+            .into_iter()
+            .map(|d| (d.id.clone(), d))
+            .collect();
+    let setup = crate::tools::setup::ToolSetup {
+        index: Some(cfg.data.index.clone()),
+        web: false,
+        mcp_urls: vec![],
+    };
+    let runner = crate::tools::setup::build(&setup, None).await?;
+    anyhow::ensure!(
+        runner.names().contains(&args.tool),
+        "--tool = {:?} is not available; configured tools: {}",
+        args.tool,
+        runner.names().join(", ")
+    );
+    let scaffold: crate::chat::Scaffold =
+        serde_json::from_value(serde_json::Value::String(cfg.data.scaffold.clone()))?;
+    let system = crate::chat::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)?;
+    let (rows, stats) = crate::sft::offline(
+        &tasks,
+        &docs,
+        &runner,
+        &args.tool,
+        &system,
+        cfg.rollout.max_tool_calls,
+    )
+    .await;
+    if let Some(parent) = args.out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(&args.out)
+            .with_context(|| format!("creating {}", args.out.display()))?,
+    );
+    for r in &rows {
+        writeln!(f, "{}", serde_json::to_string(r)?)?;
+    }
+    f.flush()?;
+    out(format!(
+        "sft-data: {} of {} tasks written to {} (rejected: {})",
+        stats.written,
+        stats.tasks,
+        args.out.display(),
+        serde_json::to_string(&stats.rejected)?
+    ));
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `orchestrator judge`: (re)score stored trajectories step by step.
@@ -211,7 +302,10 @@ async fn rubrics(cmd: RubricsCommand) -> anyhow::Result<ExitCode> {
         runner.names().join(", ")
     );
     let judge = crate::judge::from_config(&cfg)?;
-    let new_tasks = tasks.iter().map(new_task).collect::<Vec<_>>();
+    let new_tasks = tasks
+        .iter()
+        .map(crate::data::tasks::to_new_task)
+        .collect::<Vec<_>>();
     let ids = db::tasks::upsert(&pool, &new_tasks).await?;
     let stored = db::tasks::get_many(&pool, &ids).await?;
     let pb = crate::telemetry::progress(tasks.len() as u64, "tasks grounded");
@@ -277,23 +371,6 @@ async fn rubrics(cmd: RubricsCommand) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// A task file row as a database row.
-fn new_task(t: &crate::data::tasks::TaskRow) -> db::tasks::NewTask {
-    db::tasks::NewTask {
-        source: t.source.clone(),
-        external_id: t.external_id.clone(),
-        prompt: t.query.clone(),
-        answer_format: match t.format {
-            crate::chat::AnswerFormat::Exact => "exact",
-            crate::chat::AnswerFormat::Short => "short",
-            crate::chat::AnswerFormat::Long => "long",
-        }
-        .to_string(),
-        persistent_rubrics: serde_json::to_value(&t.rubrics).unwrap_or_default(),
-        metadata: t.metadata.clone(),
-    }
-}
-
 /// `orchestrator rollout`: load tasks, roll out, persist, summarise.
 pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     use std::sync::Arc;
@@ -335,7 +412,8 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     let runner = crate::tools::setup::build(&setup, Some(cache)).await?;
     let system = crate::chat::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)?;
 
-    let new_tasks: Vec<db::tasks::NewTask> = tasks.iter().map(new_task).collect();
+    let new_tasks: Vec<db::tasks::NewTask> =
+        tasks.iter().map(crate::data::tasks::to_new_task).collect();
     let task_ids = db::tasks::upsert(&pool, &new_tasks).await?;
     let snapshot = cfg.snapshot();
     let exp =
@@ -488,87 +566,151 @@ fn client_for(
     ))
 }
 
-/// Run an experiment. The RL pipeline (rollout -> judge -> credit -> train) is built on top of
-/// this in later work; today this performs every preflight that exists: configuration, the
-/// database and its migrations, run registration with the config snapshot, and feature
-/// detection of every configured server, then reports what is ready.
+/// `orchestrator run`: register the experiment (or find the one to resume), then run each
+/// recipe's pipeline in turn. Ctrl-C stops starting rollouts, trains what is already judged and
+/// leaves the run `paused`; a second Ctrl-C exits at once. `--resume` takes a run id or an
+/// experiment id and continues every run of it that is not completed, on the configuration the
+/// run was started with (database URL and endpoints may be overridden).
 async fn run_experiment(args: &ConfigArgs, resume: Option<uuid::Uuid>) -> anyhow::Result<ExitCode> {
-    let cfg = load_config(args)?;
-    let pool = db::open(&cfg.database.url, cfg.database.max_connections).await?;
-    if let Some(id) = resume {
-        let run = db::runs::get_run(&pool, id).await?.with_context(|| {
-            format!(
-                "no run {id} to resume in {}",
-                db::redact_url(&cfg.database.url)
-            )
-        })?;
-        out(format!(
-            "run {} ({}, {}) is {}",
-            run.id, run.name, run.recipe, run.status
-        ));
-    }
-    let snapshot = cfg.snapshot();
-    let exp_id =
-        db::runs::create_experiment(&pool, &cfg.experiment.name, &args.experiment, &snapshot)
-            .await?;
-    let mut runs = Vec::new();
-    for recipe in &cfg.experiment.recipes {
-        let id = db::runs::create_run(
-            &pool,
-            exp_id,
-            recipe.as_str(),
-            recipe.as_str(),
-            &snapshot,
-            cfg.experiment.seed as i64,
-        )
-        .await?;
-        runs.push((id, *recipe));
-    }
-    out(format!(
-        "experiment {} ({}) registered as {exp_id} with {} run(s), {} steps each",
-        cfg.experiment.name,
-        cfg.experiment.description,
-        runs.len(),
-        cfg.experiment.steps
-    ));
+    use crate::config::Recipe;
+    use crate::pipeline::setup;
 
-    let mut ready = true;
-    let mut checks: Vec<(Role, crate::config::EndpointPoolConfig)> =
-        vec![(Role::Policy, cfg.policy.clone())];
-    if cfg.judge.kind == JudgeKind::Llm {
-        checks.push((Role::Judge, cfg.judge.pool()));
-    } else {
+    let mut cfg = load_config(args)?;
+    let pool = db::open(&cfg.database.url, cfg.database.max_connections).await?;
+    let runs: Vec<(uuid::Uuid, Recipe, String)> = match resume {
+        Some(id) => {
+            let rows = match db::runs::get_run(&pool, id).await? {
+                Some(r) => vec![r],
+                None => db::runs::list_for_experiment(&pool, id).await?,
+            };
+            anyhow::ensure!(
+                !rows.is_empty(),
+                "--resume {id}: no run or experiment with that id in {}",
+                db::redact_url(&cfg.database.url)
+            );
+            if let Some(snap) = db::runs::config_of(&pool, rows[0].id).await? {
+                let mut stored: Config = serde_json::from_value(snap)
+                    .context("the run's stored configuration no longer parses")?;
+                stored.database = cfg.database.clone();
+                stored.policy.urls = cfg.policy.urls.clone();
+                stored.trainer = cfg.trainer.clone();
+                stored.judge.urls = cfg.judge.urls.clone();
+                if let Some(steps) = args.steps {
+                    stored.experiment.steps = steps;
+                }
+                cfg = stored;
+            }
+            rows.into_iter()
+                .filter(|r| r.status != "completed")
+                .map(|r| {
+                    let recipe: Recipe =
+                        serde_json::from_value(serde_json::Value::String(r.recipe.clone()))
+                            .unwrap_or(Recipe::Full);
+                    (r.id, recipe, r.name)
+                })
+                .collect()
+        }
+        None => {
+            let snapshot = cfg.snapshot();
+            let exp = db::runs::create_experiment(
+                &pool,
+                &cfg.experiment.name,
+                &args.experiment,
+                &snapshot,
+            )
+            .await?;
+            let mut v = Vec::new();
+            for recipe in &cfg.experiment.recipes {
+                let id = db::runs::create_run(
+                    &pool,
+                    exp,
+                    recipe.as_str(),
+                    recipe.as_str(),
+                    &snapshot,
+                    cfg.experiment.seed as i64,
+                )
+                .await?;
+                v.push((id, *recipe, recipe.as_str().to_string()));
+            }
+            out(format!(
+                "experiment {} ({}) registered as {exp} with {} run(s), {} steps each",
+                cfg.experiment.name,
+                cfg.experiment.description,
+                v.len(),
+                cfg.experiment.steps
+            ));
+            v
+        }
+    };
+    if cfg.judge.kind == JudgeKind::Lexical {
         out(format!(
-            "judge: offline lexical judge `{}` (no server needed)",
+            "judge: offline lexical judge `{}` (deterministic term matching, not an LLM)",
             cfg.judge.model
         ));
     }
-    if !cfg.embeddings.urls.is_empty() {
-        checks.push((Role::Embeddings, cfg.embeddings.clone()));
-    }
-    for (role, pool_cfg) in checks {
-        let client = client_for(&cfg, role, &pool_cfg)?;
-        match llm::detect_all(&client, role).await {
-            Ok(f) => out(format!(
-                "{}: ready ({} endpoint(s))",
-                role.as_str(),
-                f.len()
-            )),
+    let common = setup::common(&cfg, &pool).await?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let ctrl_c = cancel.clone();
+    let watcher = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            tracing::warn!(
+                "interrupted: no new rollouts; finishing judged steps (Ctrl-C again to quit now)"
+            );
+            ctrl_c.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        }
+    });
+    let mut failed = false;
+    for (run_id, recipe, name) in runs {
+        if cancel.is_cancelled() {
+            break;
+        }
+        db::runs::set_run_status(&pool, run_id, "running", None).await?;
+        let pipeline = match setup::pipeline(&cfg, &pool, &common, run_id, recipe).await {
+            Ok(p) => std::sync::Arc::new(p),
             Err(e) => {
-                ready = false;
-                out(format!("{}: NOT READY: {e}", role.as_str()));
+                let msg = crate::util::error_chain(&e);
+                db::runs::set_run_status(&pool, run_id, "failed", Some(&msg)).await?;
+                return Err(anyhow::anyhow!(msg).context(format!("run {name} ({run_id})")));
+            }
+        };
+        let pb = crate::telemetry::progress(u64::from(cfg.experiment.steps), &name);
+        let result = pipeline.run(cancel.clone(), pb.clone()).await;
+        pb.finish_and_clear();
+        match result {
+            Ok(o) => {
+                let status = if o.interrupted { "paused" } else { "completed" };
+                db::runs::set_run_status(&pool, run_id, status, None).await?;
+                let curve = db::metrics::fetch(&pool, run_id, "reward/answer").await?;
+                let mean = |xs: &[(i32, f64)]| {
+                    xs.iter().map(|x| x.1).sum::<f64>() / xs.len().max(1) as f64
+                };
+                let k = curve.len().min(3);
+                out(format!(
+                    "run {name} ({run_id}): {status}, {} of {} steps ({} now, {} replayed into the trainer); \
+                     answer reward first {k} steps {:.4}, last {k} steps {:.4}",
+                    o.completed,
+                    cfg.experiment.steps,
+                    o.completed_now,
+                    o.replayed,
+                    mean(&curve[..k]),
+                    mean(&curve[curve.len() - k..]),
+                ));
+            }
+            Err(e) => {
+                let msg = crate::util::error_chain(&e);
+                db::runs::set_run_status(&pool, run_id, "failed", Some(&msg)).await?;
+                out(format!("run {name} ({run_id}): failed: {msg}"));
+                failed = true;
             }
         }
     }
-    let status = "cancelled";
-    let note = if ready {
-        "preflight passed; the training pipeline is not part of this build yet"
+    watcher.abort();
+    Ok(if failed {
+        ExitCode::FAILURE
     } else {
-        "preflight found missing servers (see above); the training pipeline is not part of this build yet"
-    };
-    for (id, _) in &runs {
-        db::runs::set_run_status(&pool, *id, status, Some(note)).await?;
-    }
-    out(note);
-    Ok(ExitCode::SUCCESS)
+        ExitCode::SUCCESS
+    })
 }

@@ -64,14 +64,49 @@ pub enum Command {
     /// Rubric data: `rubrics init` writes search-grounded persistent rubrics for tasks.
     #[command(subcommand)]
     Rubrics(RubricsCommand),
-    /// Run an experiment preset.
+    /// Run an experiment preset: for each recipe, rollout, judging and training as overlapping
+    /// workers (pipeline.max_staleness = 0 makes them sequential), checkpoints, per-step
+    /// metrics, live progress. Ctrl-C pauses cleanly; `--resume` continues exactly.
     Run {
         #[command(flatten)]
         config: ConfigArgs,
-        /// Resume this run id instead of starting a new one.
+        /// Continue this run, or every unfinished run of this experiment, instead of starting
+        /// a new one.
         #[arg(long, env = "ORCH_RESUME")]
         resume: Option<uuid::Uuid>,
     },
+    /// Build SFT warm-start data (ChatML JSONL with tool spans marked) from the research
+    /// world's known evidence chains, searched on the real local index.
+    SftData(SftDataArgs),
+    /// Write a markdown report with PNG and SVG plots for a run or a whole experiment.
+    Report {
+        /// A run id or an experiment id.
+        target: uuid::Uuid,
+        /// Output directory.
+        #[arg(long, env = "ORCH_REPORT_OUT", default_value = "reports")]
+        out: PathBuf,
+        /// Postgres URL.
+        #[arg(long, env = "DATABASE_URL", default_value = crate::config::DEFAULT_DATABASE_URL)]
+        database_url: String,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SftDataArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The research world's tasks.jsonl (default: data.tasks of the preset).
+    #[arg(long, env = "ORCH_SFT_TASKS")]
+    pub tasks: Option<PathBuf>,
+    /// Output JSONL file.
+    #[arg(long, env = "ORCH_SFT_OUT")]
+    pub out: PathBuf,
+    /// Use at most this many tasks.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// The search tool the teacher calls.
+    #[arg(long, default_value = "google_search")]
+    pub tool: String,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -3,6 +3,7 @@
 //! checkpointing), and small-model tooling (tokenizer training, random-init model dirs).
 
 pub mod bench;
+pub mod chat;
 pub mod checkpoint;
 pub mod error;
 pub mod loss;
@@ -10,6 +11,7 @@ pub mod model;
 pub mod optim;
 pub mod publish;
 pub mod service;
+pub mod sft;
 pub mod smallmodel;
 pub mod train;
 

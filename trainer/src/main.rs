@@ -39,6 +39,36 @@ enum Command {
     },
     /// Print what libtorch sees (version of the build, CUDA devices).
     Info,
+    /// Supervised warm start on `orchestrator sft-data` output (ChatML JSONL, tool spans
+    /// masked); writes a model directory `trainer serve` loads. Prints a JSON report.
+    Sft {
+        /// The SFT JSONL file.
+        #[arg(long, env = "TRAINER_SFT_DATA")]
+        data: PathBuf,
+        /// Model directory to start from.
+        #[arg(long, env = "TRAINER_MODEL")]
+        model: PathBuf,
+        /// Output model directory (written atomically).
+        #[arg(long, env = "TRAINER_SFT_OUT")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 2)]
+        epochs: usize,
+        /// Sequences per optimizer step.
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
+        #[arg(long, default_value_t = 1e-3)]
+        lr: f64,
+        /// Rows longer than this many tokens are dropped (and counted).
+        #[arg(long, default_value_t = 4096)]
+        max_len: usize,
+        #[arg(long, env = "TRAINER_SEED", default_value_t = 17)]
+        seed: u64,
+        #[arg(long, default_value = "auto")]
+        device: String,
+        /// Recompute activations in backward (saves memory, costs time).
+        #[arg(long)]
+        grad_checkpoint: bool,
+    },
     /// Serve the policy: train steps over HTTP, checkpoints, publishing to inference servers,
     /// and OpenAI-compatible generation (the embedded policy server).
     Serve(Box<ServeArgs>),
@@ -197,6 +227,35 @@ fn run(cli: Cli) -> anyhow::Result<String> {
             serve(*a)?;
             "trainer serve stopped".into()
         }
+        Command::Sft {
+            data,
+            model,
+            out,
+            epochs,
+            batch,
+            lr,
+            max_len,
+            seed,
+            device,
+            grad_checkpoint,
+        } => {
+            let mut train = trainer::train::TrainConfig::default();
+            train.optim.lr = lr;
+            train.grad_checkpoint = grad_checkpoint;
+            train.loss.kl_coef = 0.0; // SFT: no reference policy
+            let report = trainer::sft::run(&trainer::sft::SftOptions {
+                data,
+                model_dir: model,
+                out,
+                epochs,
+                batch,
+                max_len,
+                train,
+                device: parse_device(&device)?,
+                seed,
+            })?;
+            serde_json::to_string(&report)?
+        }
         Command::Info => format!(
             "cuda available: {}, devices: {}, cudnn: {}",
             tch::Cuda::is_available(),
@@ -228,7 +287,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     train.optim.lr = a.lr;
     train.loss.kl_coef = a.kl_coef;
     train.micro_batch_tokens = a.micro_batch_tokens;
-    let loaded = load::load(&load::LoadOptions {
+    let load_opts = load::LoadOptions {
         model_dir: a.model.clone(),
         lora: lora.clone(),
         train,
@@ -239,7 +298,8 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         } else {
             None
         },
-    })?;
+    };
+    let loaded = load::load(&load_opts)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -288,6 +348,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
             cfg,
             publisher,
         );
+        state.set_load_options(load_opts);
         trainer::service::serve(state).await?;
         Ok::<_, anyhow::Error>(())
     })

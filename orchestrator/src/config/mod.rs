@@ -73,6 +73,78 @@ pub struct Config {
     pub rollout: RolloutConfig,
     #[serde(default)]
     pub credit: CreditConfig,
+    #[serde(default)]
+    pub pipeline: PipelineConfig,
+    #[serde(default)]
+    pub data: DataConfig,
+}
+
+/// How `orchestrator run` schedules its workers (method.md A.8, design.md section 3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PipelineConfig {
+    /// How many steps the rollout policy may lag the step being rolled out: rollouts of step s
+    /// start once steps up to s - 1 - max_staleness are trained. 0 = strictly sequential.
+    pub max_staleness: u32,
+    /// Save trainer weights and optimizer every N steps (recorded in `checkpoints`); resume
+    /// restores the latest and replays the steps after it from Postgres.
+    pub checkpoint_every: u32,
+    /// Trajectories in flight at once.
+    pub max_inflight: u32,
+    /// Admission control: hold new trajectories while any policy server reports more than
+    /// this many queued requests on its metrics endpoint (0 = off).
+    pub admission_max_waiting: u32,
+    /// How long to wait for a dead trainer to come back before the run fails.
+    pub trainer_wait_secs: u64,
+    /// Trainer checkpoints live under this sub-directory of its --checkpoint-dir, one folder per
+    /// run.
+    pub checkpoint_subdir: String,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            max_staleness: 1,
+            checkpoint_every: 5,
+            max_inflight: 64,
+            admission_max_waiting: 32,
+            trainer_wait_secs: 600,
+            checkpoint_subdir: "runs".into(),
+        }
+    }
+}
+
+/// Where the run's tasks, search index and policy tokenizer come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Task file (ours, the research world's, or DR Tulu RL rows).
+    pub tasks: PathBuf,
+    /// Local search index directory (built from the world's corpus when missing and
+    /// `world_seed` is set). Empty: web tools from the environment.
+    pub index: PathBuf,
+    /// Directory with the policy's tokenizer.json (and chat template).
+    pub tokenizer: PathBuf,
+    /// Generate the research world into the task file's directory when it is missing.
+    pub world_seed: Option<u64>,
+    pub world_docs: usize,
+    pub world_tasks: usize,
+    /// Agent scaffold: rubricem, drtulu or react.
+    pub scaffold: String,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            tasks: PathBuf::from("runs/smoke/world/tasks.jsonl"),
+            index: PathBuf::from("runs/smoke/index"),
+            tokenizer: PathBuf::from("runs/smoke/model-sft"),
+            world_seed: None,
+            world_docs: 400,
+            world_tasks: 96,
+            scaffold: "rubricem".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -407,6 +479,52 @@ impl Config {
             e.steps >= 1 && e.steps <= 1_000_000,
             "experiment.steps",
             e.steps,
+            "1..=1000000",
+        )?;
+        let p = &self.pipeline;
+        check(
+            p.max_staleness <= 16,
+            "pipeline.max_staleness",
+            p.max_staleness,
+            "0..=16 (0 = sequential)",
+        )?;
+        check(
+            (1..=4096).contains(&p.max_inflight),
+            "pipeline.max_inflight",
+            p.max_inflight,
+            "1..=4096",
+        )?;
+        check(
+            (1..=86_400).contains(&p.trainer_wait_secs),
+            "pipeline.trainer_wait_secs",
+            p.trainer_wait_secs,
+            "1..=86400",
+        )?;
+        check(
+            !p.checkpoint_subdir.is_empty()
+                && p.checkpoint_subdir
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c)),
+            "pipeline.checkpoint_subdir",
+            format!("{:?}", p.checkpoint_subdir),
+            "a plain name of letters, digits, '-' and '_'",
+        )?;
+        check(
+            ["rubricem", "drtulu", "react"].contains(&self.data.scaffold.as_str()),
+            "data.scaffold",
+            format!("{:?}", self.data.scaffold),
+            "rubricem, drtulu, react",
+        )?;
+        check(
+            (4..=10_000_000).contains(&self.data.world_docs),
+            "data.world_docs",
+            self.data.world_docs,
+            "4..=10000000",
+        )?;
+        check(
+            (1..=1_000_000).contains(&self.data.world_tasks),
+            "data.world_tasks",
+            self.data.world_tasks,
             "1..=1000000",
         )?;
         check(

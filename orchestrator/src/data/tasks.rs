@@ -158,6 +158,23 @@ pub fn load(path: &Path) -> Result<Vec<TaskRow>, TaskError> {
     Ok(out)
 }
 
+/// A task file row as a database row.
+pub fn to_new_task(t: &TaskRow) -> crate::db::tasks::NewTask {
+    crate::db::tasks::NewTask {
+        source: t.source.clone(),
+        external_id: t.external_id.clone(),
+        prompt: t.query.clone(),
+        answer_format: match t.format {
+            crate::chat::AnswerFormat::Exact => "exact",
+            crate::chat::AnswerFormat::Short => "short",
+            crate::chat::AnswerFormat::Long => "long",
+        }
+        .to_string(),
+        persistent_rubrics: serde_json::to_value(&t.rubrics).unwrap_or_default(),
+        metadata: t.metadata.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,3 +43,20 @@ pub async fn fetch(pool: &PgPool, run_id: Uuid, name: &str) -> Result<Vec<(i32, 
     .fetch_all(pool)
     .await?)
 }
+
+/// One metric of one step, if recorded.
+pub async fn value(
+    pool: &PgPool,
+    run_id: Uuid,
+    step: i32,
+    name: &str,
+) -> Result<Option<f64>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT value FROM step_metrics WHERE run_id = $1 AND step = $2 AND name = $3",
+    )
+    .bind(run_id)
+    .bind(step)
+    .bind(name)
+    .fetch_optional(pool)
+    .await?)
+}

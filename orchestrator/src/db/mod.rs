@@ -4,6 +4,7 @@
 mod copy;
 pub mod judging;
 pub mod metrics;
+pub mod pipeline;
 pub mod rollouts;
 pub mod runs;
 pub mod tasks;

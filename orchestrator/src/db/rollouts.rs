@@ -9,9 +9,16 @@ use crate::rollout::Rollout;
 
 /// Write a batch of rollouts atomically.
 pub async fn insert(pool: &PgPool, rollouts: &[Rollout]) -> Result<(), DbError> {
-    let trajectories: Vec<_> = rollouts.iter().map(|r| r.trajectory.clone()).collect();
     let mut tx = pool.begin().await?;
-    super::trajectories::copy_in(&mut tx, &trajectories).await?;
+    insert_in(&mut tx, rollouts).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Write rollouts inside the caller's transaction.
+pub async fn insert_in(tx: &mut sqlx::PgConnection, rollouts: &[Rollout]) -> Result<(), DbError> {
+    let trajectories: Vec<_> = rollouts.iter().map(|r| r.trajectory.clone()).collect();
+    super::trajectories::copy_in(&mut *tx, &trajectories).await?;
     let mut ids = Vec::new();
     let mut traj = Vec::new();
     let mut ordinal = Vec::new();
@@ -47,7 +54,6 @@ pub async fn insert(pool: &PgPool, rollouts: &[Rollout]) -> Result<(), DbError> 
         }
     }
     if ids.is_empty() {
-        tx.commit().await?;
         return Ok(());
     }
     sqlx::query(
@@ -73,6 +79,5 @@ pub async fn insert(pool: &PgPool, rollouts: &[Rollout]) -> Result<(), DbError> 
     .bind(&latency)
     .execute(&mut *tx)
     .await?;
-    tx.commit().await?;
     Ok(())
 }

@@ -131,3 +131,25 @@ pub async fn set_step_status(
     .await?;
     Ok(())
 }
+
+/// The runs of an experiment, in creation order.
+pub async fn list_for_experiment(
+    pool: &PgPool,
+    experiment_id: Uuid,
+) -> Result<Vec<RunRow>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT id, experiment_id, name, recipe, status, seed FROM runs
+         WHERE experiment_id = $1 ORDER BY created_at, id",
+    )
+    .bind(experiment_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// A run's configuration snapshot (what it was started with).
+pub async fn config_of(pool: &PgPool, run_id: Uuid) -> Result<Option<serde_json::Value>, DbError> {
+    Ok(sqlx::query_scalar("SELECT config FROM runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_optional(pool)
+        .await?)
+}

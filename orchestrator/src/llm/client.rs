@@ -89,6 +89,8 @@ pub struct LlmClient {
     http: reqwest::Client,
     pool: Arc<EndpointPool>,
     retry: RetryPolicy,
+    /// Model name used instead of the pool's (a published policy version, e.g. `policy-v7`).
+    model: Option<Arc<str>>,
 }
 
 struct Attempt<T> {
@@ -99,7 +101,20 @@ struct Attempt<T> {
 
 impl LlmClient {
     pub fn new(http: reqwest::Client, pool: Arc<EndpointPool>, retry: RetryPolicy) -> Self {
-        Self { http, pool, retry }
+        Self {
+            http,
+            pool,
+            retry,
+            model: None,
+        }
+    }
+
+    /// The same client (same endpoints, health and limits) asking for another model name.
+    pub fn with_model(&self, model: &str) -> Self {
+        Self {
+            model: Some(Arc::from(model)),
+            ..self.clone()
+        }
     }
 
     pub fn from_config(
@@ -125,7 +140,7 @@ impl LlmClient {
     }
 
     pub fn model(&self) -> &str {
-        &self.pool.model
+        self.model.as_deref().unwrap_or(&self.pool.model)
     }
 
     pub fn http(&self) -> &reqwest::Client {

@@ -7,6 +7,7 @@ pub mod endpoints;
 pub mod error;
 pub mod features;
 pub mod retry;
+pub mod trainer;
 pub mod types;
 
 pub use client::{LlmClient, Timing, build_http};

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::Admission;
 use super::engine::{Rollout, RolloutCtx, RolloutError, RolloutSlot, RolloutTask};
 
 /// Roll out every task `n` times. Results come back in (task, sample) order; a cancelled batch
@@ -20,11 +21,33 @@ pub async fn rollout_batch(
     cancel: &CancellationToken,
     progress: Option<&indicatif::ProgressBar>,
 ) -> Vec<Result<Rollout, RolloutError>> {
+    rollout_batch_gated(ctx, tasks, n, slot, max_inflight, cancel, progress, None).await
+}
+
+/// [`rollout_batch`] with admission control: each trajectory starts only once the gate lets it
+/// (the policy servers' queues are short enough).
+#[allow(clippy::too_many_arguments)]
+pub async fn rollout_batch_gated(
+    ctx: &RolloutCtx,
+    tasks: &[RolloutTask],
+    n: u32,
+    slot: RolloutSlot,
+    max_inflight: usize,
+    cancel: &CancellationToken,
+    progress: Option<&indicatif::ProgressBar>,
+    gate: Option<Arc<Admission>>,
+) -> Vec<Result<Rollout, RolloutError>> {
     let sem = Arc::new(Semaphore::new(max_inflight.max(1)));
     let mut set = tokio::task::JoinSet::new();
     for (ti, task) in tasks.iter().enumerate() {
         for k in 0..n {
-            let (ctx, task, sem, cancel) = (ctx.clone(), task.clone(), sem.clone(), cancel.clone());
+            let (ctx, task, sem, cancel, gate) = (
+                ctx.clone(),
+                task.clone(),
+                sem.clone(),
+                cancel.clone(),
+                gate.clone(),
+            );
             let slot = RolloutSlot {
                 sample_index: k as i32,
                 ..slot
@@ -34,6 +57,9 @@ pub async fn rollout_batch(
                 let Ok(_permit) = sem.acquire_owned().await else {
                     return (key, Err(RolloutError::Cancelled));
                 };
+                if let Some(g) = &gate {
+                    g.admit(&cancel).await;
+                }
                 tokio::select! {
                     _ = cancel.cancelled() => (key, Err(RolloutError::Cancelled)),
                     r = ctx.run(&task, slot) => (key, r),
@@ -67,6 +93,11 @@ pub async fn rollout_batch_summary(
     progress: Option<&indicatif::ProgressBar>,
 ) -> (Vec<Rollout>, RolloutSummary) {
     let results = rollout_batch(ctx, tasks, n, slot, max_inflight, cancel, progress).await;
+    summarize(results)
+}
+
+/// Keep the successful rollouts and count finish reasons, tool calls, parse failures, tokens.
+pub fn summarize(results: Vec<Result<Rollout, RolloutError>>) -> (Vec<Rollout>, RolloutSummary) {
     let mut summary = RolloutSummary::default();
     let mut ok = Vec::new();
     for r in results {

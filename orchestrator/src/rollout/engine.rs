@@ -22,6 +22,14 @@ use crate::scaffold::{self, Parsed};
 use crate::tools::runner::{ToolArgs, ToolResult, ToolRunner};
 use crate::trajectory::{Segment, SegmentKind, Stage, Trajectory};
 
+/// A splitmix64 step over `a ^ b`: derives per-trajectory and per-turn sampling seeds.
+pub fn mix_seed(a: u64, b: u64) -> u64 {
+    let mut z = (a ^ b.rotate_left(29)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Stop strings: a turn ends right after a tool call or the answer.
 pub const STOPS: &[&str] = &["</call_tool>", "</call>", "</answer>"];
 
@@ -137,12 +145,15 @@ impl RolloutCtx {
         session: &str,
         context: &[u32],
         max_tokens: u32,
+        seed: Option<u64>,
     ) -> Result<(Piece, FinishReason, String), LlmError> {
         let mut req =
             CompletionRequest::new(self.client.model(), context.to_vec(), max_tokens.max(1));
         req.temperature = self.cfg.temperature;
         req.top_p = self.cfg.top_p;
-        req.seed = self.cfg.seed;
+        // One seed per (trajectory, turn): the n samples of a group must differ, and a rerun of
+        // the same step must reproduce them.
+        req.seed = seed.map(|s| mix_seed(s, context.len() as u64));
         req.stop = STOPS.iter().map(|s| s.to_string()).collect();
         let (comp, _timing) = self.client.complete(session, &req).await?;
         let endpoint = comp.endpoint.clone();
@@ -186,6 +197,12 @@ impl RolloutCtx {
         let started = Instant::now();
         let id = Uuid::now_v7();
         let session = id.to_string();
+        let traj_seed = self.cfg.seed.map(|s| {
+            let task =
+                u64::from_le_bytes(task.task_id.as_bytes()[8..16].try_into().unwrap_or([0; 8]));
+            let slot_key = ((slot.step as u64) << 32) | slot.sample_index as u32 as u64;
+            mix_seed(mix_seed(s, task), slot_key)
+        });
         let prompt_text = self.codec.render_prompt(&task.system, &task.user)?;
         let prompt_ids = self.codec.encode(&prompt_text)?;
         let mut tr = Transcript {
@@ -218,7 +235,9 @@ impl RolloutCtx {
                 continue;
             }
             let t0 = Instant::now();
-            let (piece, fr, endpoint) = match self.generate(&session, &tr.context, cap - used).await
+            let (piece, fr, endpoint) = match self
+                .generate(&session, &tr.context, cap - used, traj_seed)
+                .await
             {
                 Ok(x) => x,
                 Err(e) => {

@@ -2,11 +2,15 @@
 //! uses (`codec`), and batches of n rollouts per task across tasks with bounded concurrency and
 //! cancellation (`batch`).
 
+pub mod admission;
 pub mod batch;
 pub mod codec;
 pub mod engine;
 
-pub use batch::{RolloutSummary, rollout_batch, rollout_batch_summary};
+pub use admission::Admission;
+pub use batch::{
+    RolloutSummary, rollout_batch, rollout_batch_gated, rollout_batch_summary, summarize,
+};
 pub use codec::{CodecError, TokenCodec};
 pub use engine::{
     ExecutedCall, Rollout, RolloutConfig, RolloutCtx, RolloutError, RolloutSlot, RolloutTask, STOPS,

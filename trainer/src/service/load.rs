@@ -57,7 +57,6 @@ fn ids(v: Option<&serde_json::Value>) -> Vec<u32> {
 
 pub fn load(opts: &LoadOptions) -> Result<Loaded> {
     let dir = &opts.model_dir;
-    let kind = crate::default_kind(opts.device);
     let tok_path = dir.join("tokenizer.json");
     let tokenizer = tokenizers::Tokenizer::from_file(&tok_path)
         .map_err(|e| TrainerError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
@@ -85,7 +84,24 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         Some(root) => checkpoint::latest(root)?,
         None => None,
     };
-    let (model, lora_cfg, version) = match &resume {
+    let policy = build_policy(opts, resume.as_deref())?;
+    let max_model_len = policy.trainer.model.cfg.max_position_embeddings as usize;
+    Ok(Loaded {
+        policy,
+        tokenizer,
+        chat_template,
+        eos,
+        max_model_len,
+        resumed: resume,
+    })
+}
+
+/// The policy from the model directory (fresh LoRA or trainable weights, version 0), or from a
+/// checkpoint directory (its adapter or weights, optimizer moments and policy version).
+pub fn build_policy(opts: &LoadOptions, checkpoint: Option<&Path>) -> Result<Policy> {
+    let dir = &opts.model_dir;
+    let kind = crate::default_kind(opts.device);
+    let (model, lora_cfg, version) = match checkpoint {
         Some(ck) => {
             let st = checkpoint::read_state(ck)?;
             if st.mode == "lora" {
@@ -107,24 +123,16 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
             (m, opts.lora.clone(), 0)
         }
     };
-    let max_model_len = model.cfg.max_position_embeddings as usize;
     let mut trainer = Trainer::new(model, opts.train.clone())?;
-    if let Some(ck) = &resume {
+    if let Some(ck) = checkpoint {
         trainer.opt.load(ck)?;
-        tracing::info!(checkpoint = %ck.display(), version, step = trainer.opt.step, "resumed");
+        tracing::info!(checkpoint = %ck.display(), version, step = trainer.opt.step, "policy restored");
     }
-    Ok(Loaded {
-        policy: Policy {
-            trainer,
-            version,
-            lora: lora_cfg,
-            base: dir.display().to_string(),
-            seed: opts.seed,
-        },
-        tokenizer,
-        chat_template,
-        eos,
-        max_model_len,
-        resumed: resume,
+    Ok(Policy {
+        trainer,
+        version,
+        lora: lora_cfg,
+        base: dir.display().to_string(),
+        seed: opts.seed,
     })
 }

@@ -68,6 +68,11 @@ pub struct AppState {
     pub stats: Arc<generate::GenStats>,
     /// Names under which the current policy is also served (published versions, loaded adapters).
     aliases: std::sync::Mutex<Vec<String>>,
+    /// How the policy was built, so `POST /v1/restore` can rebuild it (set by the binary).
+    load_opts: std::sync::OnceLock<load::LoadOptions>,
+    /// The client session (the orchestrator's run id) the current weights belong to; `None`
+    /// after start, so a client can tell a restarted trainer from its own.
+    session: std::sync::Mutex<Option<String>>,
 }
 
 /// What a train step returns.
@@ -135,7 +140,18 @@ impl AppState {
             gen_tx: tx,
             stats,
             aliases: std::sync::Mutex::new(Vec::new()),
+            load_opts: std::sync::OnceLock::new(),
+            session: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Enable `POST /v1/restore` by recording how the policy is built.
+    pub fn set_load_options(&self, opts: load::LoadOptions) {
+        let _ = self.load_opts.set(opts);
+    }
+
+    fn session(&self) -> Option<String> {
+        self.session.lock().ok().and_then(|s| s.clone())
     }
 
     pub fn served_names(&self) -> Vec<String> {
@@ -156,11 +172,17 @@ impl AppState {
         }
     }
 
-    /// Save a checkpoint of the current policy (blocking; call off the async workers).
-    pub fn checkpoint_blocking(&self) -> Result<Option<PathBuf>> {
+    /// Save a checkpoint of the current policy (blocking; call off the async workers), under
+    /// `checkpoint_dir/sub` when a sub-directory is given.
+    pub fn checkpoint_blocking(&self, sub: Option<&str>) -> Result<Option<PathBuf>> {
         let Some(root) = &self.cfg.checkpoint_dir else {
             return Ok(None);
         };
+        let root = match sub {
+            Some(s) => root.join(s),
+            None => root.clone(),
+        };
+        let root = &root;
         let p = self
             .policy
             .lock()
@@ -182,6 +204,10 @@ struct TrainQuery {
     /// the handoff).
     #[serde(default)]
     dry_run: bool,
+    /// Refuse (409) unless the policy is at this version: a client that lost track (it crashed,
+    /// or the trainer restarted) cannot apply a batch twice or to the wrong weights.
+    #[serde(default)]
+    expect_version: Option<i64>,
 }
 
 async fn train_step(
@@ -235,6 +261,15 @@ async fn train_step(
         .into_response();
     }
     let decode_seconds = t0.elapsed().as_secs_f64();
+    if let Some(want) = q.expect_version {
+        let have = s.policy.lock().map(|p| p.version).unwrap_or(-1);
+        if have != want {
+            return error(
+                StatusCode::CONFLICT,
+                format!("expect_version = {want}, but the policy is at version {have}"),
+            );
+        }
+    }
     let state = s.clone();
     let done = tokio::task::spawn_blocking(
         move || -> Result<(StepMetrics, i64, Option<PathBuf>, Option<PathBuf>)> {
@@ -269,7 +304,7 @@ async fn train_step(
             let ckpt = if state.cfg.checkpoint_every > 0
                 && (version as u64).is_multiple_of(state.cfg.checkpoint_every)
             {
-                state.checkpoint_blocking()?
+                state.checkpoint_blocking(None)?
             } else {
                 None
             };
@@ -315,17 +350,143 @@ async fn train_step(
     .into_response()
 }
 
-async fn save_checkpoint(State(s): State<Arc<AppState>>) -> Response {
+#[derive(Debug, Default, Deserialize)]
+struct CheckpointRequest {
+    /// A sub-directory of `--checkpoint-dir` (one plain name, e.g. a run id).
+    #[serde(default)]
+    subdir: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RestoreRequest {
+    /// A checkpoint directory relative to `--checkpoint-dir` (as `POST /v1/checkpoint`
+    /// returned it); absent: the model directory as loaded at start (version 0).
+    #[serde(default)]
+    checkpoint: Option<String>,
+    /// The client session the restored weights now belong to.
+    #[serde(default)]
+    session: Option<String>,
+}
+
+/// A path under the checkpoint root given by a client: relative, made of plain names only.
+fn relative_path(raw: &str, what: &str) -> std::result::Result<PathBuf, String> {
+    use std::path::Component;
+    let p = PathBuf::from(raw);
+    if raw.is_empty()
+        || raw.len() > 512
+        || !p.components().all(|c| matches!(c, Component::Normal(_)))
+    {
+        return Err(format!(
+            "{what} = {raw:?}; allowed: a relative path of plain names under --checkpoint-dir (no '..', no leading '/', at most 512 bytes)"
+        ));
+    }
+    Ok(p)
+}
+
+async fn save_checkpoint(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req: CheckpointRequest = if body.is_empty() {
+        CheckpointRequest::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad request body: {e}")),
+        }
+    };
+    let sub = match req.subdir.as_deref().map(|d| relative_path(d, "subdir")) {
+        Some(Ok(p)) => Some(p.display().to_string()),
+        Some(Err(m)) => return error(StatusCode::BAD_REQUEST, m),
+        None => None,
+    };
     let Ok(_guard) = s.training.try_lock() else {
         return error(StatusCode::CONFLICT, "a train step is running");
     };
     let st = s.clone();
-    match tokio::task::spawn_blocking(move || st.checkpoint_blocking()).await {
-        Ok(Ok(Some(dir))) => axum::Json(serde_json::json!({"checkpoint": dir})).into_response(),
+    let version = s.policy.lock().map(|p| p.version).unwrap_or(-1);
+    match tokio::task::spawn_blocking(move || st.checkpoint_blocking(sub.as_deref())).await {
+        Ok(Ok(Some(dir))) => {
+            let rel = s
+                .cfg
+                .checkpoint_dir
+                .as_ref()
+                .and_then(|root| dir.strip_prefix(root).ok())
+                .map(|p| p.display().to_string());
+            axum::Json(serde_json::json!({
+                "checkpoint": dir,
+                "relative": rel,
+                "policy_version": version,
+            }))
+            .into_response()
+        }
         Ok(Ok(None)) => error(
             StatusCode::BAD_REQUEST,
             "no checkpoint directory configured (start with --checkpoint-dir)",
         ),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Replace the policy by a checkpoint (or by the model as loaded at start) and set the session.
+async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req: RestoreRequest = if body.is_empty() {
+        RestoreRequest::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad request body: {e}")),
+        }
+    };
+    let Some(opts) = s.load_opts.get().cloned() else {
+        return error(
+            StatusCode::NOT_IMPLEMENTED,
+            "this trainer was started without restore support",
+        );
+    };
+    let ck = match req.checkpoint.as_deref() {
+        None => None,
+        Some(raw) => {
+            let Some(root) = &s.cfg.checkpoint_dir else {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "no checkpoint directory configured (start with --checkpoint-dir)",
+                );
+            };
+            match relative_path(raw, "checkpoint") {
+                Ok(p) if root.join(&p).join("state.json").exists() => Some(root.join(p)),
+                Ok(p) => {
+                    return error(
+                        StatusCode::NOT_FOUND,
+                        format!("checkpoint {} holds no state.json", root.join(p).display()),
+                    );
+                }
+                Err(m) => return error(StatusCode::BAD_REQUEST, m),
+            }
+        }
+    };
+    let Ok(_guard) = s.training.try_lock() else {
+        return error(StatusCode::CONFLICT, "a train step is running");
+    };
+    let st = s.clone();
+    let done = tokio::task::spawn_blocking(move || -> Result<i64> {
+        let fresh = load::build_policy(&opts, ck.as_deref())?;
+        let version = fresh.version;
+        let mut p = st
+            .policy
+            .lock()
+            .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+        *p = fresh;
+        Ok(version)
+    })
+    .await;
+    match done {
+        Ok(Ok(version)) => {
+            if let Ok(mut sess) = s.session.lock() {
+                sess.clone_from(&req.session);
+            }
+            tracing::info!(version, session = ?req.session, checkpoint = ?req.checkpoint, "policy restored");
+            axum::Json(serde_json::json!({"policy_version": version, "session": req.session}))
+                .into_response()
+        }
         Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
@@ -343,6 +504,7 @@ async fn get_state(State(s): State<Arc<AppState>>) -> Response {
         "base": p.base,
         "training": s.training.try_lock().is_err(),
         "served_names": s.served_names(),
+        "session": s.session(),
         "device": format!("{:?}", p.trainer.model.device),
         "train_config": p.trainer.cfg,
     }))
@@ -370,6 +532,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/train_step", post(train_step))
         .route("/v1/checkpoint", post(save_checkpoint))
+        .route("/v1/restore", post(restore))
         .route("/v1/state", get(get_state))
         .route("/health", get(|| async { "ok" }))
         .route(

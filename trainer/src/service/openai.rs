@@ -299,17 +299,11 @@ fn render_chat(s: &AppState, messages: &[ChatMessage]) -> Result<String, ApiErro
             "the model directory has no chat template (tokenizer_config.json chat_template)",
         ));
     };
-    let mut env = minijinja::Environment::new();
-    minijinja_contrib::add_to_environment(&mut env);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    let msgs: Vec<Value> = messages
+    let msgs: Vec<(&str, &str)> = messages
         .iter()
-        .map(|m| json!({"role": m.role, "content": m.content}))
+        .map(|m| (m.role.as_str(), m.content.as_str()))
         .collect();
-    env.template_from_str(tmpl)
-        .and_then(|t| {
-            t.render(minijinja::context! { messages => msgs, add_generation_prompt => true })
-        })
+    crate::chat::render(tmpl, &msgs, true)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("chat template: {e}")))
 }
 

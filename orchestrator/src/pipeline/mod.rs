@@ -1,0 +1,554 @@
+//! The experiment loop (`orchestrator run`): rollout, judging and training as three overlapping
+//! workers joined by bounded channels, with a staleness bound, exact resume from Postgres and
+//! trainer checkpoints, recovery from a trainer restart, per-step metrics and live progress.
+//!
+//! Step s moves through `rollout` → `judging` (its trajectories committed in one transaction)
+//! → `training` (judged; all scores in one transaction) → `completed` (the trainer applied it:
+//! policy version s + 1). Policy version v is the number of steps trained, so the trainer's
+//! version says exactly which steps it holds; train requests carry `expect_version` and cannot
+//! be applied twice. On (re)start the trainer is brought to the last completed step: kept if
+//! its session and version already match, otherwise restored from the run's newest checkpoint
+//! and the steps after it replayed from their stored batches.
+
+pub mod batch;
+pub mod schedule;
+pub mod setup;
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::{PipelineConfig, Recipe};
+use crate::db::{self, DbError};
+use crate::judge::Judge;
+use crate::judge::step::{StepError, StepOptions, judge_step};
+use crate::llm::trainer::{TrainReply, TrainerClient, TrainerError};
+use crate::rollout::{Admission, RolloutCtx, RolloutSlot, RolloutTask};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("judging step {step} failed: {source}")]
+    Judge { step: i32, source: StepError },
+    #[error("trainer: {0}")]
+    Trainer(#[from] TrainerError),
+    #[error(
+        "the trainer at {url} did not come back within {waited_secs} s (pipeline.trainer_wait_secs)"
+    )]
+    TrainerGone { url: String, waited_secs: u64 },
+    #[error("setting up the run: {0}")]
+    Setup(String),
+    #[error("a pipeline worker stopped unexpectedly: {0}")]
+    Worker(String),
+}
+
+/// Everything one run of the pipeline needs.
+pub struct Pipeline {
+    pub pool: PgPool,
+    pub run_id: Uuid,
+    pub recipe: Recipe,
+    pub steps: u32,
+    pub cfg: PipelineConfig,
+    /// Every task of the task file, in file order (the schedule indexes into it).
+    pub tasks: Vec<RolloutTask>,
+    pub tasks_per_step: usize,
+    pub n: u32,
+    pub seed: u64,
+    pub rollout: RolloutCtx,
+    pub admission: Option<Arc<Admission>>,
+    pub judge: Arc<dyn Judge>,
+    pub judge_opts: StepOptions,
+    pub trainer: TrainerClient,
+    /// `lora` or `full`, as the trainer reported it.
+    pub trainer_mode: String,
+}
+
+/// What a run did this time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    /// Steps completed in total (including those of earlier attempts).
+    pub completed: u32,
+    /// Steps completed by this invocation.
+    pub completed_now: u32,
+    /// Steps replayed into a restored trainer.
+    pub replayed: u32,
+    pub interrupted: bool,
+}
+
+/// Live state shared by the workers and the progress display.
+struct Shared {
+    /// The model name rollouts ask for (a published version once the trainer publishes).
+    model: RwLock<Option<String>>,
+    replayed: std::sync::atomic::AtomicU32,
+}
+
+impl Pipeline {
+    /// Run (or continue) the run until all steps are trained or `cancel` fires.
+    pub async fn run(
+        self: Arc<Self>,
+        cancel: CancellationToken,
+        progress: indicatif::ProgressBar,
+    ) -> Result<Outcome, PipelineError> {
+        let rows = db::pipeline::steps(&self.pool, self.run_id).await?;
+        let completed = rows
+            .iter()
+            .enumerate()
+            .take_while(|(i, r)| r.step == *i as i32 && r.status == "completed")
+            .count() as i32;
+        let shared = Arc::new(Shared {
+            model: RwLock::new(None),
+            replayed: Default::default(),
+        });
+        self.sync_trainer(completed, &shared, &cancel).await?;
+
+        // Steps rolled out (and maybe judged) but not trained continue where they stopped.
+        let mut pending = Vec::new();
+        let mut next_rollout = completed;
+        for r in rows.iter().filter(|r| r.step >= completed) {
+            if r.step == next_rollout && (r.status == "judging" || r.status == "training") {
+                pending.push(r.step);
+                next_rollout += 1;
+            } else {
+                break;
+            }
+        }
+        progress.set_length(u64::from(self.steps));
+        progress.set_position(completed as u64);
+        if completed as u32 >= self.steps {
+            return Ok(Outcome {
+                completed: completed as u32,
+                ..Default::default()
+            });
+        }
+        let k = self.cfg.max_staleness as i32;
+        // Servers that failed (e.g. a restarting trainer) return to rotation once a probe passes.
+        let probes = self
+            .rollout
+            .client
+            .spawn_health_probes(Duration::from_secs(2), cancel.child_token());
+        let (trained_tx, trained_rx) = watch::channel(completed);
+        let (judge_tx, judge_rx) = mpsc::channel::<i32>(pending.len() + k as usize + 1);
+        let (train_tx, train_rx) = mpsc::channel::<Prepared>(1);
+        for s in pending {
+            let _ = judge_tx.send(s).await;
+        }
+        let rollouts = tokio::spawn(self.clone().rollout_worker(
+            next_rollout,
+            trained_rx,
+            judge_tx,
+            shared.clone(),
+            cancel.clone(),
+        ));
+        let judging = tokio::spawn(
+            self.clone()
+                .judge_worker(judge_rx, train_tx, cancel.clone()),
+        );
+        let training = tokio::spawn(self.clone().train_worker(
+            train_rx,
+            trained_tx,
+            shared.clone(),
+            progress.clone(),
+            cancel.clone(),
+        ));
+        let (r, j, t) = tokio::join!(rollouts, judging, training);
+        probes.abort();
+        let flat = |x: Result<Result<(), PipelineError>, tokio::task::JoinError>| match x {
+            Ok(r) => r,
+            Err(e) => Err(PipelineError::Worker(e.to_string())),
+        };
+        // Report the first failure in pipeline order.
+        let (r, j, t) = (flat(r), flat(j), flat(t));
+        r?;
+        j?;
+        t?;
+        let done = db::pipeline::steps(&self.pool, self.run_id)
+            .await?
+            .iter()
+            .filter(|r| r.status == "completed")
+            .count() as u32;
+        Ok(Outcome {
+            completed: done,
+            completed_now: done.saturating_sub(completed as u32),
+            replayed: shared.replayed.load(std::sync::atomic::Ordering::Relaxed),
+            interrupted: done < self.steps,
+        })
+    }
+
+    fn rollout_ctx(&self, shared: &Shared) -> RolloutCtx {
+        let mut ctx = self.rollout.clone();
+        if let Ok(g) = shared.model.read()
+            && let Some(m) = g.as_deref()
+        {
+            ctx.client = ctx.client.with_model(m);
+        }
+        ctx
+    }
+
+    async fn rollout_worker(
+        self: Arc<Self>,
+        first: i32,
+        mut trained: watch::Receiver<i32>,
+        judge_tx: mpsc::Sender<i32>,
+        shared: Arc<Shared>,
+        cancel: CancellationToken,
+    ) -> Result<(), PipelineError> {
+        let k = self.cfg.max_staleness as i32;
+        for s in first..self.steps as i32 {
+            // Staleness bound: steps up to s - 1 - k must be trained before s is rolled out.
+            let t_wait = Instant::now();
+            let ok = tokio::select! {
+                _ = cancel.cancelled() => false,
+                r = trained.wait_for(|v| *v >= s - k) => r.is_ok(),
+            };
+            if !ok {
+                break;
+            }
+            let wait_secs = t_wait.elapsed().as_secs_f64();
+            let version = *trained.borrow();
+            let picks = schedule::tasks_for_step(
+                self.tasks.len(),
+                self.tasks_per_step,
+                self.seed,
+                s as u32,
+            );
+            let tasks: Vec<RolloutTask> = picks.iter().map(|&i| self.tasks[i].clone()).collect();
+            let ids: Vec<Uuid> = tasks.iter().map(|t| t.task_id).collect();
+            db::pipeline::restart_step(&self.pool, self.run_id, s, version, &ids).await?;
+            let t0 = Instant::now();
+            let ctx = self.rollout_ctx(&shared);
+            let slot = RolloutSlot {
+                run_id: self.run_id,
+                step: s,
+                sample_index: 0,
+                policy_version: version,
+            };
+            let results = crate::rollout::rollout_batch_gated(
+                &ctx,
+                &tasks,
+                self.n,
+                slot,
+                self.cfg.max_inflight as usize,
+                &cancel,
+                None,
+                self.admission.clone(),
+            )
+            .await;
+            if cancel.is_cancelled() {
+                db::runs::set_step_status(&self.pool, self.run_id, s, "abandoned").await?;
+                tracing::warn!(step = s, "interrupted: rollouts of this step abandoned");
+                break;
+            }
+            let (rollouts, summary) = crate::rollout::summarize(results);
+            db::pipeline::commit_rollouts(&self.pool, self.run_id, s, &rollouts).await?;
+            let secs = t0.elapsed().as_secs_f64();
+            let mut m = vec![
+                ("time/rollout_s".to_string(), secs),
+                ("time/rollout_wait_s".to_string(), wait_secs),
+                (
+                    "rollout/trajectories".to_string(),
+                    summary.trajectories as f64,
+                ),
+                (
+                    "rollout/model_tokens".to_string(),
+                    summary.model_tokens as f64,
+                ),
+                (
+                    "rollout/tokens_per_s".to_string(),
+                    summary.model_tokens as f64 / secs.max(1e-9),
+                ),
+                (
+                    "rollout/parse_failures".to_string(),
+                    summary.parse_failures as f64,
+                ),
+                ("rollout/policy_version".to_string(), f64::from(version)),
+            ];
+            if let Some(a) = &self.admission {
+                m.push((
+                    "rollout/admission_held_s".to_string(),
+                    a.take_held().as_secs_f64(),
+                ));
+            }
+            for (reason, c) in &summary.finish_reasons {
+                m.push((format!("rollout/finish/{reason}"), *c as f64));
+            }
+            let mut per_stage = std::collections::BTreeMap::<String, usize>::new();
+            for ((stage, _tool), c) in &summary.tool_calls {
+                *per_stage.entry(stage.clone()).or_default() += c;
+            }
+            for (stage, c) in per_stage {
+                m.push((format!("rollout/tool_calls/{stage}"), c as f64));
+            }
+            db::metrics::record(&self.pool, self.run_id, s, &m).await?;
+            if judge_tx.send(s).await.is_err() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    async fn judge_worker(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<i32>,
+        tx: mpsc::Sender<Prepared>,
+        cancel: CancellationToken,
+    ) -> Result<(), PipelineError> {
+        while let Some(s) = rx.recv().await {
+            let t0 = Instant::now();
+            if !db::pipeline::is_judged(&self.pool, self.run_id, s, self.judge.model()).await? {
+                judge_step(
+                    &self.pool,
+                    self.judge.as_ref(),
+                    &self.judge_opts,
+                    self.run_id,
+                    s,
+                )
+                .await
+                .map_err(|source| PipelineError::Judge { step: s, source })?;
+            }
+            db::runs::set_step_status(&self.pool, self.run_id, s, "training").await?;
+            let judge_secs = t0.elapsed().as_secs_f64();
+            let t1 = Instant::now();
+            let (batch, stats) =
+                batch::build(&self.pool, self.run_id, s, self.judge.model()).await?;
+            let mut m = stats.metrics();
+            m.push(("time/judge_s".into(), judge_secs));
+            m.push(("time/prepare_s".into(), t1.elapsed().as_secs_f64()));
+            db::metrics::record(&self.pool, self.run_id, s, &m).await?;
+            // A cancelled run still trains what is judged (the trainer loses nothing), unless
+            // the train worker is gone.
+            let _ = &cancel;
+            if tx.send(Prepared { step: s, batch }).await.is_err() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    async fn train_worker(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<Prepared>,
+        trained: watch::Sender<i32>,
+        shared: Arc<Shared>,
+        progress: indicatif::ProgressBar,
+        cancel: CancellationToken,
+    ) -> Result<(), PipelineError> {
+        let mut idle = Instant::now();
+        while let Some(p) = rx.recv().await {
+            let idle_secs = idle.elapsed().as_secs_f64();
+            let s = p.step;
+            let t0 = Instant::now();
+            let reply = self
+                .train_with_recovery(s, &p.batch, &shared, &cancel)
+                .await?;
+            let train_secs = t0.elapsed().as_secs_f64();
+            let mut m = vec![
+                ("time/train_s".to_string(), train_secs),
+                ("time/train_idle_s".to_string(), idle_secs),
+                ("time/publish_s".to_string(), reply.publish_seconds()),
+                (
+                    "train/policy_version".to_string(),
+                    reply.policy_version as f64,
+                ),
+            ];
+            for (k, v) in &reply.metrics {
+                if let Some(x) = v.as_f64().filter(|x| x.is_finite()) {
+                    m.push((format!("train/{k}"), x));
+                }
+            }
+            db::metrics::record(&self.pool, self.run_id, s, &m).await?;
+            if let Some(name) = reply.published_name()
+                && let Ok(mut g) = shared.model.write()
+            {
+                *g = Some(name);
+            }
+            db::runs::set_step_status(&self.pool, self.run_id, s, "completed").await?;
+            let due = self.cfg.checkpoint_every > 0
+                && (((s + 1) as u32).is_multiple_of(self.cfg.checkpoint_every)
+                    || s + 1 == self.steps as i32);
+            if due {
+                self.checkpoint(s).await?;
+            }
+            let _ = trained.send(s + 1);
+            self.show(&progress, s).await;
+            idle = Instant::now();
+        }
+        Ok(())
+    }
+
+    async fn show(&self, progress: &indicatif::ProgressBar, s: i32) {
+        let get =
+            |name: &'static str| async move { sqlx_value(&self.pool, self.run_id, s, name).await };
+        let reward = get("reward/answer").await;
+        let (r, j, t) = (
+            get("time/rollout_s").await,
+            get("time/judge_s").await,
+            get("time/train_s").await,
+        );
+        progress.set_position((s + 1) as u64);
+        progress.set_message(format!(
+            "step {s}: reward {:.3} | rollout {:.1}s judge {:.1}s train {:.1}s",
+            reward.unwrap_or(f64::NAN),
+            r.unwrap_or(0.0),
+            j.unwrap_or(0.0),
+            t.unwrap_or(0.0)
+        ));
+    }
+
+    async fn checkpoint(&self, s: i32) -> Result<(), PipelineError> {
+        let sub = format!("{}/{}", self.cfg.checkpoint_subdir, self.run_id);
+        let path = self.trainer.checkpoint(&sub).await?;
+        db::pipeline::record_checkpoint(
+            &self.pool,
+            self.run_id,
+            &db::pipeline::CheckpointRow {
+                step: s,
+                policy_version: s + 1,
+                kind: if self.trainer_mode == "lora" {
+                    "lora".into()
+                } else {
+                    "full".into()
+                },
+                path,
+            },
+            &serde_json::json!({
+                "trainer": self.trainer.url(),
+                "schedule": {"seed": self.seed, "tasks_per_step": self.tasks_per_step, "next_step": s + 1},
+            }),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn train_with_recovery(
+        &self,
+        s: i32,
+        batch: &wire::Batch,
+        shared: &Shared,
+        cancel: &CancellationToken,
+    ) -> Result<TrainReply, PipelineError> {
+        loop {
+            match self.trainer.train_step(batch, i64::from(s)).await {
+                Ok(r) => return Ok(r),
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(step = s, error = %e, "train step failed; waiting for the trainer");
+                    self.wait_for_trainer(cancel).await?;
+                    self.sync_trainer(s, shared, cancel).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    async fn wait_for_trainer(&self, cancel: &CancellationToken) -> Result<(), PipelineError> {
+        let t0 = Instant::now();
+        let limit = Duration::from_secs(self.cfg.trainer_wait_secs);
+        while t0.elapsed() < limit {
+            if self.trainer.health().await {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+        Err(PipelineError::TrainerGone {
+            url: self.trainer.url().to_string(),
+            waited_secs: self.cfg.trainer_wait_secs,
+        })
+    }
+
+    /// Bring the trainer to policy version `target` (= steps 0..target trained) for this run.
+    async fn sync_trainer(
+        &self,
+        target: i32,
+        shared: &Shared,
+        cancel: &CancellationToken,
+    ) -> Result<(), PipelineError> {
+        let run = self.run_id.to_string();
+        loop {
+            let st = match self.trainer.state().await {
+                Ok(st) => st,
+                Err(e) if e.is_transient() => {
+                    self.wait_for_trainer(cancel).await?;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if st.session.as_deref() == Some(run.as_str()) && st.policy_version == i64::from(target)
+            {
+                return Ok(());
+            }
+            let ck = if target > 0 {
+                db::pipeline::latest_checkpoint(&self.pool, self.run_id, target - 1).await?
+            } else {
+                None
+            };
+            tracing::info!(
+                run = %run,
+                trainer_session = ?st.session,
+                trainer_version = st.policy_version,
+                target,
+                checkpoint = ?ck.as_ref().map(|c| &c.path),
+                "restoring the trainer"
+            );
+            let from = match self
+                .trainer
+                .restore(ck.as_ref().map(|c| c.path.as_str()), &run)
+                .await
+            {
+                Ok(v) => v as i32,
+                Err(e) if e.is_transient() => {
+                    self.wait_for_trainer(cancel).await?;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let mut failed = None;
+            for r in from..target {
+                let (b, _) = batch::build(&self.pool, self.run_id, r, self.judge.model()).await?;
+                match self.trainer.train_step(&b, i64::from(r)).await {
+                    Ok(_) => {
+                        shared
+                            .replayed
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(e) if e.is_transient() => {
+                        failed = Some(e);
+                        break;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            match failed {
+                None => {
+                    if let Ok(mut g) = shared.model.write() {
+                        *g = None; // a restored trainer serves under its plain name
+                    }
+                    return Ok(());
+                }
+                Some(e) => {
+                    tracing::warn!(error = %e, "replay interrupted; waiting for the trainer");
+                    self.wait_for_trainer(cancel).await?;
+                }
+            }
+        }
+    }
+}
+
+/// A judged step's batch on its way to the trainer.
+struct Prepared {
+    step: i32,
+    batch: wire::Batch,
+}
+
+async fn sqlx_value(pool: &PgPool, run: Uuid, step: i32, name: &str) -> Option<f64> {
+    db::metrics::value(pool, run, step, name)
+        .await
+        .ok()
+        .flatten()
+}

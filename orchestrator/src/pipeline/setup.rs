@@ -1,0 +1,155 @@
+//! Building a [`Pipeline`] for one run of an experiment from its configuration: tasks (and the
+//! research world and its index when the preset generates them), tools, tokenizer, policy
+//! client with admission control, judge, and the trainer client.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::{Pipeline, PipelineError};
+use crate::chat::{ModelTokenizer, Scaffold};
+use crate::config::{Config, Recipe};
+use crate::db;
+use crate::judge::step::StepOptions;
+use crate::llm::trainer::TrainerClient;
+use crate::llm::{LlmClient, Role};
+use crate::rollout::{Admission, RolloutConfig, RolloutCtx, RolloutTask};
+
+fn setup(m: impl std::fmt::Display) -> PipelineError {
+    PipelineError::Setup(m.to_string())
+}
+
+/// Generate the research world and build its index when the preset asks for it and they are
+/// missing (deterministic per seed, so an existing copy is the same world).
+pub fn ensure_world(cfg: &Config) -> Result<(), PipelineError> {
+    let d = &cfg.data;
+    let Some(seed) = d.world_seed else {
+        return Ok(());
+    };
+    let dir = d.tasks.parent().unwrap_or(Path::new("."));
+    if !d.tasks.exists() {
+        let world = crate::data::world::generate(seed, d.world_docs, d.world_tasks);
+        crate::data::world::write(&world, dir)
+            .map_err(|e| setup(format!("writing the world to {}: {e}", dir.display())))?;
+        tracing::info!(dir = %dir.display(), docs = world.docs.len(), tasks = world.tasks.len(), "research world generated");
+    }
+    if !d.index.as_os_str().is_empty() && !d.index.join("meta.json").exists() {
+        use crate::tools::local_search::{LocalIndex, read_corpus};
+        let docs = read_corpus(&dir.join("corpus.jsonl")).map_err(setup)?;
+        LocalIndex::build(&docs, Some(&d.index)).map_err(setup)?;
+        tracing::info!(index = %d.index.display(), docs = docs.len(), "local index built");
+    }
+    Ok(())
+}
+
+/// Everything a run shares across its recipes: tasks in the database, tools, tokenizer.
+pub struct Common {
+    pub tasks: Vec<RolloutTask>,
+    pub tools: Arc<crate::tools::runner::ToolRunner>,
+    pub codec: Arc<ModelTokenizer>,
+}
+
+pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError> {
+    ensure_world(cfg)?;
+    let rows = crate::data::tasks::load(&cfg.data.tasks).map_err(setup)?;
+    if rows.is_empty() {
+        return Err(setup(format!(
+            "{} holds no tasks",
+            cfg.data.tasks.display()
+        )));
+    }
+    let new: Vec<db::tasks::NewTask> = rows.iter().map(crate::data::tasks::to_new_task).collect();
+    let ids = db::tasks::upsert(pool, &new).await?;
+    let cache = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
+    let tool_setup = crate::tools::setup::ToolSetup {
+        index: (!cfg.data.index.as_os_str().is_empty()).then(|| cfg.data.index.clone()),
+        web: cfg.data.index.as_os_str().is_empty(),
+        mcp_urls: vec![],
+    };
+    let runner = crate::tools::setup::build(&tool_setup, Some(cache))
+        .await
+        .map_err(setup)?;
+    let scaffold: Scaffold =
+        serde_json::from_value(serde_json::Value::String(cfg.data.scaffold.clone()))
+            .map_err(setup)?;
+    let system = crate::chat::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)
+        .map_err(setup)?;
+    let tasks = rows
+        .iter()
+        .zip(&ids)
+        .map(|(t, id)| RolloutTask {
+            task_id: *id,
+            system: system.clone(),
+            user: crate::chat::user_message(&t.query, t.format),
+        })
+        .collect();
+    let codec = ModelTokenizer::from_dir(&cfg.data.tokenizer).map_err(setup)?;
+    Ok(Common {
+        tasks,
+        tools: Arc::new(runner),
+        codec: Arc::new(codec),
+    })
+}
+
+/// The pipeline of one run.
+pub async fn pipeline(
+    cfg: &Config,
+    pool: &PgPool,
+    common: &Common,
+    run_id: Uuid,
+    recipe: Recipe,
+) -> Result<Pipeline, PipelineError> {
+    let http = crate::llm::build_http(Duration::from_secs(10)).map_err(setup)?;
+    let client = LlmClient::from_config(
+        http.clone(),
+        Role::Policy,
+        &cfg.policy,
+        &cfg.retry,
+        &cfg.health,
+    );
+    crate::llm::detect_all(&client, Role::Policy)
+        .await
+        .map_err(setup)?;
+    let admission = (cfg.pipeline.admission_max_waiting > 0).then(|| {
+        Arc::new(Admission::new(
+            http.clone(),
+            cfg.policy.urls.clone(),
+            cfg.pipeline.admission_max_waiting,
+        ))
+    });
+    let trainer = TrainerClient::new(http, &cfg.trainer.url);
+    let state = trainer.state().await?;
+    let judge = crate::judge::from_config(cfg).map_err(setup)?;
+    Ok(Pipeline {
+        pool: pool.clone(),
+        run_id,
+        recipe,
+        steps: cfg.experiment.steps,
+        cfg: cfg.pipeline.clone(),
+        tasks: common.tasks.clone(),
+        tasks_per_step: cfg.rollout.tasks_per_step as usize,
+        n: cfg.rollout.n,
+        seed: cfg.experiment.seed,
+        rollout: RolloutCtx {
+            client,
+            codec: common.codec.clone(),
+            tools: common.tools.clone(),
+            cfg: RolloutConfig {
+                max_tool_calls: cfg.rollout.max_tool_calls,
+                max_tokens: cfg.rollout.max_tokens,
+                forced_answer_tokens: (cfg.rollout.max_tokens / 8).clamp(16, 2048),
+                temperature: cfg.rollout.temperature,
+                top_p: cfg.rollout.top_p,
+                seed: Some(cfg.experiment.seed),
+            },
+        },
+        admission,
+        judge,
+        judge_opts: StepOptions::for_recipe(recipe, cfg.credit.lambda, cfg.credit.citation),
+        trainer,
+        trainer_mode: state.mode,
+    })
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The main job on the embedded defaults (no GPU, no keys, no internet), end to end:
+#   research world + local index -> offline teacher SFT data -> tokenizer + small Qwen3 model
+#   -> `trainer sft` warm start -> `trainer serve` (policy server + trainer) -> `orchestrator run
+#   --experiment smoke` (RL) -> `orchestrator report`.
+# Everything lands under runs/smoke (kept between runs: delete it to start from scratch).
+#
+#   DATABASE_URL     default postgres://postgres@127.0.0.1:5432/rubricem
+#   SMOKE_PROFILE    cargo profile (release | debug; default release)
+#   SMOKE_EXPERIMENT preset to run on the smoke back-ends (default smoke; e.g. ablation-600)
+#   SMOKE_ARGS       extra arguments for `orchestrator run` (e.g. "--steps 3")
+#   SMOKE_PORT       trainer port (default 8100)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rubricem}"
+PROFILE="${SMOKE_PROFILE:-release}"
+EXPERIMENT="${SMOKE_EXPERIMENT:-smoke}"
+PORT="${SMOKE_PORT:-8100}"
+DIR=runs/smoke
+say() { echo "smoke: $*" >&2; }
+
+[[ -x .venv/bin/python ]] || bash scripts/python-env.sh
+# shellcheck source=/dev/null
+source scripts/torch-env.sh
+if [[ "$PROFILE" == release ]]; then
+  cargo build --release -p orchestrator -p trainer
+  BIN=target/release
+else
+  cargo build -p orchestrator -p trainer
+  BIN=target/debug
+fi
+"$BIN/orchestrator" migrate >/dev/null
+
+mkdir -p "$DIR"
+if [[ ! -f "$DIR/world/tasks.jsonl" ]]; then
+  "$BIN/orchestrator" world generate --seed 17 --docs 400 --tasks 96 --out "$DIR/world"
+fi
+if [[ ! -f "$DIR/index/meta.json" ]]; then
+  "$BIN/orchestrator" index build --corpus "$DIR/world/corpus.jsonl" --out "$DIR/index"
+fi
+if [[ ! -f "$DIR/sft.jsonl" ]]; then
+  say "SFT data from the offline teacher"
+  "$BIN/orchestrator" sft-data --experiment smoke --out "$DIR/sft.jsonl"
+fi
+if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
+  say "tokenizer + small model + SFT warm start"
+  python3 - "$DIR" <<'PY'
+import json, sys
+d = sys.argv[1]
+with open(f"{d}/tokenizer-corpus.txt", "w") as out:
+    for line in open(f"{d}/world/corpus.jsonl"):
+        doc = json.loads(line)
+        out.write(doc["title"] + "\n" + doc["text"] + "\n")
+    for line in open(f"{d}/sft.jsonl"):
+        row = json.loads(line)
+        for m in row["messages"][:2]:
+            out.write(m["content"] + "\n")
+        for s in row["segments"]:
+            out.write(s["text"] + "\n")
+PY
+  "$BIN/trainer" tokenizer train --corpus "$DIR/tokenizer-corpus.txt" --vocab 4096 --out "$DIR/tokenizer"
+  "$BIN/trainer" init --config trainer/configs/small.json --tokenizer "$DIR/tokenizer" --out "$DIR/model-init"
+  "$BIN/trainer" sft --data "$DIR/sft.jsonl" --model "$DIR/model-init" --out "$DIR/model-sft" \
+    --epochs "${SMOKE_SFT_EPOCHS:-3}" --batch 8 --lr 2e-3 --device cpu
+fi
+
+say "starting trainer serve on 127.0.0.1:$PORT"
+"$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" --lr "${SMOKE_RL_LR:-2e-4}" \
+  --checkpoint-dir "$DIR/checkpoints" --device cpu >"$DIR/trainer.log" 2>&1 &
+TRAINER=$!
+trap 'kill $TRAINER 2>/dev/null || true' EXIT
+for _ in $(seq 1 120); do
+  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+  sleep 0.5
+done
+curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { say "trainer did not start; see $DIR/trainer.log"; exit 1; }
+
+# shellcheck disable=SC2086
+"$BIN/orchestrator" run --experiment "$EXPERIMENT" --policy-url "http://127.0.0.1:$PORT" \
+  --trainer-url "http://127.0.0.1:$PORT" ${SMOKE_ARGS:-} | tee "$DIR/run.log"
+EXP=$(grep -o 'registered as [0-9a-f-]*' "$DIR/run.log" | awk '{print $3}' | tail -1)
+if [[ -n "$EXP" ]]; then
+  "$BIN/orchestrator" report "$EXP" --out "$DIR/reports"
+fi

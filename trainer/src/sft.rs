@@ -1,0 +1,244 @@
+//! `trainer sft`: supervised warm start on scaffold trajectories written by
+//! `orchestrator sft-data` (ChatML JSONL: `messages` for the prompt, `segments` for the assistant
+//! turn with tool outputs marked). The prompt is rendered with the model's chat template; each
+//! segment is tokenised on its own, exactly as rollouts append them; only model segments and the
+//! closing end-of-turn token count in the loss. The result is a model directory that
+//! `trainer serve` loads unchanged.
+
+use std::path::{Path, PathBuf};
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainerError};
+use crate::model::Qwen3;
+use crate::train::{Sequence, TrainConfig, Trainer};
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SftMessage {
+    pub role: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SftSegment {
+    /// `model` (trained on) or `tool_output` / `injected` (context only).
+    pub kind: String,
+    pub text: String,
+}
+
+/// One row of the SFT file.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SftRow {
+    #[serde(default)]
+    pub id: String,
+    /// The system and user messages (an assistant message, if present, is the ChatML view of
+    /// the segments and is not used for tokenisation).
+    pub messages: Vec<SftMessage>,
+    pub segments: Vec<SftSegment>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SftOptions {
+    pub data: PathBuf,
+    pub model_dir: PathBuf,
+    pub out: PathBuf,
+    pub epochs: usize,
+    /// Sequences per optimizer step.
+    pub batch: usize,
+    /// Longer sequences are dropped (with a count in the report).
+    pub max_len: usize,
+    pub train: TrainConfig,
+    pub device: tch::Device,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SftReport {
+    pub rows: usize,
+    pub dropped_too_long: usize,
+    pub steps: usize,
+    pub tokens: usize,
+    pub trained_tokens: usize,
+    pub first_loss: f64,
+    pub last_loss: f64,
+    pub seconds: f64,
+    pub out: PathBuf,
+}
+
+/// Tokenise one row: (token ids, loss mask).
+pub fn tokenize_row(
+    row: &SftRow,
+    tokenizer: &tokenizers::Tokenizer,
+    template: &str,
+    line: usize,
+) -> Result<(Vec<i64>, Vec<bool>)> {
+    let bad = |m: String| TrainerError::Batch(format!("SFT row {line} ({}): {m}", row.id));
+    let prompt_msgs: Vec<(&str, &str)> = row
+        .messages
+        .iter()
+        .filter(|m| m.role != "assistant")
+        .map(|m| (m.role.as_str(), m.content.as_str()))
+        .collect();
+    if prompt_msgs.is_empty() {
+        return Err(bad("no system or user message".into()));
+    }
+    if !row.segments.iter().any(|s| s.kind == "model") {
+        return Err(bad("no model segment to learn from".into()));
+    }
+    let prompt = crate::chat::render(template, &prompt_msgs, true)
+        .map_err(|e| bad(format!("chat template: {e}")))?;
+    let enc = |text: &str| -> Result<Vec<i64>> {
+        tokenizer
+            .encode(text, false)
+            .map(|e| e.get_ids().iter().map(|&i| i64::from(i)).collect())
+            .map_err(|e| bad(format!("tokenizer: {e}")))
+    };
+    let mut ids = enc(&prompt)?;
+    let mut mask = vec![false; ids.len()];
+    for s in &row.segments {
+        let train = match s.kind.as_str() {
+            "model" => true,
+            "tool_output" | "injected" => false,
+            other => {
+                return Err(bad(format!(
+                    "segment kind {other:?}; allowed: model, tool_output, injected"
+                )));
+            }
+        };
+        let t = enc(&s.text)?;
+        mask.extend(std::iter::repeat_n(train, t.len()));
+        ids.extend(t);
+    }
+    let end = tokenizer
+        .token_to_id("<|im_end|>")
+        .ok_or_else(|| bad("the tokenizer has no <|im_end|>".into()))?;
+    ids.push(i64::from(end));
+    mask.push(true);
+    Ok((ids, mask))
+}
+
+/// Read and tokenise the whole file; errors name the line.
+pub fn load_rows(
+    path: &Path,
+    tokenizer: &tokenizers::Tokenizer,
+    template: &str,
+) -> Result<Vec<(Vec<i64>, Vec<bool>)>> {
+    let text = std::fs::read_to_string(path).map_err(TrainerError::io(path))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: SftRow = serde_json::from_str(line)
+            .map_err(|e| TrainerError::Batch(format!("{} line {}: {e}", path.display(), i + 1)))?;
+        out.push(tokenize_row(&row, tokenizer, template, i + 1)?);
+    }
+    Ok(out)
+}
+
+/// Full-weight SFT of the model directory; writes a servable model directory to `out`.
+pub fn run(opts: &SftOptions) -> Result<SftReport> {
+    if opts.epochs == 0 || opts.batch == 0 {
+        return Err(TrainerError::Config(format!(
+            "--epochs = {} and --batch = {}; both must be >= 1",
+            opts.epochs, opts.batch
+        )));
+    }
+    let t0 = std::time::Instant::now();
+    let dir = &opts.model_dir;
+    let tok_path = dir.join("tokenizer.json");
+    let tokenizer = tokenizers::Tokenizer::from_file(&tok_path)
+        .map_err(|e| TrainerError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
+    let cfg_path = dir.join("tokenizer_config.json");
+    let template = std::fs::read_to_string(&cfg_path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["chat_template"].as_str().map(str::to_string))
+        .ok_or_else(|| {
+            TrainerError::Config(format!("{} has no chat_template", cfg_path.display()))
+        })?;
+    let all = load_rows(&opts.data, &tokenizer, &template)?;
+    let rows = all.len();
+    let kept: Vec<Sequence> = all
+        .into_iter()
+        .filter(|(ids, _)| ids.len() <= opts.max_len)
+        .map(|(tokens, loss_mask)| Sequence {
+            tokens,
+            loss_mask,
+            stages: Vec::new(),
+            behaviour_logprobs: Vec::new(),
+            advantages: Vec::new(),
+        })
+        .collect();
+    let dropped = rows - kept.len();
+    if kept.is_empty() {
+        return Err(TrainerError::Batch(format!(
+            "{}: none of {rows} rows fits --max-len = {}",
+            opts.data.display(),
+            opts.max_len
+        )));
+    }
+    let kind = crate::default_kind(opts.device);
+    let model = Qwen3::load(dir, opts.device, kind)?;
+    model.set_trainable(true);
+    let mut trainer = Trainer::new(model, opts.train.clone())?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
+    let mut order: Vec<usize> = (0..kept.len()).collect();
+    let (mut steps, mut tokens, mut trained) = (0usize, 0usize, 0usize);
+    let (mut first, mut last) = (f64::NAN, f64::NAN);
+    let total_steps = opts.epochs * kept.len().div_ceil(opts.batch);
+    for epoch in 0..opts.epochs {
+        order.shuffle(&mut rng);
+        for chunk in order.chunks(opts.batch) {
+            let batch: Vec<Sequence> = chunk.iter().map(|&i| kept[i].clone()).collect();
+            tokens += batch.iter().map(|s| s.tokens.len()).sum::<usize>();
+            trained += batch
+                .iter()
+                .map(|s| s.loss_mask.iter().filter(|&&m| m).count())
+                .sum::<usize>();
+            let m = trainer.sft_step(&batch)?;
+            if steps == 0 {
+                first = m.loss;
+            }
+            last = m.loss;
+            steps += 1;
+            if steps % 10 == 0 || steps == total_steps {
+                tracing::info!(
+                    epoch,
+                    step = steps,
+                    of = total_steps,
+                    loss = m.loss,
+                    seconds = t0.elapsed().as_secs_f64(),
+                    "sft"
+                );
+            }
+        }
+    }
+    crate::checkpoint::write_dir_atomically(&opts.out, |tmp| {
+        trainer.model.save(tmp)?;
+        for f in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "generation_config.json",
+        ] {
+            let src = dir.join(f);
+            if src.exists() {
+                std::fs::copy(&src, tmp.join(f)).map_err(TrainerError::io(&src))?;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(SftReport {
+        rows,
+        dropped_too_long: dropped,
+        steps,
+        tokens,
+        trained_tokens: trained,
+        first_loss: first,
+        last_loss: last,
+        seconds: t0.elapsed().as_secs_f64(),
+        out: opts.out.clone(),
+    })
+}

@@ -1,0 +1,415 @@
+//! The experiment pipeline against a real `trainer serve` (tiny model, CPU) and real Postgres:
+//! the orchestrator process is SIGKILLed mid-run and resumed, and the trainer is killed and
+//! restarted mid-run; in both cases every step completes exactly once, with consistent row
+//! counts and policy versions, and the trainer ends at the run's last version.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use trainer::service::{AppState, ServeConfig, load};
+use uuid::Uuid;
+
+const STEPS: i64 = 4;
+const TASKS: i64 = 2;
+const N: i64 = 2;
+
+/// Tokenizer + random tiny Qwen3 whose vocabulary covers the scaffold's tags.
+fn model_dir(tmp: &Path, world: &Path) -> PathBuf {
+    let corpus = world.join("corpus.jsonl");
+    let tok = tmp.join("tok");
+    trainer::smallmodel::train_tokenizer(&corpus, 400, &tok).unwrap();
+    let cfg = tmp.join("config.json");
+    std::fs::write(
+        &cfg,
+        serde_json::json!({
+            "vocab_size": 0, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+            "max_position_embeddings": 4096, "rope_theta": 10000.0, "tie_word_embeddings": true
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let out = tmp.join("model");
+    trainer::smallmodel::init_model(&cfg, &tok, &out, 3).unwrap();
+    out
+}
+
+struct Trainer {
+    state: Arc<AppState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// `trainer serve` in-process on `addr` (port 0: any), restorable, checkpointing under `ckpt`.
+async fn start_trainer(model: &Path, ckpt: &Path, addr: &str) -> (Trainer, String) {
+    let mut train = trainer::train::TrainConfig::default();
+    train.optim.lr = 1e-3;
+    train.loss.kl_coef = 0.0;
+    let opts = load::LoadOptions {
+        model_dir: model.to_path_buf(),
+        lora: None,
+        train,
+        device: tch::Device::Cpu,
+        seed: 5,
+        resume_from: None,
+    };
+    let loaded = load::load(&opts).unwrap();
+    let listener = loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let bound = listener.local_addr().unwrap();
+    let state = AppState::new(
+        loaded.policy,
+        loaded.tokenizer,
+        loaded.chat_template,
+        loaded.eos,
+        ServeConfig {
+            bind: bound,
+            served_name: "policy".into(),
+            checkpoint_dir: Some(ckpt.to_path_buf()),
+            checkpoint_every: 0,
+            max_body_bytes: 64 << 20,
+            max_model_len: loaded.max_model_len,
+        },
+        None,
+    );
+    state.set_load_options(opts);
+    let app = trainer::service::router(state.clone());
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (Trainer { state, task }, bound.to_string())
+}
+
+fn write_world(dir: &Path) {
+    let world = orchestrator::data::world::generate(23, 60, 12);
+    orchestrator::data::world::write(&world, dir).unwrap();
+}
+
+/// The run configuration as a TOML file over the smoke preset.
+fn config_file(tmp: &Path, world: &Path, model: &Path, db: &str, url: &str) -> PathBuf {
+    let text = format!(
+        r#"
+[experiment]
+steps = {STEPS}
+seed = 9
+[database]
+url = "{db}"
+max_connections = 8
+[policy]
+urls = ["{url}"]
+[trainer]
+url = "{url}"
+[rollout]
+n = {N}
+tasks_per_step = {TASKS}
+max_tool_calls = 2
+max_tokens = 48
+[retry]
+max_retries = 8
+min_delay_ms = 100
+max_delay_ms = 1000
+[data]
+tasks = "{tasks}"
+index = "{index}"
+tokenizer = "{model}"
+world_seed = 23
+world_docs = 60
+world_tasks = 12
+[pipeline]
+max_staleness = 1
+checkpoint_every = 2
+max_inflight = 8
+admission_max_waiting = 64
+trainer_wait_secs = 120
+"#,
+        tasks = world.join("tasks.jsonl").display(),
+        index = world.join("index").display(),
+        model = model.display(),
+    );
+    let p = tmp.join("run.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn db_url(pool: &PgPool) -> String {
+    let base = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| orchestrator::config::DEFAULT_DATABASE_URL.to_string());
+    let name = pool.connect_options().get_database().unwrap().to_string();
+    let mut u = url::Url::parse(&base).unwrap();
+    u.set_path(&name);
+    u.to_string()
+}
+
+async fn scalar(pool: &PgPool, sql: &str, run: Uuid) -> i64 {
+    sqlx::query_scalar(sql)
+        .bind(run)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Everything a finished run must satisfy, whatever happened on the way.
+async fn check_run(pool: &PgPool, run: Uuid, state: &AppState) {
+    let completed = scalar(
+        pool,
+        "SELECT count(*) FROM steps WHERE run_id = $1 AND status = 'completed'",
+        run,
+    )
+    .await;
+    assert_eq!(completed, STEPS, "every step completed");
+    let trajs = scalar(
+        pool,
+        "SELECT count(*) FROM trajectories WHERE run_id = $1",
+        run,
+    )
+    .await;
+    assert_eq!(trajs, STEPS * TASKS * N, "no trajectory lost or duplicated");
+    let per_step_ok = scalar(
+        pool,
+        "SELECT count(*) FROM (SELECT step FROM trajectories WHERE run_id = $1
+                               GROUP BY step HAVING count(*) = 4) s",
+        run,
+    )
+    .await;
+    assert_eq!(per_step_ok, STEPS);
+    let scores = scalar(
+        pool,
+        "SELECT count(*) FROM stage_scores s JOIN trajectories t ON t.id = s.trajectory_id
+         WHERE t.run_id = $1",
+        run,
+    )
+    .await;
+    assert_eq!(scores, trajs * 4, "four stage scores per trajectory, once");
+    let dup_judgments = scalar(
+        pool,
+        "SELECT count(*) - count(DISTINCT (j.trajectory_id, j.rubric_id)) FROM judgments j
+         JOIN trajectories t ON t.id = j.trajectory_id WHERE t.run_id = $1",
+        run,
+    )
+    .await;
+    assert_eq!(dup_judgments, 0);
+    // Staleness bound 1: step s is rolled out by version s - 1 or s.
+    let bad_versions = scalar(
+        pool,
+        "SELECT count(*) FROM trajectories WHERE run_id = $1
+         AND NOT (policy_version BETWEEN step - 1 AND step)",
+        run,
+    )
+    .await;
+    assert_eq!(
+        bad_versions, 0,
+        "policy versions respect the staleness bound"
+    );
+    let versions: Vec<(i32, f64)> = sqlx::query_as(
+        "SELECT step, value FROM step_metrics WHERE run_id = $1 AND name = 'train/policy_version'
+         ORDER BY step",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        versions,
+        (0..STEPS as i32)
+            .map(|s| (s, f64::from(s + 1)))
+            .collect::<Vec<_>>(),
+        "step s trained version s + 1"
+    );
+    let p = state.policy.lock().unwrap();
+    assert_eq!(
+        p.version, STEPS,
+        "the trainer holds exactly the run's steps"
+    );
+}
+
+fn orchestrator_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir.join("orchestrator");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p orchestrator` (cargo test --workspace does)",
+        bin.display()
+    );
+    bin
+}
+
+async fn wait_for_ok<F, Fut>(_what: &str, limit: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let t0 = Instant::now();
+    while !f().await {
+        if t0.elapsed() > limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    true
+}
+
+async fn wait_for<F, Fut>(what: &str, limit: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let t0 = Instant::now();
+    while !f().await {
+        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+async fn sigkill_mid_step_then_resume_loses_and_duplicates_nothing(pool: PgPool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let world = tmp.path().join("world");
+    write_world(&world);
+    let model = model_dir(tmp.path(), &world);
+    let (tr, addr) = start_trainer(&model, &tmp.path().join("ckpt"), "127.0.0.1:0").await;
+    let url = format!("http://{addr}");
+    let db = db_url(&pool);
+    let cfg = config_file(tmp.path(), &world, &model, &db, &url);
+    let bin = orchestrator_bin();
+    let log = tmp.path().join("orchestrator.log");
+    let spawn = |extra: &[&str]| {
+        let mut c = std::process::Command::new(&bin);
+        c.arg("run")
+            .arg("--experiment")
+            .arg("smoke")
+            .arg("--config")
+            .arg(&cfg)
+            .args(extra)
+            .env("DATABASE_URL", &db)
+            .env_remove("ORCH_SET")
+            .env_remove("ORCH_STEPS")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap());
+        c.spawn().unwrap()
+    };
+    let mut child = spawn(&[]);
+    // Kill while step 1 or 2 is in flight (step 0 trained, a later step rolling out or judging).
+    let started = wait_for_ok("step 1 to start", Duration::from_secs(240), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM steps WHERE step >= 1 AND status <> 'completed'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+    assert!(
+        started,
+        "the orchestrator never reached step 1: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+    let (exp, run): (Uuid, Uuid) = sqlx::query_as("SELECT experiment_id, id FROM runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let before: i64 = scalar(
+        &pool,
+        "SELECT count(*) FROM steps WHERE run_id = $1 AND status = 'completed'",
+        run,
+    )
+    .await;
+    assert!(before < STEPS, "killed before the end");
+    // Wait off the runtime: the in-process trainer runs on this (current-thread) runtime.
+    let resumed = spawn(&["--resume", &exp.to_string()]);
+    let out = tokio::task::spawn_blocking(move || resumed.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "resume failed: {stdout}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(stdout.contains("completed, 4 of 4 steps"), "{stdout}");
+    check_run(&pool, run, &tr.state).await;
+    let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE id = $1")
+        .bind(run)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "completed");
+    tr.task.abort();
+}
+
+#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+async fn trainer_killed_and_restarted_mid_run_the_run_completes(pool: PgPool) {
+    use orchestrator::config::{Config, Overrides};
+    let tmp = tempfile::tempdir().unwrap();
+    let world = tmp.path().join("world");
+    write_world(&world);
+    let model = model_dir(tmp.path(), &world);
+    let ckpt = tmp.path().join("ckpt");
+    let (first, addr) = start_trainer(&model, &ckpt, "127.0.0.1:0").await;
+    let url = format!("http://{addr}");
+    let file = config_file(tmp.path(), &world, &model, &db_url(&pool), &url);
+    let cfg = Config::load(
+        "smoke",
+        &Overrides {
+            file: Some(file),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let exp = orchestrator::db::runs::create_experiment(&pool, "t", "smoke", &cfg.snapshot())
+        .await
+        .unwrap();
+    let run = orchestrator::db::runs::create_run(&pool, exp, "full", "full", &cfg.snapshot(), 9)
+        .await
+        .unwrap();
+    let common = orchestrator::pipeline::setup::common(&cfg, &pool)
+        .await
+        .unwrap();
+    let p = orchestrator::pipeline::setup::pipeline(
+        &cfg,
+        &pool,
+        &common,
+        run,
+        orchestrator::config::Recipe::Full,
+    )
+    .await
+    .unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let job = tokio::spawn(Arc::new(p).run(cancel.clone(), indicatif::ProgressBar::hidden()));
+    // Kill the trainer once a checkpoint exists (after step 1) and step 2 is under way.
+    wait_for("step 1 trained", Duration::from_secs(240), || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM checkpoints")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            > 0
+    })
+    .await;
+    first.task.abort();
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A fresh process: base weights, no session; the pipeline must restore and replay.
+    let (second, _) = start_trainer(&model, &ckpt, &addr).await;
+    let outcome = tokio::time::timeout(Duration::from_secs(300), job)
+        .await
+        .expect("run finished in time")
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome.completed, STEPS as u32);
+    assert!(!outcome.interrupted);
+    check_run(&pool, run, &second.state).await;
+    let session = second.state.policy.lock().map(|p| p.version).unwrap();
+    assert_eq!(session, STEPS);
+    second.task.abort();
+}

@@ -102,10 +102,10 @@ pub struct SftDataArgs {
     #[arg(long, env = "ORCH_SFT_OUT")]
     pub out: PathBuf,
     /// Use at most this many tasks.
-    #[arg(long)]
+    #[arg(long, env = "ORCH_SFT_LIMIT")]
     pub limit: Option<usize>,
     /// The search tool the teacher calls.
-    #[arg(long, default_value = "google_search")]
+    #[arg(long, env = "ORCH_SFT_TOOL", default_value = "google_search")]
     pub tool: String,
 }
 

@@ -742,7 +742,7 @@ mod tests {
         assert_eq!(cfg.judge.model, "g");
         assert_eq!(cfg.policy.urls, vec!["http://a:1", "http://b:2"]);
         assert_eq!(
-            cfg.rollout.max_tokens, 1024,
+            cfg.rollout.max_tokens, 512,
             "untouched keys keep the preset"
         );
     }

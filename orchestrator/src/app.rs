@@ -429,27 +429,12 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     .await?;
     db::runs::set_run_status(&pool, run_id, "running", None).await?;
     db::runs::begin_step(&pool, run_id, 0, 0, &task_ids).await?;
-    let rtasks: Vec<RolloutTask> = tasks
-        .iter()
-        .zip(&task_ids)
-        .map(|(t, id)| RolloutTask {
-            task_id: *id,
-            system: system.clone(),
-            user: crate::chat::user_message(&t.query, t.format),
-        })
-        .collect();
+    let rtasks = RolloutTask::from_rows(&tasks, &task_ids, &system);
     let ctx = RolloutCtx {
         client,
         codec: Arc::new(tokenizer),
         tools: Arc::new(runner),
-        cfg: RolloutConfig {
-            max_tool_calls: cfg.rollout.max_tool_calls,
-            max_tokens: cfg.rollout.max_tokens,
-            forced_answer_tokens: (cfg.rollout.max_tokens / 8).clamp(16, 2048),
-            temperature: cfg.rollout.temperature,
-            top_p: cfg.rollout.top_p,
-            seed: Some(cfg.experiment.seed),
-        },
+        cfg: RolloutConfig::from_config(&cfg.rollout, cfg.experiment.seed),
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let ctrl_c = cancel.clone();

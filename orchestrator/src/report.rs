@@ -303,13 +303,12 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
             md,
             "| step | plan | research | review | answer | rollout s | judge s | train s |\n|---|---|---|---|---|---|---|---|"
         );
-        for (i, (step, _)) in d.rewards[3].iter().enumerate() {
+        for (step, _) in &d.rewards[3] {
             let at = |s: &Series| {
                 s.iter()
                     .find(|p| p.0 == *step)
                     .map_or("".to_string(), |p| format!("{:.4}", p.1))
             };
-            let _ = i;
             let _ = writeln!(
                 md,
                 "| {step} | {} | {} | {} | {} | {} | {} | {} |",

@@ -144,10 +144,7 @@ impl Pipeline {
             shared.clone(),
             cancel.clone(),
         ));
-        let judging = tokio::spawn(
-            self.clone()
-                .judge_worker(judge_rx, train_tx, cancel.clone()),
-        );
+        let judging = tokio::spawn(self.clone().judge_worker(judge_rx, train_tx));
         let training = tokio::spawn(self.clone().train_worker(
             train_rx,
             trained_tx,
@@ -295,7 +292,6 @@ impl Pipeline {
         self: Arc<Self>,
         mut rx: mpsc::Receiver<i32>,
         tx: mpsc::Sender<Prepared>,
-        cancel: CancellationToken,
     ) -> Result<(), PipelineError> {
         while let Some(s) = rx.recv().await {
             let t0 = Instant::now();
@@ -319,9 +315,7 @@ impl Pipeline {
             m.push(("time/judge_s".into(), judge_secs));
             m.push(("time/prepare_s".into(), t1.elapsed().as_secs_f64()));
             db::metrics::record(&self.pool, self.run_id, s, &m).await?;
-            // A cancelled run still trains what is judged (the trainer loses nothing), unless
-            // the train worker is gone.
-            let _ = &cancel;
+            // A cancelled run still trains what is judged, unless the train worker is gone.
             if tx.send(Prepared { step: s, batch }).await.is_err() {
                 break;
             }

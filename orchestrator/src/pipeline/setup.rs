@@ -77,15 +77,7 @@ pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError
             .map_err(setup)?;
     let system = crate::chat::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)
         .map_err(setup)?;
-    let tasks = rows
-        .iter()
-        .zip(&ids)
-        .map(|(t, id)| RolloutTask {
-            task_id: *id,
-            system: system.clone(),
-            user: crate::chat::user_message(&t.query, t.format),
-        })
-        .collect();
+    let tasks = RolloutTask::from_rows(&rows, &ids, &system);
     let codec = ModelTokenizer::from_dir(&cfg.data.tokenizer).map_err(setup)?;
     Ok(Common {
         tasks,
@@ -137,14 +129,7 @@ pub async fn pipeline(
             client,
             codec: common.codec.clone(),
             tools: common.tools.clone(),
-            cfg: RolloutConfig {
-                max_tool_calls: cfg.rollout.max_tool_calls,
-                max_tokens: cfg.rollout.max_tokens,
-                forced_answer_tokens: (cfg.rollout.max_tokens / 8).clamp(16, 2048),
-                temperature: cfg.rollout.temperature,
-                top_p: cfg.rollout.top_p,
-                seed: Some(cfg.experiment.seed),
-            },
+            cfg: RolloutConfig::from_config(&cfg.rollout, cfg.experiment.seed),
         },
         admission,
         judge,

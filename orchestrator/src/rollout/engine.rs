@@ -45,6 +45,21 @@ pub struct RolloutConfig {
     pub seed: Option<u64>,
 }
 
+impl RolloutConfig {
+    /// The rollout settings of an experiment, sampling seeded by `seed`; an eighth of the token
+    /// budget (16..=2048) is held back for a forced answer.
+    pub fn from_config(cfg: &crate::config::RolloutConfig, seed: u64) -> Self {
+        Self {
+            max_tool_calls: cfg.max_tool_calls,
+            max_tokens: cfg.max_tokens,
+            forced_answer_tokens: (cfg.max_tokens / 8).clamp(16, 2048),
+            temperature: cfg.temperature,
+            top_p: cfg.top_p,
+            seed: Some(seed),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {
     #[error(transparent)]
@@ -59,6 +74,24 @@ pub struct RolloutTask {
     pub task_id: Uuid,
     pub system: String,
     pub user: String,
+}
+
+impl RolloutTask {
+    /// The task rows of a task file with their database ids, under one system prompt.
+    pub fn from_rows(
+        rows: &[crate::data::tasks::TaskRow],
+        ids: &[Uuid],
+        system: &str,
+    ) -> Vec<RolloutTask> {
+        rows.iter()
+            .zip(ids)
+            .map(|(t, id)| RolloutTask {
+                task_id: *id,
+                system: system.to_string(),
+                user: crate::chat::user_message(&t.query, t.format),
+            })
+            .collect()
+    }
 }
 
 /// Where the trajectory belongs.

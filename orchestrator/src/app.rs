@@ -99,6 +99,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rubrics(cmd) => rubrics(cmd).await,
         Command::Run { config, resume } => run_experiment(&config, resume).await,
         Command::SftData(args) => sft_data(&args).await,
+        Command::Bank(cmd) => bank(cmd).await,
         Command::Report {
             target,
             out: dir,
@@ -110,6 +111,101 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `orchestrator bank show|search|export`.
+async fn bank(cmd: crate::cli::BankCommand) -> anyhow::Result<ExitCode> {
+    use crate::bank::{Bank, Embedder, Retrieved};
+    use crate::cli::BankCommand;
+    let (BankCommand::Show { config, .. }
+    | BankCommand::Search { config, .. }
+    | BankCommand::Export { config, .. }) = &cmd;
+    let cfg = load_config(config)?;
+    let pool = db::open(&cfg.database.url, 4).await?;
+    match cmd {
+        BankCommand::Show {
+            run, limit, full, ..
+        } => {
+            let mut items = db::bank::load(&pool, run).await?;
+            items.reverse();
+            out(format!("run {run}: {} bank item(s)", items.len()));
+            for it in items.iter().take(limit) {
+                out(format!(
+                    "- step {:>4}  score {:.3}  task {}  {}",
+                    it.step,
+                    it.score,
+                    it.task_id,
+                    crate::judge::view::clip_middle(it.question.trim(), 100)
+                ));
+                if full {
+                    out(format!(
+                        "  rubrics:\n{}\n  takeaways:\n{}",
+                        it.rubrics, it.takeaways
+                    ));
+                }
+            }
+        }
+        BankCommand::Search {
+            run,
+            query,
+            mode,
+            k,
+            ..
+        } => {
+            let embedder = Embedder::from_config(&cfg)?;
+            let bank = Bank::load(
+                pool.clone(),
+                run,
+                embedder,
+                k.unwrap_or(cfg.reflection.top_k),
+            )
+            .await?;
+            let t0 = std::time::Instant::now();
+            // The query is not a task of the bank: nothing is excluded by id.
+            let got = bank.retrieve(uuid::Uuid::nil(), &query, mode).await?;
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            out(format!(
+                "{} item(s) in the bank; served mode {} in {ms:.2} ms",
+                bank.len(),
+                got.mode().as_str()
+            ));
+            match &got {
+                Retrieved::Nothing => {}
+                Retrieved::Within(it) => out(format!("exact match: task {}", it.task_id)),
+                Retrieved::Cross(v) => {
+                    for (it, cos) in v {
+                        out(format!(
+                            "cos {cos:.3}  task {}  {}",
+                            it.task_id,
+                            crate::judge::view::clip_middle(it.question.trim(), 100)
+                        ));
+                    }
+                }
+            }
+            let block = got.render()?;
+            if !block.is_empty() {
+                out(block);
+            }
+        }
+        BankCommand::Export { run, out: path, .. } => {
+            let items = db::bank::load(&pool, run).await?;
+            let mut f = std::io::BufWriter::new(
+                std::fs::File::create(&path)
+                    .with_context(|| format!("creating {}", path.display()))?,
+            );
+            for it in &items {
+                serde_json::to_writer(&mut f, it)?;
+                f.write_all(b"\n")?;
+            }
+            f.flush()?;
+            out(format!(
+                "{} item(s) written to {}",
+                items.len(),
+                path.display()
+            ));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `orchestrator sft-data`: offline teacher trajectories over the research world.
@@ -429,7 +525,30 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     .await?;
     db::runs::set_run_status(&pool, run_id, "running", None).await?;
     db::runs::begin_step(&pool, run_id, 0, 0, &task_ids).await?;
-    let rtasks = RolloutTask::from_rows(&tasks, &task_ids, &system);
+    let mut rtasks = RolloutTask::from_rows(&tasks, &task_ids, &system);
+    if args.reuse != crate::bank::Reuse::None {
+        let Some(bank_run) = args.bank_run else {
+            anyhow::bail!(
+                "--reuse {} needs --bank-run RUN (the run whose rubric bank is read)",
+                args.reuse.as_str()
+            );
+        };
+        let bank = crate::bank::Bank::load(
+            pool.clone(),
+            bank_run,
+            crate::bank::Embedder::from_config(&cfg)?,
+            cfg.reflection.top_k,
+        )
+        .await?;
+        anyhow::ensure!(!bank.is_empty(), "run {bank_run} has an empty rubric bank");
+        let mut served = std::collections::BTreeMap::<&str, usize>::new();
+        for (t, row) in rtasks.iter_mut().zip(&tasks) {
+            let got = bank.retrieve(t.task_id, &row.query, args.reuse).await?;
+            *served.entry(got.mode().as_str()).or_default() += 1;
+            t.user = got.inject(&t.user)?;
+        }
+        tracing::info!(reuse = args.reuse.as_str(), bank = %bank_run, items = bank.len(), served = ?served, "memory injected");
+    }
     let ctx = RolloutCtx {
         client,
         codec: Arc::new(tokenizer),

@@ -78,6 +78,9 @@ pub enum Command {
     /// Build SFT warm-start data (ChatML JSONL with tool spans marked) from the research
     /// world's known evidence chains, searched on the real local index.
     SftData(SftDataArgs),
+    /// Inspect a run's rubric bank (reflection memory).
+    #[command(subcommand)]
+    Bank(BankCommand),
     /// Write a markdown report with PNG and SVG plots for a run or a whole experiment.
     Report {
         /// A run id or an experiment id.
@@ -141,6 +144,53 @@ pub struct RolloutArgs {
     /// Trajectories in flight at once.
     #[arg(long, env = "ORCH_MAX_INFLIGHT", default_value_t = 256)]
     pub max_inflight: usize,
+    /// Inference-time memory: inject `<reference_examples>` from a run's rubric bank (none;
+    /// within = this question's own item, else similar ones; cross = top-k similar questions).
+    #[arg(long, env = "ORCH_REUSE", value_enum, default_value_t = crate::bank::Reuse::None)]
+    pub reuse: crate::bank::Reuse,
+    /// The run whose rubric bank `--reuse` reads.
+    #[arg(long, env = "ORCH_BANK_RUN")]
+    pub bank_run: Option<uuid::Uuid>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BankCommand {
+    /// List a run's bank items (newest first).
+    Show {
+        /// The run whose bank is shown.
+        run: uuid::Uuid,
+        /// At most this many items.
+        #[arg(long, env = "ORCH_BANK_LIMIT", default_value_t = 20)]
+        limit: usize,
+        /// Print each item's full rubrics and takeaways.
+        #[arg(long, env = "ORCH_BANK_FULL")]
+        full: bool,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Retrieve what a question would be given: top-k similar items (cross) or its own item
+    /// (within), with cosine scores and the injected block.
+    Search {
+        run: uuid::Uuid,
+        /// The question text.
+        #[arg(long, env = "ORCH_BANK_QUERY")]
+        query: String,
+        #[arg(long, env = "ORCH_BANK_MODE", value_enum, default_value_t = crate::bank::Reuse::Cross)]
+        mode: crate::bank::Reuse,
+        /// Items returned (default: reflection.top_k of the preset).
+        #[arg(long, env = "ORCH_BANK_K")]
+        k: Option<usize>,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Write a run's bank as JSONL (one item per line, embeddings included).
+    Export {
+        run: uuid::Uuid,
+        #[arg(long, env = "ORCH_BANK_OUT")]
+        out: PathBuf,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
 }
 
 #[derive(Debug, Clone, Args)]

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
+pub mod bank;
 pub mod chat;
 pub mod cli;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod eval;
 pub mod judge;
 pub mod llm;
 pub mod pipeline;
+pub mod reflection;
 pub mod report;
 pub mod rollout;
 pub mod rubrics;

@@ -112,6 +112,8 @@ async fn rollout_command_stores_and_summarises(pool: sqlx::PgPool) {
         scaffold: "rubricem".into(),
         // One at a time: the fake's scripted replies are a single queue.
         max_inflight: 1,
+        reuse: orchestrator::bank::Reuse::None,
+        bank_run: None,
     };
     let summary = orchestrator::app::rollout(&args).await.unwrap();
     assert_eq!(summary.trajectories, 4);
@@ -164,4 +166,78 @@ async fn rollout_command_stores_and_summarises(pool: sqlx::PgPool) {
             && text.ends_with("<|im_start|>assistant\n"),
         "{text}"
     );
+
+    // Inference-time reuse: the first run's bank (one item per task) is injected before each
+    // question of a second rollout as the within-episode `<reference_examples>` block.
+    let first_run: uuid::Uuid = sqlx::query_scalar("SELECT id FROM runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM tasks ORDER BY prompt")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let prompts: Vec<String> = sqlx::query_scalar("SELECT prompt FROM tasks ORDER BY prompt")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let emb = orchestrator::bank::LocalEmbedder::default();
+    for (id, q) in ids.iter().zip(&prompts) {
+        orchestrator::db::bank::upsert(
+            &pool,
+            first_run,
+            &orchestrator::bank::BankItem {
+                task_id: *id,
+                question: q.clone(),
+                question_sha256: orchestrator::bank::question_hash(q),
+                embedding: emb.embed_one(q),
+                rubrics: format!("RUBRICS-FOR {q}"),
+                takeaways: "check twice".into(),
+                score: 0.8,
+                step: 0,
+                reflection_id: None,
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let mut again = args.clone();
+    let err = orchestrator::app::rollout(&RolloutArgs {
+        reuse: orchestrator::bank::Reuse::Within,
+        ..args.clone()
+    })
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("--bank-run"), "{err}");
+    again.reuse = orchestrator::bank::Reuse::Within;
+    again.bank_run = Some(first_run);
+    server.push_scripted(scripted("probe")).await;
+    for _ in 0..(n * world.tasks.len()) {
+        server.push_scripted(scripted("<think>plan</think><structured_plan><deep_analysis>a</deep_analysis><rubric>- fact</rubric><research_plan>search</research_plan></structured_plan><call_tool name=\"google_search\">gene protein</call_tool>")).await;
+        server.push_scripted(scripted("<think>ok</think><state_evaluation>enough</state_evaluation><review><rubric_review>r</rubric_review><writing_plan>w</writing_plan></review><answer>\\boxed{x}</answer>")).await;
+    }
+    orchestrator::app::rollout(&again).await.unwrap();
+    let rows: Vec<(Vec<i32>, uuid::Uuid)> = sqlx::query_as(
+        "SELECT t.prompt_token_ids, t.task_id FROM trajectories t WHERE t.run_id <> $1",
+    )
+    .bind(first_run)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 4);
+    for (ids_, task) in rows {
+        let text = tok
+            .decode(&ids_.iter().map(|x| *x as u32).collect::<Vec<_>>())
+            .unwrap();
+        let q = &prompts[ids.iter().position(|i| *i == task).unwrap()];
+        let block = text.find("<reference_examples>").expect("block injected");
+        assert!(
+            text.contains(&format!("### Rubrics:\nRUBRICS-FOR {q}\n")),
+            "{text}"
+        );
+        assert!(
+            block < text.find(q.as_str()).unwrap(),
+            "block precedes the question"
+        );
+    }
 }

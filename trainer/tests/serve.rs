@@ -244,6 +244,7 @@ fn batch(s: &Server, seqs: &[Vec<u32>], adv: &[f32]) -> wire::Batch {
                     advantages: vec![*a],
                     group_id: i as u32,
                     policy_version: 0,
+                    phase: wire::Phase::Task,
                 }
             })
             .collect(),

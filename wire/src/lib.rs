@@ -4,16 +4,39 @@
 //!
 //! ```text
 //! header   b"RBEMBAT1" | u32 n_seqs | i32 policy_version | u32 flags (bit 0: RL, else SFT)
-//! n_seqs x u32 len | u32 group_id | i32 policy_version | u16 n_adv | u16 reserved (= 0)
+//! n_seqs x u32 len | u32 group_id | i32 policy_version | u16 n_adv | u16 phase (0 task, 1 reflection)
 //! n_seqs x tokens u32[len] | stages i8[len] | loss_mask u8[len] (0/1)
 //!          | behaviour_logprobs f32[len] | advantages f32[n_adv]
 //! ```
 //!
 //! 10 bytes per token: a 256 x 16k batch is 42 MB.
+//!
+//! A train step applies the reflection sequences (phase 1, the meta-policy's deferred batch,
+//! method.md A.6.3) as their own optimizer step first (Phase A), then the task sequences
+//! (Phase B).
 
 pub const MAGIC: &[u8; 8] = b"RBEMBAT1";
 const HEADER: usize = 8 + 4 + 4 + 4;
 const SEQ_HEADER: usize = 4 + 4 + 4 + 2 + 2;
+
+/// Which optimizer step of a train request a sequence belongs to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Phase {
+    /// Phase B: the step's task trajectories.
+    #[default]
+    Task,
+    /// Phase A: reflection candidates of an earlier step (trained first).
+    Reflection,
+}
+
+impl Phase {
+    fn code(self) -> u16 {
+        match self {
+            Phase::Task => 0,
+            Phase::Reflection => 1,
+        }
+    }
+}
 
 /// One sequence of a train batch.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -31,6 +54,7 @@ pub struct WireSequence {
     pub group_id: u32,
     /// Policy version that sampled it (staleness accounting).
     pub policy_version: i32,
+    pub phase: Phase,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -103,7 +127,7 @@ impl Batch {
             out.extend_from_slice(&s.group_id.to_le_bytes());
             out.extend_from_slice(&s.policy_version.to_le_bytes());
             out.extend_from_slice(&(s.advantages.len() as u16).to_le_bytes());
-            out.extend_from_slice(&0u16.to_le_bytes());
+            out.extend_from_slice(&s.phase.code().to_le_bytes());
         }
         for s in &self.seqs {
             for t in &s.tokens {
@@ -152,7 +176,17 @@ impl Batch {
             let p = HEADER + i * SEQ_HEADER;
             let len = u32_at(p) as usize;
             let n_adv = u16::from_le_bytes([body[p + 12], body[p + 13]]) as usize;
-            heads.push((len, u32_at(p + 4), u32_at(p + 8) as i32, n_adv));
+            let phase = match u16::from_le_bytes([body[p + 14], body[p + 15]]) {
+                0 => Phase::Task,
+                1 => Phase::Reflection,
+                x => {
+                    return Err(WireError::Seq {
+                        seq: i,
+                        what: format!("phase {x}; allowed: 0 (task), 1 (reflection)"),
+                    });
+                }
+            };
+            heads.push((len, u32_at(p + 4), u32_at(p + 8) as i32, n_adv, phase));
             expected = expected.saturating_add(len.saturating_mul(10) + n_adv * 4);
         }
         if expected != body.len() {
@@ -168,7 +202,7 @@ impl Batch {
         };
         let mut p = heads_end;
         let mut seqs = Vec::with_capacity(n);
-        for (i, (len, group_id, pv, n_adv)) in heads.into_iter().enumerate() {
+        for (i, (len, group_id, pv, n_adv, phase)) in heads.into_iter().enumerate() {
             let bad = |what: String| WireError::Seq { seq: i, what };
             let tokens: Vec<u32> = body[p..p + 4 * len]
                 .chunks_exact(4)
@@ -218,6 +252,7 @@ impl Batch {
                 advantages,
                 group_id,
                 policy_version: pv,
+                phase,
             });
         }
         Ok(Batch {
@@ -246,6 +281,7 @@ mod tests {
                     advantages: vec![0.5, -1.0, 0.0, 2.0],
                     group_id: 3,
                     policy_version: 6,
+                    phase: Phase::Task,
                 },
                 WireSequence {
                     tokens: vec![9, 8],
@@ -255,6 +291,7 @@ mod tests {
                     advantages: vec![],
                     group_id: 4,
                     policy_version: 7,
+                    phase: Phase::Reflection,
                 },
             ],
         }
@@ -288,10 +325,15 @@ mod tests {
         s[stage_at] = 9;
         let e = Batch::decode(&s).unwrap_err().to_string();
         assert!(e.contains("sequence 0") && e.contains("stage 9"), "{e}");
-        let mut k = bytes;
+        let mut k = bytes.clone();
         k[stage_at + 4] = 2;
         let e = Batch::decode(&k).unwrap_err().to_string();
         assert!(e.contains("loss mask byte 2"), "{e}");
+        // The second sequence's phase field (last 2 bytes of its header).
+        let mut ph = bytes;
+        ph[HEADER + 2 * SEQ_HEADER - 2] = 5;
+        let e = Batch::decode(&ph).unwrap_err().to_string();
+        assert!(e.contains("sequence 1") && e.contains("phase 5"), "{e}");
         let mut bad = sample();
         bad.seqs[1].stages.pop();
         assert!(

@@ -46,6 +46,11 @@ impl Recipe {
             Recipe::Drtulu => "drtulu",
         }
     }
+
+    /// Recipes with the reflection meta-policy, rubric bank and windowed curriculum.
+    pub fn reflects(self) -> bool {
+        matches!(self, Recipe::MetaPolicy | Recipe::Full)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +82,48 @@ pub struct Config {
     pub pipeline: PipelineConfig,
     #[serde(default)]
     pub data: DataConfig,
+    #[serde(default)]
+    pub reflection: ReflectionConfig,
+}
+
+/// The reflection meta-policy, rubric bank and windowed curriculum (method.md A.6-A.7); used by
+/// the `meta-policy` and `full` recipes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReflectionConfig {
+    /// Reflection candidates per sampled trajectory (m).
+    pub candidates: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    /// Token budget of one candidate.
+    pub max_tokens: u32,
+    /// Write the best valid candidate only if its utility reaches this (0 = always).
+    pub accept_threshold: f64,
+    /// Cross-episode items injected per question (k).
+    pub top_k: usize,
+    /// New-query batches per curriculum window (K); each window replays them in order.
+    pub window: u32,
+    /// The trajectory shown to the reflection prompt is cut to this many bytes (head and tail).
+    pub max_trajectory_chars: usize,
+    /// How long training of step s waits for the reflection job of step s - 1 before it trains
+    /// without it (the candidates then join a later step; the lag is a metric).
+    pub wait_secs: u64,
+}
+
+impl Default for ReflectionConfig {
+    fn default() -> Self {
+        Self {
+            candidates: 8,
+            temperature: 0.7,
+            top_p: 1.0,
+            max_tokens: 1024,
+            accept_threshold: 0.0,
+            top_k: 2,
+            window: 3,
+            max_trajectory_chars: 12_000,
+            wait_secs: 600,
+        }
+    }
 }
 
 /// How `orchestrator run` schedules its workers (method.md A.8, design.md section 3).
@@ -508,6 +555,43 @@ impl Config {
             "pipeline.checkpoint_subdir",
             format!("{:?}", p.checkpoint_subdir),
             "a plain name of letters, digits, '-' and '_'",
+        )?;
+        let r = &self.reflection;
+        check(
+            (1..=64).contains(&r.candidates),
+            "reflection.candidates",
+            r.candidates,
+            "1..=64",
+        )?;
+        check(
+            r.temperature.is_finite() && (0.0..=2.0).contains(&r.temperature),
+            "reflection.temperature",
+            r.temperature,
+            "0..=2",
+        )?;
+        check(
+            (16..=32_768).contains(&r.max_tokens),
+            "reflection.max_tokens",
+            r.max_tokens,
+            "16..=32768",
+        )?;
+        check(
+            (0.0..=1.0).contains(&r.accept_threshold),
+            "reflection.accept_threshold",
+            r.accept_threshold,
+            "0..=1",
+        )?;
+        check(
+            (1..=16).contains(&r.top_k),
+            "reflection.top_k",
+            r.top_k,
+            "1..=16",
+        )?;
+        check(
+            (1..=1000).contains(&r.window),
+            "reflection.window",
+            r.window,
+            "1..=1000",
         )?;
         check(
             ["rubricem", "drtulu", "react"].contains(&self.data.scaffold.as_str()),

@@ -403,3 +403,34 @@ pub async fn insert_calls(
     .await?;
     Ok(())
 }
+
+/// A trajectory's per-rubric judgments with the rubric's stage and title, for the reflection
+/// judge (stage order, then rubric title).
+pub async fn findings(
+    pool: &PgPool,
+    trajectory_id: Uuid,
+    judge_model: &str,
+) -> Result<Vec<crate::judge::Finding>, DbError> {
+    let rows: Vec<(i16, String, String, f32, String)> = sqlx::query_as(
+        "SELECT r.stage, r.title, r.description, j.score, j.justification
+         FROM judgments j JOIN rubrics r ON r.id = j.rubric_id
+         WHERE j.trajectory_id = $1 AND j.judge_model = $2
+         ORDER BY r.stage, r.title, r.id",
+    )
+    .bind(trajectory_id)
+    .bind(judge_model)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(stage, title, description, score, justification)| {
+            let stage = Stage::from_index(i64::from(stage))?;
+            Some(crate::judge::Finding {
+                stage,
+                title: if title.is_empty() { description } else { title },
+                score,
+                justification,
+            })
+        })
+        .collect())
+}

@@ -1,6 +1,7 @@
 //! Postgres, the system of record: the pool, migrations (apply and verify), and typed queries.
 //! All SQL of the orchestrator lives under this module, always with bound parameters.
 
+pub mod bank;
 mod copy;
 pub mod judging;
 pub mod metrics;

@@ -28,6 +28,8 @@ pub enum CallKind {
     ScoreFallback,
     Claims,
     Ground,
+    /// Grading reflection candidates (method.md A.6.2).
+    Reflect,
 }
 
 impl CallKind {
@@ -38,6 +40,7 @@ impl CallKind {
             CallKind::ScoreFallback => "score_fallback",
             CallKind::Claims => "claims",
             CallKind::Ground => "ground",
+            CallKind::Reflect => "reflect",
         }
     }
 }

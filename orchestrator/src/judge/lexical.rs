@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use futures::future::BoxFuture;
 
 use super::{
-    Claim, ClaimVerdict, Generated, Judge, JudgeError, JudgeKind, NewRubric, Rubric, RubricScore,
-    ScoreMode, Scoring, TraceView, Usage,
+    Claim, ClaimVerdict, Finding, Generated, Judge, JudgeError, JudgeKind, NewRubric,
+    ReflectionGrade, Rubric, RubricScore, ScoreMode, Scoring, TraceView, Usage,
 };
 use crate::trajectory::Stage;
 
@@ -408,6 +408,98 @@ fn score_lowered(r: &Rubric, hay: &str) -> (u8, String) {
     )
 }
 
+/// The lexical proxy of the reflection judge (method.md A.6.2), deterministic and labelled as
+/// lexical wherever it is reported:
+/// - diagnostic accuracy: 0.8 x the share of the evaluator's failed findings (raw score 0; all
+///   findings when none failed) whose title terms the reflection names, + 0.2 x the share of the
+///   reflection's terms that occur in the question, trajectory or findings (nothing invented);
+/// - specificity: 0.7 x coverage of the question's terms (up to 5), + 0.3 x the share of the four
+///   rubric sections present;
+/// - scope: 0.5 if it has 1-4 takeaways, + 0.5 x the share of distinct takeaway lines.
+pub fn grade_reflection(
+    question: &str,
+    trace: &TraceView,
+    findings: &[Finding],
+    candidate: &str,
+) -> ReflectionGrade {
+    let Some(blocks) = crate::reflection::parse(candidate) else {
+        return ReflectionGrade::default();
+    };
+    let text = format!("{}\n{}", blocks.rubrics, blocks.takeaways).to_lowercase();
+    let own: BTreeSet<String> = terms(&text).into_iter().collect();
+    let failed: Vec<&Finding> = findings.iter().filter(|f| f.score < 0.5).collect();
+    let targets: Vec<&Finding> = if failed.is_empty() {
+        findings.iter().collect()
+    } else {
+        failed
+    };
+    let coverage = if targets.is_empty() {
+        1.0
+    } else {
+        targets
+            .iter()
+            .filter(|f| terms(&f.title).iter().any(|t| own.contains(t)))
+            .count() as f64
+            / targets.len() as f64
+    };
+    let mut seen_text = question.to_lowercase();
+    for st in &trace.stage_text {
+        seen_text.push_str(&st.to_lowercase());
+    }
+    for f in findings {
+        seen_text.push_str(&f.title.to_lowercase());
+        seen_text.push_str(&f.justification.to_lowercase());
+    }
+    let grounded = if own.is_empty() {
+        0.0
+    } else {
+        own.iter()
+            .filter(|t| seen_text.contains(t.as_str()))
+            .count() as f64
+            / own.len() as f64
+    };
+    let q_terms: BTreeSet<String> = terms(question).into_iter().collect();
+    let q_cover = if q_terms.is_empty() {
+        0.0
+    } else {
+        let hits = q_terms.iter().filter(|t| own.contains(*t)).count();
+        (hits as f64 / q_terms.len().min(5) as f64).min(1.0)
+    };
+    let sections = [
+        "critical requirement",
+        "analytical approach",
+        "communication",
+        "pitfall",
+    ];
+    let present = sections
+        .iter()
+        .filter(|s| blocks.rubrics.to_lowercase().contains(*s))
+        .count() as f64
+        / sections.len() as f64;
+    let lines: Vec<String> = blocks
+        .takeaways
+        .lines()
+        .map(|l| l.trim().trim_start_matches(['-', '*', ' ']).to_lowercase())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let distinct = lines.iter().collect::<BTreeSet<_>>().len();
+    let scope = if lines.is_empty() {
+        0.0
+    } else {
+        let count_ok = if (1..=4).contains(&lines.len()) {
+            0.5
+        } else {
+            0.0
+        };
+        count_ok + 0.5 * distinct as f64 / lines.len() as f64
+    };
+    ReflectionGrade {
+        diagnostic_accuracy: 0.8 * coverage + 0.2 * grounded,
+        specificity: 0.7 * q_cover + 0.3 * present,
+        scope,
+    }
+}
+
 /// Cited ids of the answer that are not among the trajectory's snippets, sorted.
 fn unknown_cited_ids(trace: &TraceView) -> Vec<String> {
     let Some(a) = &trace.answer else {
@@ -482,5 +574,21 @@ impl Judge for LexicalJudge {
         snippets: &'a HashMap<String, String>,
     ) -> BoxFuture<'a, Result<(Vec<ClaimVerdict>, Usage), JudgeError>> {
         Box::pin(async move { Ok((self.claims_sync(claims, snippets), LOCAL_CALL)) })
+    }
+
+    fn reflect<'a>(
+        &'a self,
+        question: &'a str,
+        trace: &'a TraceView,
+        findings: &'a [Finding],
+        candidates: &'a [String],
+    ) -> BoxFuture<'a, Result<(Vec<ReflectionGrade>, Usage), JudgeError>> {
+        Box::pin(async move {
+            let grades = candidates
+                .iter()
+                .map(|c| grade_reflection(question, trace, findings, c))
+                .collect();
+            Ok((grades, LOCAL_CALL))
+        })
     }
 }

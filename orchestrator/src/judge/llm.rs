@@ -13,8 +13,8 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::{
-    Claim, ClaimVerdict, Generated, Judge, JudgeError, JudgeKind, NewRubric, Rubric, RubricScore,
-    ScoreMode, Scoring, TraceView, Usage,
+    Claim, ClaimVerdict, Finding, Generated, Judge, JudgeError, JudgeKind, NewRubric,
+    ReflectionGrade, Rubric, RubricScore, ScoreMode, Scoring, TraceView, Usage,
 };
 use crate::llm::{ChatMessage, ChatRequest, LlmClient, LlmError, ResponseFormat, Structured};
 use crate::trajectory::Stage;
@@ -24,6 +24,7 @@ const GENERATE: &str = include_str!("../../../prompts/judge/generate.jinja");
 const SCORE: &str = include_str!("../../../prompts/judge/score.jinja");
 const GROUND: &str = include_str!("../../../prompts/judge/ground.jinja");
 const CLAIMS: &str = include_str!("../../../prompts/judge/claims.jinja");
+const REFLECT: &str = include_str!("../../../prompts/judge/reflect.jinja");
 
 /// Prices and limits of one judge endpoint.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -214,6 +215,39 @@ fn claims_schema() -> serde_json::Value {
     })
 }
 
+#[derive(Debug, Deserialize)]
+struct ReflectItem {
+    index: usize,
+    diagnostic_accuracy: f64,
+    specificity: f64,
+    scope: f64,
+}
+
+#[derive(Debug, Deserialize)]
+struct ReflectOut {
+    reflections: Vec<ReflectItem>,
+}
+
+fn reflect_schema() -> serde_json::Value {
+    let unit = json!({"type": "number", "minimum": 0, "maximum": 1});
+    json!({
+        "type": "object",
+        "properties": {"reflections": {"type": "array", "items": {
+            "type": "object",
+            "properties": {
+                "index": {"type": "integer"},
+                "diagnostic_accuracy": unit,
+                "specificity": unit,
+                "scope": unit
+            },
+            "required": ["index", "diagnostic_accuracy", "specificity", "scope"],
+            "additionalProperties": false
+        }}},
+        "required": ["reflections"],
+        "additionalProperties": false
+    })
+}
+
 /// Each index in 0..n exactly once.
 fn check_indices(what: &str, idx: impl Iterator<Item = usize>, n: usize) -> Result<(), String> {
     let mut seen = BTreeSet::new();
@@ -261,6 +295,7 @@ impl LlmJudge {
             ("score", SCORE),
             ("ground", GROUND),
             ("claims", CLAIMS),
+            ("reflect", REFLECT),
         ] {
             env.add_template(name, src)
                 .map_err(|e| JudgeError::Prompt {
@@ -607,6 +642,69 @@ impl Judge for LlmJudge {
                 };
             }
             Ok((verdicts, usage))
+        })
+    }
+
+    fn reflect<'a>(
+        &'a self,
+        question: &'a str,
+        trace: &'a TraceView,
+        findings: &'a [Finding],
+        candidates: &'a [String],
+    ) -> BoxFuture<'a, Result<(Vec<ReflectionGrade>, Usage), JudgeError>> {
+        Box::pin(async move {
+            if candidates.is_empty() {
+                return Ok((vec![], Usage::default()));
+            }
+            let findings: Vec<_> = findings
+                .iter()
+                .map(|f| {
+                    minijinja::context! {
+                        stage => f.stage.as_str(),
+                        title => f.title,
+                        score => f.score,
+                        justification => f.justification,
+                    }
+                })
+                .collect();
+            let user = self.render(
+                "reflect",
+                minijinja::context! {
+                    question => question,
+                    trajectory => trace.render(self.opts.max_stage_chars),
+                    findings => findings,
+                    candidates => candidates,
+                },
+            )?;
+            let n = candidates.len();
+            let (out, usage): (ReflectOut, Usage) = self
+                .call("reflection_grades", reflect_schema(), user, |r: &ReflectOut| {
+                    for x in &r.reflections {
+                        for (what, v) in [
+                            ("diagnostic_accuracy", x.diagnostic_accuracy),
+                            ("specificity", x.specificity),
+                            ("scope", x.scope),
+                        ] {
+                            if !(0.0..=1.0).contains(&v) {
+                                return Err(format!(
+                                    "{what} {v} of reflection {} is out of range; allowed: 0..=1",
+                                    x.index
+                                ));
+                            }
+                        }
+                    }
+                    check_indices("reflection", r.reflections.iter().map(|x| x.index), n)
+                })
+                .await?;
+            let mut grades = vec![ReflectionGrade::default(); n];
+            for x in out.reflections {
+                grades[x.index] = ReflectionGrade {
+                    diagnostic_accuracy: x.diagnostic_accuracy,
+                    specificity: x.specificity,
+                    scope: x.scope,
+                };
+            }
+            Ok((grades, usage))
         })
     }
 }

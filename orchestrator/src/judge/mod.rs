@@ -170,6 +170,24 @@ pub struct ClaimVerdict {
     pub relevance: f64,
 }
 
+/// One evaluator finding the reflection judge sees: a rubric, its stage, its raw 0-2 score and
+/// the justification (method.md A.6.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    pub stage: Stage,
+    pub title: String,
+    pub score: f32,
+    pub justification: String,
+}
+
+/// The reflection judge's three dimensions for one candidate, each in [0, 1].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReflectionGrade {
+    pub diagnostic_accuracy: f64,
+    pub specificity: f64,
+    pub scope: f64,
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum JudgeError {
     #[error("judge call failed after {attempts} attempt(s): {source}")]
@@ -225,6 +243,17 @@ pub trait Judge: Send + Sync {
         claims: &'a [Claim],
         snippets: &'a std::collections::HashMap<String, String>,
     ) -> BoxFuture<'a, Result<(Vec<ClaimVerdict>, Usage), JudgeError>>;
+
+    /// Grade reflection candidates written about one trajectory (method.md A.6.2), one grade
+    /// per candidate in order; the judge sees the trajectory and the evaluator's findings.
+    /// Callers grade only valid candidates (invalid ones score 0 without a call).
+    fn reflect<'a>(
+        &'a self,
+        question: &'a str,
+        trace: &'a TraceView,
+        findings: &'a [Finding],
+        candidates: &'a [String],
+    ) -> BoxFuture<'a, Result<(Vec<ReflectionGrade>, Usage), JudgeError>>;
 }
 
 /// The judge a configuration asks for: the LLM judge behind `judge.urls`, or the lexical judge.

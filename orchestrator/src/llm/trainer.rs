@@ -63,6 +63,9 @@ pub struct TrainerState {
 pub struct TrainReply {
     pub policy_version: i64,
     pub metrics: serde_json::Map<String, serde_json::Value>,
+    /// Phase A (reflection) step metrics, when the batch carried reflection sequences.
+    #[serde(default)]
+    pub reflection: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(default)]
     pub published: Option<serde_json::Value>,
     #[serde(default)]

@@ -76,6 +76,7 @@ pub fn sequence(t: &Trajectory, adv: &[f64; 4], group: u32) -> wire::WireSequenc
         advantages: adv.iter().map(|&a| a as f32).collect(),
         group_id: group,
         policy_version: t.policy_version,
+        phase: wire::Phase::Task,
     }
 }
 

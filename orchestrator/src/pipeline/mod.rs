@@ -9,12 +9,19 @@
 //! be applied twice. On (re)start the trainer is brought to the last completed step: kept if
 //! its session and version already match, otherwise restored from the run's newest checkpoint
 //! and the steps after it replayed from their stored batches.
+//!
+//! Recipes with the meta-policy (method.md A.6-A.8) add: the windowed curriculum (new batches,
+//! then their replay), `<reference_examples>` injected from the rubric bank (cross-episode on
+//! new steps, within-episode on replays), a background reflection job per judged new step that
+//! never blocks rollouts, and the job's candidates trained as Phase A of the next step (the
+//! deferred batch; later if the job was late, which the lag metric shows).
 
 pub mod batch;
 pub mod schedule;
 pub mod setup;
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
@@ -22,6 +29,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::bank::Reuse;
 use crate::config::{PipelineConfig, Recipe};
 use crate::db::{self, DbError};
 use crate::judge::Judge;
@@ -45,6 +53,17 @@ pub enum PipelineError {
     Setup(String),
     #[error("a pipeline worker stopped unexpectedly: {0}")]
     Worker(String),
+    #[error("rubric bank: {0}")]
+    Bank(#[from] crate::bank::BankError),
+}
+
+/// The memory half of the meta-policy recipes.
+pub struct Memory {
+    pub reflector: crate::reflection::Reflector,
+    /// Curriculum window K.
+    pub window: u32,
+    /// How long training of step s waits for the reflection job of step s - 1.
+    pub wait: Duration,
 }
 
 /// Everything one run of the pipeline needs.
@@ -56,6 +75,10 @@ pub struct Pipeline {
     pub cfg: PipelineConfig,
     /// Every task of the task file, in file order (the schedule indexes into it).
     pub tasks: Vec<RolloutTask>,
+    /// The question text of each task (bank keys and retrieval queries), same order.
+    pub questions: Vec<String>,
+    /// Reflection, bank and curriculum (meta-policy and full recipes).
+    pub memory: Option<Memory>,
     pub tasks_per_step: usize,
     pub n: u32,
     pub seed: u64,
@@ -85,6 +108,10 @@ struct Shared {
     /// The model name rollouts ask for (a published version once the trainer publishes).
     model: RwLock<Option<String>>,
     replayed: std::sync::atomic::AtomicU32,
+    /// Background reflection jobs by generation step.
+    jobs: Mutex<HashMap<i32, tokio::task::JoinHandle<()>>>,
+    /// Steps trained so far (the policy version reflection jobs generate with).
+    version: std::sync::atomic::AtomicI32,
 }
 
 impl Pipeline {
@@ -103,8 +130,11 @@ impl Pipeline {
         let shared = Arc::new(Shared {
             model: RwLock::new(None),
             replayed: Default::default(),
+            jobs: Mutex::new(HashMap::new()),
+            version: std::sync::atomic::AtomicI32::new(completed),
         });
         self.sync_trainer(completed, &shared, &cancel).await?;
+        self.relaunch_reflections(&rows, &shared).await?;
 
         // Steps rolled out (and maybe judged) but not trained continue where they stopped.
         let mut pending = Vec::new();
@@ -144,7 +174,10 @@ impl Pipeline {
             shared.clone(),
             cancel.clone(),
         ));
-        let judging = tokio::spawn(self.clone().judge_worker(judge_rx, train_tx));
+        let judging = tokio::spawn(
+            self.clone()
+                .judge_worker(judge_rx, train_tx, shared.clone()),
+        );
         let training = tokio::spawn(self.clone().train_worker(
             train_rx,
             trained_tx,
@@ -154,6 +187,7 @@ impl Pipeline {
         ));
         let (r, j, t) = tokio::join!(rollouts, judging, training);
         probes.abort();
+        self.finish_reflections(&shared, &cancel).await;
         let flat = |x: Result<Result<(), PipelineError>, tokio::task::JoinError>| match x {
             Ok(r) => r,
             Err(e) => Err(PipelineError::Worker(e.to_string())),
@@ -207,13 +241,14 @@ impl Pipeline {
             }
             let wait_secs = t_wait.elapsed().as_secs_f64();
             let version = *trained.borrow();
+            let slot = self.slot(s);
             let picks = schedule::tasks_for_step(
                 self.tasks.len(),
                 self.tasks_per_step,
                 self.seed,
-                s as u32,
+                slot.map_or(s as u32, |x| x.batch),
             );
-            let tasks: Vec<RolloutTask> = picks.iter().map(|&i| self.tasks[i].clone()).collect();
+            let (tasks, memory_metrics) = self.with_memory(&picks, slot).await?;
             let ids: Vec<Uuid> = tasks.iter().map(|t| t.task_id).collect();
             db::pipeline::restart_step(&self.pool, self.run_id, s, version, &ids).await?;
             let t0 = Instant::now();
@@ -264,6 +299,7 @@ impl Pipeline {
                 ),
                 ("rollout/policy_version".to_string(), f64::from(version)),
             ];
+            m.extend(memory_metrics);
             if let Some(a) = &self.admission {
                 m.push((
                     "rollout/admission_held_s".to_string(),
@@ -292,6 +328,7 @@ impl Pipeline {
         self: Arc<Self>,
         mut rx: mpsc::Receiver<i32>,
         tx: mpsc::Sender<Prepared>,
+        shared: Arc<Shared>,
     ) -> Result<(), PipelineError> {
         while let Some(s) = rx.recv().await {
             let t0 = Instant::now();
@@ -308,11 +345,13 @@ impl Pipeline {
             }
             db::runs::set_step_status(&self.pool, self.run_id, s, "training").await?;
             let judge_secs = t0.elapsed().as_secs_f64();
+            self.launch_reflection(s, &shared);
             let t1 = Instant::now();
-            let (batch, stats) =
-                batch::build(&self.pool, self.run_id, s, self.judge.model()).await?;
-            let mut m = stats.metrics();
+            let waited = self.await_reflection(s - 1, &shared).await;
+            let (batch, stats, mut m) = self.build_batch(s, true).await?;
+            m.extend(stats.metrics());
             m.push(("time/judge_s".into(), judge_secs));
+            m.push(("time/reflection_wait_s".into(), waited));
             m.push(("time/prepare_s".into(), t1.elapsed().as_secs_f64()));
             db::metrics::record(&self.pool, self.run_id, s, &m).await?;
             // A cancelled run still trains what is judged, unless the train worker is gone.
@@ -354,6 +393,11 @@ impl Pipeline {
                     m.push((format!("train/{k}"), x));
                 }
             }
+            for (k, v) in reply.reflection.iter().flatten() {
+                if let Some(x) = v.as_f64().filter(|x| x.is_finite()) {
+                    m.push((format!("train/reflection/{k}"), x));
+                }
+            }
             db::metrics::record(&self.pool, self.run_id, s, &m).await?;
             if let Some(name) = reply.published_name()
                 && let Ok(mut g) = shared.model.write()
@@ -361,6 +405,9 @@ impl Pipeline {
                 *g = Some(name);
             }
             db::runs::set_step_status(&self.pool, self.run_id, s, "completed").await?;
+            shared
+                .version
+                .store(s + 1, std::sync::atomic::Ordering::Relaxed);
             let due = self.cfg.checkpoint_every > 0
                 && (((s + 1) as u32).is_multiple_of(self.cfg.checkpoint_every)
                     || s + 1 == self.steps as i32);
@@ -372,6 +419,220 @@ impl Pipeline {
             idle = Instant::now();
         }
         Ok(())
+    }
+
+    /// The curriculum slot of a step (meta-policy recipes only).
+    fn slot(&self, s: i32) -> Option<schedule::Slot> {
+        self.memory
+            .as_ref()
+            .map(|m| schedule::windowed(s.max(0) as u32, m.window))
+    }
+
+    /// The step's tasks, with `<reference_examples>` injected before the question when the
+    /// recipe has memory (cross-episode on new steps, within-episode on replays), and metrics.
+    async fn with_memory(
+        &self,
+        picks: &[usize],
+        slot: Option<schedule::Slot>,
+    ) -> Result<(Vec<RolloutTask>, Vec<(String, f64)>), PipelineError> {
+        let mut tasks: Vec<RolloutTask> = picks.iter().map(|&i| self.tasks[i].clone()).collect();
+        let (Some(mem), Some(slot)) = (&self.memory, slot) else {
+            return Ok((tasks, vec![]));
+        };
+        let mode = match slot.phase {
+            schedule::Phase::New => Reuse::Cross,
+            schedule::Phase::Replay => Reuse::Within,
+        };
+        let t0 = Instant::now();
+        let bank = &mem.reflector.bank;
+        let (mut within, mut cross, mut fallback) = (0usize, 0usize, 0usize);
+        for (t, &i) in tasks.iter_mut().zip(picks) {
+            let got = bank.retrieve(t.task_id, &self.questions[i], mode).await?;
+            match got.mode() {
+                Reuse::Within => within += 1,
+                Reuse::Cross => {
+                    cross += 1;
+                    if mode == Reuse::Within {
+                        fallback += 1;
+                    }
+                }
+                Reuse::None => {}
+            }
+            t.user = got.inject(&t.user)?;
+        }
+        let n = tasks.len().max(1) as f64;
+        let m = vec![
+            (
+                "curriculum/phase".to_string(),
+                f64::from(u8::from(slot.phase == schedule::Phase::Replay)),
+            ),
+            ("curriculum/window".to_string(), f64::from(slot.window)),
+            ("curriculum/batch".to_string(), f64::from(slot.batch)),
+            ("bank/items".to_string(), bank.len() as f64),
+            ("bank/injected_within".to_string(), within as f64 / n),
+            ("bank/injected_cross".to_string(), cross as f64 / n),
+            ("bank/within_fallbacks".to_string(), fallback as f64),
+            ("time/retrieval_s".to_string(), t0.elapsed().as_secs_f64()),
+        ];
+        Ok((tasks, m))
+    }
+
+    /// Start the background reflection job of a judged new-phase step (never awaited here).
+    fn launch_reflection(self: &Arc<Self>, s: i32, shared: &Arc<Shared>) {
+        let Some(slot) = self.slot(s) else { return };
+        if slot.phase != schedule::Phase::New {
+            return;
+        }
+        if shared.jobs.lock().is_ok_and(|g| g.contains_key(&s)) {
+            return;
+        }
+        let this = self.clone();
+        let sh = shared.clone();
+        let handle = tokio::spawn(async move {
+            let Some(mem) = &this.memory else { return };
+            // A finished job is never redone: its candidates may already be trained.
+            match db::bank::job_status(&this.pool, this.run_id, s).await {
+                Ok(Some(st)) if st == "done" || st == "failed" => return,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(step = s, error = %e, "reading the reflection job status failed");
+                    return;
+                }
+            }
+            let mut r = mem.reflector.clone();
+            if let Ok(g) = sh.model.read()
+                && let Some(m) = g.as_deref()
+            {
+                r.client = r.client.with_model(m);
+            }
+            let version = sh.version.load(std::sync::atomic::Ordering::Relaxed);
+            match r.run_job(s, version).await {
+                Ok(rep) => {
+                    let mut m = rep.metrics();
+                    m.push(("reflection/failed".into(), 0.0));
+                    if let Err(e) = db::metrics::record(&this.pool, this.run_id, s, &m).await {
+                        tracing::warn!(step = s, error = %e, "recording reflection metrics failed");
+                    }
+                    tracing::info!(
+                        step = s,
+                        candidates = rep.candidates,
+                        valid = rep.valid,
+                        bank_writes = rep.bank_writes,
+                        "reflection job done"
+                    );
+                }
+                Err(e) => {
+                    // Logged and recorded; the replay of these questions falls back to
+                    // cross-episode retrieval.
+                    tracing::warn!(step = s, error = %e, "reflection job failed");
+                    let msg = crate::util::error_chain(&e);
+                    let _ = db::bank::fail_job(&this.pool, this.run_id, s, &msg).await;
+                    let _ = db::metrics::record(
+                        &this.pool,
+                        this.run_id,
+                        s,
+                        &[("reflection/failed".to_string(), 1.0)],
+                    )
+                    .await;
+                }
+            }
+        });
+        if let Ok(mut g) = shared.jobs.lock() {
+            g.insert(s, handle);
+        }
+    }
+
+    /// Wait (up to `wait`) for the reflection job of step `s`; returns the seconds waited.
+    async fn await_reflection(&self, s: i32, shared: &Shared) -> f64 {
+        let Some(mem) = &self.memory else { return 0.0 };
+        let handle = shared.jobs.lock().ok().and_then(|mut g| g.remove(&s));
+        let Some(mut handle) = handle else { return 0.0 };
+        let t0 = Instant::now();
+        if tokio::time::timeout(mem.wait, &mut handle).await.is_err() {
+            tracing::warn!(
+                step = s,
+                waited_secs = mem.wait.as_secs(),
+                "reflection job still running; training without it (its candidates join a later step)"
+            );
+            if let Ok(mut g) = shared.jobs.lock() {
+                g.insert(s, handle);
+            }
+        }
+        t0.elapsed().as_secs_f64()
+    }
+
+    /// A step's train batch: the deferred reflection candidates (Phase A) then its trajectories.
+    /// `fresh` (first build) assigns every finished, untrained candidate to this step; a replay
+    /// reads the assignment back, so the bytes match the first build.
+    async fn build_batch(
+        &self,
+        s: i32,
+        fresh: bool,
+    ) -> Result<(wire::Batch, batch::BatchStats, Vec<(String, f64)>), PipelineError> {
+        let (mut b, stats) = batch::build(&self.pool, self.run_id, s, self.judge.model()).await?;
+        let mut m = Vec::new();
+        if self.memory.is_none() {
+            return Ok((b, stats, m));
+        }
+        if fresh {
+            db::bank::assign_for_training(&self.pool, self.run_id, s).await?;
+        }
+        let rows = db::bank::for_training(&self.pool, self.run_id, s).await?;
+        let first_group = b.seqs.iter().map(|q| q.group_id + 1).max().unwrap_or(0);
+        let refl = crate::reflection::sequences(&rows, first_group);
+        if !rows.is_empty() {
+            let lag = rows.iter().map(|r| f64::from(s - r.step)).sum::<f64>() / rows.len() as f64;
+            m.push(("reflection/lag_steps".to_string(), lag));
+        }
+        m.push(("batch/reflection_sequences".to_string(), refl.len() as f64));
+        let mut seqs = refl;
+        seqs.append(&mut b.seqs);
+        b.seqs = seqs;
+        Ok((b, stats, m))
+    }
+
+    /// On (re)start: rerun the reflection jobs of judged new-phase steps that never finished
+    /// (the process died while they ran), so their candidates and bank rows are not lost.
+    async fn relaunch_reflections(
+        self: &Arc<Self>,
+        rows: &[db::pipeline::StepRow],
+        shared: &Arc<Shared>,
+    ) -> Result<(), PipelineError> {
+        if self.memory.is_none() {
+            return Ok(());
+        }
+        let jobs: HashMap<i32, String> = db::bank::jobs(&self.pool, self.run_id)
+            .await?
+            .into_iter()
+            .collect();
+        for r in rows {
+            let judged = r.status == "training" || r.status == "completed";
+            let finished = matches!(
+                jobs.get(&r.step).map(String::as_str),
+                Some("done" | "failed")
+            );
+            if judged && !finished {
+                tracing::info!(step = r.step, "relaunching an unfinished reflection job");
+                self.launch_reflection(r.step, shared);
+            }
+        }
+        Ok(())
+    }
+
+    /// At the end of a run: let outstanding reflection jobs finish (their bank writes serve
+    /// evaluation and later runs), or abort them when the run was cancelled.
+    async fn finish_reflections(&self, shared: &Shared, cancel: &CancellationToken) {
+        let handles: Vec<_> = match shared.jobs.lock() {
+            Ok(mut g) => g.drain().map(|(_, h)| h).collect(),
+            Err(_) => return,
+        };
+        for h in handles {
+            if cancel.is_cancelled() {
+                h.abort();
+            } else {
+                let _ = h.await;
+            }
+        }
     }
 
     async fn show(&self, progress: &indicatif::ProgressBar, s: i32) {
@@ -412,6 +673,13 @@ impl Pipeline {
             &serde_json::json!({
                 "trainer": self.trainer.url(),
                 "schedule": {"seed": self.seed, "tasks_per_step": self.tasks_per_step, "next_step": s + 1},
+                "curriculum": self.slot(s + 1).map(|x| serde_json::json!({
+                    "window": x.window,
+                    "phase": if x.phase == schedule::Phase::New { "new" } else { "replay" },
+                    "batch": x.batch,
+                    "k": self.memory.as_ref().map(|m| m.window),
+                })),
+                "bank_items": self.memory.as_ref().map(|m| m.reflector.bank.len()),
             }),
         )
         .await?;
@@ -504,7 +772,7 @@ impl Pipeline {
             };
             let mut failed = None;
             for r in from..target {
-                let (b, _) = batch::build(&self.pool, self.run_id, r, self.judge.model()).await?;
+                let (b, _, _) = self.build_batch(r, false).await?;
                 match self.trainer.train_step(&b, i64::from(r)).await {
                     Ok(_) => {
                         shared

@@ -1,6 +1,9 @@
 //! Which tasks a step rolls out: a deterministic function of (seed, step), so a resumed run
 //! picks exactly the tasks the interrupted one would have, with no generator state to save.
 //! Tasks are visited in epochs; each epoch is a fresh seeded permutation of the whole set.
+//! Recipes with the meta-policy use the windowed curriculum (method.md A.7) on top: windows of
+//! 2K steps, K new batches then their replay in the same order; the position is a function of
+//! the step, so it is part of every checkpoint by construction.
 
 use crate::data::world::Rng;
 
@@ -19,6 +22,45 @@ pub fn tasks_for_step(num_tasks: usize, per_step: usize, seed: u64, step: u32) -
         .collect()
 }
 
+/// The phase of a curriculum step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// A fresh batch: cross-episode retrieval; its trajectories are reflected on.
+    New,
+    /// The replay of the new batch K steps earlier: within-episode retrieval.
+    Replay,
+}
+
+/// Where a step sits in the windowed curriculum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub window: u32,
+    pub phase: Phase,
+    /// Index of the new batch this step rolls out (fed to [`tasks_for_step`]); a replay step
+    /// has the index of the step it replays.
+    pub batch: u32,
+}
+
+/// Windowed curriculum with `k` new batches per window.
+pub fn windowed(step: u32, k: u32) -> Slot {
+    let k = k.max(1);
+    let window = step / (2 * k);
+    let pos = step % (2 * k);
+    if pos < k {
+        Slot {
+            window,
+            phase: Phase::New,
+            batch: window * k + pos,
+        }
+    } else {
+        Slot {
+            window,
+            phase: Phase::Replay,
+            batch: window * k + pos - k,
+        }
+    }
+}
+
 /// A Fisher-Yates permutation of 0..n seeded by (seed, epoch).
 fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     let mut rng = Rng::new(seed ^ epoch.wrapping_mul(0xA24B_AED4_963E_E407));
@@ -33,6 +75,54 @@ fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windowed_curriculum_over_two_windows() {
+        let k = 3;
+        let got: Vec<(u32, Phase, u32)> = (0..12)
+            .map(|s| {
+                let x = windowed(s, k);
+                (x.window, x.phase, x.batch)
+            })
+            .collect();
+        use Phase::{New, Replay};
+        assert_eq!(
+            got,
+            vec![
+                (0, New, 0),
+                (0, New, 1),
+                (0, New, 2),
+                (0, Replay, 0),
+                (0, Replay, 1),
+                (0, Replay, 2),
+                (1, New, 3),
+                (1, New, 4),
+                (1, New, 5),
+                (1, Replay, 3),
+                (1, Replay, 4),
+                (1, Replay, 5),
+            ]
+        );
+        // A replay rolls out exactly the tasks of the new step it replays, K steps later.
+        for s in 0..12u32 {
+            let x = windowed(s, k);
+            if x.phase == Replay {
+                let src = windowed(s - k, k);
+                assert_eq!(src.phase, New);
+                assert_eq!(
+                    tasks_for_step(50, 4, 9, x.batch),
+                    tasks_for_step(50, 4, 9, src.batch)
+                );
+            }
+        }
+        // New batches walk the plain schedule without gaps.
+        let news: Vec<u32> = (0..12)
+            .map(|s| windowed(s, k))
+            .filter(|x| x.phase == New)
+            .map(|x| x.batch)
+            .collect();
+        assert_eq!(news, (0..6).collect::<Vec<_>>());
+    }
 
     #[test]
     fn epochs_cover_every_task_once_and_repeat_deterministically() {

@@ -48,6 +48,8 @@ pub fn ensure_world(cfg: &Config) -> Result<(), PipelineError> {
 /// Everything a run shares across its recipes: tasks in the database, tools, tokenizer.
 pub struct Common {
     pub tasks: Vec<RolloutTask>,
+    /// Each task's question text (bank key), same order as `tasks`.
+    pub questions: Vec<String>,
     pub tools: Arc<crate::tools::runner::ToolRunner>,
     pub codec: Arc<ModelTokenizer>,
 }
@@ -81,6 +83,7 @@ pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError
     let codec = ModelTokenizer::from_dir(&cfg.data.tokenizer).map_err(setup)?;
     Ok(Common {
         tasks,
+        questions: rows.iter().map(|r| r.query.clone()).collect(),
         tools: Arc::new(runner),
         codec: Arc::new(codec),
     })
@@ -115,6 +118,27 @@ pub async fn pipeline(
     let trainer = TrainerClient::new(http, &cfg.trainer.url);
     let state = trainer.state().await?;
     let judge = crate::judge::from_config(cfg).map_err(setup)?;
+    let memory = if recipe.reflects() {
+        let embedder = crate::bank::Embedder::from_config(cfg)?;
+        let bank =
+            crate::bank::Bank::load(pool.clone(), run_id, embedder, cfg.reflection.top_k).await?;
+        Some(super::Memory {
+            reflector: crate::reflection::Reflector {
+                pool: pool.clone(),
+                run_id,
+                seed: cfg.experiment.seed,
+                client: client.clone(),
+                codec: common.codec.clone(),
+                judge: judge.clone(),
+                bank: Arc::new(bank),
+                settings: crate::reflection::Settings::from_config(&cfg.reflection),
+            },
+            window: cfg.reflection.window,
+            wait: Duration::from_secs(cfg.reflection.wait_secs),
+        })
+    } else {
+        None
+    };
     Ok(Pipeline {
         pool: pool.clone(),
         run_id,
@@ -122,6 +146,8 @@ pub async fn pipeline(
         steps: cfg.experiment.steps,
         cfg: cfg.pipeline.clone(),
         tasks: common.tasks.clone(),
+        questions: common.questions.clone(),
+        memory,
         tasks_per_step: cfg.rollout.tasks_per_step as usize,
         n: cfg.rollout.n,
         seed: cfg.experiment.seed,

@@ -171,6 +171,19 @@ fn answer(schema: &str, prompt: &str) -> Value {
                 .collect();
             json!({"claims": claims})
         }
+        "reflection_grades" => {
+            // `### Reflection N` headings; a reflection naming "mechanism" is judged accurate.
+            let blocks: Vec<&str> = prompt.split("### Reflection ").skip(1).collect();
+            let grades: Vec<Value> = blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    let da = if b.contains("mechanism") { 0.9 } else { 0.2 };
+                    json!({"index": i, "diagnostic_accuracy": da, "specificity": 0.5, "scope": 0.5})
+                })
+                .collect();
+            json!({"reflections": grades})
+        }
         _ => json!({}),
     }
 }

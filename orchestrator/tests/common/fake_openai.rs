@@ -116,6 +116,9 @@ pub struct FakeState {
     /// of `</tool_output>` already in the (toy-tokenised) prompt. Lets thousands of concurrent
     /// agent trajectories run without a shared script.
     pub auto_turns: std::sync::RwLock<Vec<String>>,
+    /// When set: a prompt that asks for a reflection (it names `<reflection_takeaways>`) gets
+    /// choice i = entry i % len, ahead of the script and auto turns.
+    pub reflection_replies: std::sync::RwLock<Vec<String>>,
     /// Misbehave: return scripted replies whole even past `max_tokens`.
     pub ignore_max_tokens: std::sync::atomic::AtomicBool,
 }
@@ -326,7 +329,19 @@ async fn completions(State(s): State<Arc<FakeState>>, Json(body): Json<Value>) -
     let mut choices = Vec::new();
     for index in 0..n {
         let auto = s.auto_turns.read().unwrap().clone();
-        let next = match s.scripted.lock().await.pop_front() {
+        let refl = s.reflection_replies.read().unwrap().clone();
+        let asks_reflection =
+            !refl.is_empty() && toy_detokenize(&prompt).contains("<reflection_takeaways>");
+        let next = if asks_reflection {
+            Some(Scripted::reply(&refl[index % refl.len()], "stop"))
+        } else {
+            None
+        };
+        let next = match next {
+            Some(x) => Some(x),
+            None => s.scripted.lock().await.pop_front(),
+        };
+        let next = match next {
             Some(x) => Some(x),
             None if !auto.is_empty() => {
                 let done = toy_detokenize(&prompt).matches("</tool_output>").count();

@@ -79,7 +79,11 @@ pub struct AppState {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrainResponse {
     pub policy_version: i64,
+    /// Phase B: the task sequences (all zero when the batch held only reflections).
     pub metrics: StepMetrics,
+    /// Phase A: the reflection sequences' own optimizer step, when the batch carried any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reflection: Option<StepMetrics>,
     pub checkpoint: Option<PathBuf>,
     pub published: Option<Published>,
     /// Seconds to decode the batch body.
@@ -96,18 +100,25 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
-fn to_sequences(batch: wire::Batch) -> Vec<Sequence> {
-    batch
-        .seqs
-        .into_iter()
-        .map(|s| Sequence {
+/// The batch's sequences split by phase: (reflection = Phase A, task = Phase B).
+fn to_sequences(batch: wire::Batch) -> (Vec<Sequence>, Vec<Sequence>) {
+    let mut reflection = Vec::new();
+    let mut task = Vec::new();
+    for s in batch.seqs {
+        let phase = s.phase;
+        let seq = Sequence {
             tokens: s.tokens.into_iter().map(i64::from).collect(),
             loss_mask: s.loss_mask,
             stages: s.stages,
             behaviour_logprobs: s.behaviour_logprobs,
             advantages: s.advantages,
-        })
-        .collect()
+        };
+        match phase {
+            wire::Phase::Reflection => reflection.push(seq),
+            wire::Phase::Task => task.push(seq),
+        }
+    }
+    (reflection, task)
 }
 
 impl AppState {
@@ -240,22 +251,30 @@ async fn train_step(
         }
     };
     let rl = batch.rl;
-    let seqs = to_sequences(batch);
+    let (reflection, seqs) = to_sequences(batch);
+    if !rl && !reflection.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "reflection (phase 1) sequences need an RL batch (flags bit 0)",
+        );
+    }
     if q.dry_run {
         let vocab = match s.policy.lock() {
             Ok(p) => p.trainer.model.cfg.vocab_size,
             Err(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "policy lock poisoned"),
         };
-        if let Some(e) = seqs
+        if let Some(e) = reflection
             .iter()
+            .chain(&seqs)
             .enumerate()
             .find_map(|(i, sq)| sq.validate(i, vocab, rl).err())
         {
             return error(StatusCode::BAD_REQUEST, e.to_string());
         }
         return axum::Json(serde_json::json!({
-            "sequences": seqs.len(),
-            "tokens": seqs.iter().map(|x| x.tokens.len()).sum::<usize>(),
+            "sequences": seqs.len() + reflection.len(),
+            "reflection_sequences": reflection.len(),
+            "tokens": seqs.iter().chain(&reflection).map(|x| x.tokens.len()).sum::<usize>(),
             "decode_seconds": t0.elapsed().as_secs_f64(),
         }))
         .into_response();
@@ -272,16 +291,23 @@ async fn train_step(
     }
     let state = s.clone();
     let done = tokio::task::spawn_blocking(
-        move || -> Result<(StepMetrics, i64, Option<PathBuf>, Option<PathBuf>)> {
-            let (metrics, version, publish_dir) = {
+        move || -> Result<(StepMetrics, Option<StepMetrics>, i64, Option<PathBuf>, Option<PathBuf>)> {
+            let (metrics, refl_metrics, version, publish_dir) = {
                 let mut p = state
                     .policy
                     .lock()
                     .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
-                let m = if rl {
-                    p.trainer.rl_step(&seqs)?
+                // Phase A (the meta-policy's deferred batch) is its own optimizer step, before
+                // Phase B; together they are one policy version.
+                let ma = if reflection.is_empty() {
+                    None
                 } else {
-                    p.trainer.sft_step(&seqs)?
+                    Some(p.trainer.rl_step(&reflection)?)
+                };
+                let m = match (rl, seqs.is_empty(), &ma) {
+                    (true, true, Some(_)) => StepMetrics::default(),
+                    (true, _, _) => p.trainer.rl_step(&seqs)?,
+                    (false, _, _) => p.trainer.sft_step(&seqs)?,
                 };
                 p.version += 1;
                 let version = p.version;
@@ -299,7 +325,7 @@ async fn train_step(
                     }
                     None => None,
                 };
-                (m, version, dir)
+                (m, ma, version, dir)
             };
             let ckpt = if state.cfg.checkpoint_every > 0
                 && (version as u64).is_multiple_of(state.cfg.checkpoint_every)
@@ -308,11 +334,11 @@ async fn train_step(
             } else {
                 None
             };
-            Ok((metrics, version, ckpt, publish_dir))
+            Ok((metrics, refl_metrics, version, ckpt, publish_dir))
         },
     )
     .await;
-    let (metrics, version, checkpoint, publish_dir) = match done {
+    let (metrics, reflection, version, checkpoint, publish_dir) = match done {
         Ok(Ok(x)) => x,
         Ok(Err(e @ TrainerError::Batch(_))) => {
             return error(StatusCode::BAD_REQUEST, e.to_string());
@@ -343,6 +369,7 @@ async fn train_step(
     axum::Json(TrainResponse {
         policy_version: version,
         metrics,
+        reflection,
         checkpoint,
         published,
         decode_seconds,

@@ -1,0 +1,616 @@
+//! The reflection meta-policy (method.md A.6): for each task of a new-query step, one of its
+//! trajectories (uniform, seeded) is shown to the shared policy, which writes m post-mortem
+//! candidates (`<reflection_rubrics>` + `<reflection_takeaways>`); the judge grades the valid ones
+//! on diagnostic accuracy, specificity and scope with the trajectory's findings in view; the
+//! utilities become GRPO advantages over the m candidates (trained one step later, on
+//! reflection tokens only) and the best valid candidate is written to the rubric bank.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use serde_json::json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::bank::{Bank, BankError, BankItem, question_hash};
+use crate::db::bank::ReflectionRow;
+use crate::db::{self, DbError};
+use crate::judge::group::{CallKind, CallRecord};
+use crate::judge::{Judge, JudgeError, ReflectionGrade, TraceView};
+use crate::llm::{CompletionRequest, LlmClient, LlmError};
+use crate::rollout::codec::{CodecError, TokenCodec};
+use crate::rollout::engine::mix_seed;
+use crate::trajectory::Trajectory;
+
+const SYSTEM: &str = include_str!("../../../prompts/reflection/system.txt");
+const USER: &str = include_str!("../../../prompts/reflection/user.jinja");
+
+/// Generation stops once the takeaways block closes.
+pub const STOP: &str = "</reflection_takeaways>";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReflectionError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("policy server: {0}")]
+    Policy(#[from] LlmError),
+    #[error("reflection judge: {0}")]
+    Judge(#[from] JudgeError),
+    #[error("bank: {0}")]
+    Bank(#[from] BankError),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    #[error("cannot render the reflection prompt: {0}")]
+    Prompt(String),
+    #[error("task {0} of a stored trajectory is missing from `tasks`")]
+    MissingTask(Uuid),
+}
+
+/// The two blocks of a valid candidate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Blocks {
+    pub rubrics: String,
+    pub takeaways: String,
+}
+
+fn block<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
+    let open = format!("<{tag}>");
+    let close = format!("</{tag}>");
+    let start = text.find(&open)? + open.len();
+    let end = start + text[start..].find(&close)?;
+    Some(text[start..end].trim())
+}
+
+/// Validity (method.md A.6.1, PROPOSED precise check): both blocks present, closed and
+/// non-empty. Returns their trimmed contents.
+pub fn parse(text: &str) -> Option<Blocks> {
+    let rubrics = block(text, "reflection_rubrics")?;
+    let takeaways = block(text, "reflection_takeaways")?;
+    if rubrics.is_empty() || takeaways.is_empty() {
+        return None;
+    }
+    Some(Blocks {
+        rubrics: rubrics.to_string(),
+        takeaways: takeaways.to_string(),
+    })
+}
+
+/// A candidate's utility and the parts it was made of.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Utility {
+    pub grade: ReflectionGrade,
+    /// `(0.4 DA + 0.3 Spec) / 0.7`
+    pub within: f64,
+    /// `(0.4 DA + 0.3 Scope) / 0.7`
+    pub cross: f64,
+    /// `(within + cross) / 2`
+    pub u: f64,
+}
+
+/// method.md A.6.2 (PROPOSED mapping): within- and cross-episode usefulness from the three
+/// dimensions, averaged. Dimensions are clamped to [0, 1].
+pub fn utility(g: ReflectionGrade) -> Utility {
+    let c = |x: f64| {
+        if x.is_finite() {
+            x.clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    };
+    let (da, spec, scope) = (c(g.diagnostic_accuracy), c(g.specificity), c(g.scope));
+    let within = (0.4 * da + 0.3 * spec) / 0.7;
+    let cross = (0.4 * da + 0.3 * scope) / 0.7;
+    Utility {
+        grade: g,
+        within,
+        cross,
+        u: 0.5 * (within + cross),
+    }
+}
+
+/// The best valid candidate (`None` = invalid): highest utility, ties to the lowest index; only
+/// if it reaches `accept` (0 accepts any valid one).
+pub fn best_valid(us: &[Option<f64>], accept: f64) -> Option<usize> {
+    let mut best: Option<(usize, f64)> = None;
+    for (i, u) in us.iter().enumerate() {
+        if let Some(u) = *u
+            && best.is_none_or(|(_, b)| u > b)
+        {
+            best = Some((i, u));
+        }
+    }
+    best.filter(|&(_, u)| u >= accept).map(|(i, _)| i)
+}
+
+/// GRPO advantages over one candidate group: `(u - mean) / (std + 1e-6)`; all zero when the
+/// group has no spread.
+pub fn group_advantages(us: &[f64]) -> Vec<f64> {
+    let n = us.len() as f64;
+    if us.is_empty() {
+        return vec![];
+    }
+    let mean = us.iter().sum::<f64>() / n;
+    let var = us.iter().map(|u| (u - mean).powi(2)).sum::<f64>() / n;
+    let std = var.sqrt();
+    if std < 1e-9 {
+        return vec![0.0; us.len()];
+    }
+    us.iter().map(|u| (u - mean) / (std + 1e-6)).collect()
+}
+
+/// Which of a task's trajectories is reflected on: uniform, from the run seed, step and task
+/// (no score or length selection, method.md A.6.1).
+pub fn pick(n: usize, seed: u64, step: i32, task: Uuid) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    let t = u64::from_le_bytes(task.as_bytes()[8..16].try_into().unwrap_or([0; 8]));
+    (mix_seed(mix_seed(seed ^ 0x5eed_2ef1, step as u64), t) % n as u64) as usize
+}
+
+/// The raw trajectory the reflection reads: every segment's text in order (model text and tool
+/// outputs), cut to `max_chars` with head and tail kept so the answer stays visible.
+pub fn trajectory_text(t: &Trajectory, max_chars: usize) -> String {
+    let full: String = t.segments.iter().map(|s| s.text.as_str()).collect();
+    crate::judge::view::clip_middle(&full, max_chars)
+}
+
+/// The reflection prompt's system and user messages.
+pub fn prompt(question: &str, trajectory: &str) -> Result<(String, String), ReflectionError> {
+    let env = minijinja::Environment::new();
+    let user = env
+        .render_str(
+            USER,
+            minijinja::context! { question => question.trim(), trajectory => trajectory },
+        )
+        .map_err(|e| ReflectionError::Prompt(e.to_string()))?;
+    Ok((SYSTEM.trim().to_string(), user.trim().to_string()))
+}
+
+/// Sampling settings of the meta-policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub candidates: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub max_tokens: u32,
+    pub accept_threshold: f64,
+    pub max_trajectory_chars: usize,
+}
+
+impl Settings {
+    pub fn from_config(c: &crate::config::ReflectionConfig) -> Self {
+        Self {
+            candidates: c.candidates,
+            temperature: c.temperature,
+            top_p: c.top_p,
+            max_tokens: c.max_tokens,
+            accept_threshold: c.accept_threshold,
+            max_trajectory_chars: c.max_trajectory_chars,
+        }
+    }
+}
+
+/// What a job did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobReport {
+    pub tasks: usize,
+    pub candidates: usize,
+    pub valid: usize,
+    pub bank_writes: usize,
+    pub mean_utility: f64,
+    pub best_utility: f64,
+    pub tokens: usize,
+    pub judge_prompt_tokens: u64,
+    pub judge_completion_tokens: u64,
+    pub judge_cost_usd: f64,
+    pub seconds: f64,
+}
+
+impl JobReport {
+    pub fn metrics(&self) -> Vec<(String, f64)> {
+        vec![
+            ("reflection/tasks".into(), self.tasks as f64),
+            ("reflection/candidates".into(), self.candidates as f64),
+            (
+                "reflection/valid_fraction".into(),
+                self.valid as f64 / (self.candidates.max(1)) as f64,
+            ),
+            ("reflection/bank_writes".into(), self.bank_writes as f64),
+            ("reflection/utility_mean".into(), self.mean_utility),
+            ("reflection/utility_best".into(), self.best_utility),
+            ("reflection/tokens".into(), self.tokens as f64),
+            (
+                "reflection/judge_prompt_tokens".into(),
+                self.judge_prompt_tokens as f64,
+            ),
+            (
+                "reflection/judge_completion_tokens".into(),
+                self.judge_completion_tokens as f64,
+            ),
+            ("reflection/judge_cost_usd".into(), self.judge_cost_usd),
+            ("time/reflection_s".into(), self.seconds),
+        ]
+    }
+}
+
+/// Everything a reflection job needs.
+#[derive(Clone)]
+pub struct Reflector {
+    pub pool: PgPool,
+    pub run_id: Uuid,
+    pub seed: u64,
+    pub client: LlmClient,
+    pub codec: Arc<dyn TokenCodec>,
+    pub judge: Arc<dyn Judge>,
+    pub bank: Arc<Bank>,
+    pub settings: Settings,
+}
+
+struct TaskOutcome {
+    task_id: Uuid,
+    rows: Vec<ReflectionRow>,
+    bank: Option<BankItem>,
+    call: CallRecord,
+    tokens: usize,
+}
+
+impl Reflector {
+    /// Reflect on a judged step: generate, grade, and commit candidates + bank writes in one
+    /// transaction. `policy_version` is the version that generates (recorded for staleness).
+    pub async fn run_job(
+        &self,
+        step: i32,
+        policy_version: i32,
+    ) -> Result<JobReport, ReflectionError> {
+        let t0 = std::time::Instant::now();
+        db::bank::start_job(&self.pool, self.run_id, step).await?;
+        let trajs = db::trajectories::list_for_step(&self.pool, self.run_id, step).await?;
+        let mut groups: Vec<(Uuid, Vec<&Trajectory>)> = Vec::new();
+        for t in &trajs {
+            match groups.iter_mut().find(|(id, _)| *id == t.task_id) {
+                Some((_, g)) => g.push(t),
+                None => groups.push((t.task_id, vec![t])),
+            }
+        }
+        let ids: Vec<Uuid> = groups.iter().map(|(id, _)| *id).collect();
+        let tasks = db::tasks::get_many(&self.pool, &ids).await?;
+        let mut futs = Vec::with_capacity(groups.len());
+        for (task_id, group) in &groups {
+            let task = tasks
+                .get(task_id)
+                .ok_or(ReflectionError::MissingTask(*task_id))?;
+            let t = group[pick(group.len(), self.seed, step, *task_id)];
+            futs.push(self.reflect_one(step, policy_version, &task.prompt, t));
+        }
+        let mut outcomes = Vec::with_capacity(futs.len());
+        for r in join_all(futs).await {
+            outcomes.push(r?);
+        }
+        let rows: Vec<ReflectionRow> = outcomes.iter().flat_map(|o| o.rows.clone()).collect();
+        let bank: Vec<BankItem> = outcomes.iter().filter_map(|o| o.bank.clone()).collect();
+        db::bank::commit_job(&self.pool, self.run_id, step, &rows, &bank).await?;
+        let mut conn = self.pool.acquire().await.map_err(DbError::from)?;
+        for o in &outcomes {
+            db::judging::insert_calls(
+                &mut conn,
+                self.run_id,
+                step,
+                Some(o.task_id),
+                std::slice::from_ref(&o.call),
+                self.judge.model(),
+                self.judge.kind(),
+            )
+            .await?;
+        }
+        drop(conn);
+        for it in &bank {
+            self.bank.insert_cached(it.clone())?;
+        }
+        let us: Vec<f64> = rows.iter().filter_map(|r| r.score.map(f64::from)).collect();
+        Ok(JobReport {
+            tasks: outcomes.len(),
+            candidates: rows.len(),
+            valid: rows.iter().filter(|r| r.valid).count(),
+            bank_writes: bank.len(),
+            mean_utility: if us.is_empty() {
+                0.0
+            } else {
+                us.iter().sum::<f64>() / us.len() as f64
+            },
+            best_utility: bank.iter().map(|b| f64::from(b.score)).fold(0.0, f64::max),
+            tokens: outcomes.iter().map(|o| o.tokens).sum(),
+            judge_prompt_tokens: outcomes
+                .iter()
+                .map(|o| u64::from(o.call.usage.prompt_tokens))
+                .sum(),
+            judge_completion_tokens: outcomes
+                .iter()
+                .map(|o| u64::from(o.call.usage.completion_tokens))
+                .sum(),
+            judge_cost_usd: outcomes.iter().map(|o| o.call.usage.cost_usd).sum(),
+            seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+
+    async fn reflect_one(
+        &self,
+        step: i32,
+        policy_version: i32,
+        question: &str,
+        t: &Trajectory,
+    ) -> Result<TaskOutcome, ReflectionError> {
+        let s = &self.settings;
+        let (system, user) = prompt(question, &trajectory_text(t, s.max_trajectory_chars))?;
+        let prompt_ids = self
+            .codec
+            .encode(&self.codec.render_prompt(&system, &user)?)?;
+        let mut req =
+            CompletionRequest::new(self.client.model(), prompt_ids.clone(), s.max_tokens.max(1));
+        req.n = s.candidates.max(1);
+        req.temperature = s.temperature;
+        req.top_p = s.top_p;
+        req.seed = Some(mix_seed(
+            mix_seed(self.seed ^ 0x2ef1_ec75, step as u64),
+            u64::from_le_bytes(t.task_id.as_bytes()[8..16].try_into().unwrap_or([0; 8])),
+        ));
+        req.stop = vec![STOP.to_string()];
+        let session = format!("reflection-{}", t.id);
+        let (comp, _) = self.client.complete(&session, &req).await?;
+        let texts: Vec<String> = comp.choices.iter().map(|c| c.text.clone()).collect();
+        let blocks: Vec<Option<Blocks>> = texts.iter().map(|x| parse(x)).collect();
+        // Only valid candidates are graded; invalid ones score 0 without a judge call.
+        let valid_idx: Vec<usize> = (0..texts.len()).filter(|&i| blocks[i].is_some()).collect();
+        let valid_texts: Vec<String> = valid_idx.iter().map(|&i| texts[i].clone()).collect();
+        let findings = db::judging::findings(&self.pool, t.id, self.judge.model()).await?;
+        let view = TraceView::from_trajectory(t);
+        let (grades, usage) = if valid_texts.is_empty() {
+            (vec![], crate::judge::Usage::default())
+        } else {
+            self.judge
+                .reflect(question, &view, &findings, &valid_texts)
+                .await?
+        };
+        let mut utilities: Vec<Option<Utility>> = vec![None; texts.len()];
+        for (&i, g) in valid_idx.iter().zip(grades) {
+            utilities[i] = Some(utility(g));
+        }
+        let us: Vec<f64> = utilities.iter().map(|u| u.map_or(0.0, |u| u.u)).collect();
+        let adv = group_advantages(&us);
+        let best = best_valid(
+            &utilities.iter().map(|u| u.map(|u| u.u)).collect::<Vec<_>>(),
+            s.accept_threshold,
+        );
+        let prompt_i32: Vec<i32> = prompt_ids.iter().map(|&x| x as i32).collect();
+        let mut rows = Vec::with_capacity(texts.len());
+        let mut tokens = 0;
+        for (i, c) in comp.choices.iter().enumerate() {
+            tokens += c.token_ids.len();
+            let util = match utilities[i] {
+                Some(u) => json!({
+                    "diagnostic_accuracy": u.grade.diagnostic_accuracy,
+                    "specificity": u.grade.specificity,
+                    "scope": u.grade.scope,
+                    "within": u.within,
+                    "cross": u.cross,
+                    "u": u.u,
+                }),
+                None => json!({"invalid": true, "u": 0.0}),
+            };
+            rows.push(ReflectionRow {
+                id: Uuid::now_v7(),
+                step,
+                task_id: t.task_id,
+                source_trajectory_id: Some(t.id),
+                candidate_index: i as i32,
+                prompt_token_ids: prompt_i32.clone(),
+                token_ids: c.token_ids.iter().map(|&x| x as i32).collect(),
+                logprobs: c.logprobs.clone(),
+                text: c.text.clone(),
+                valid: blocks[i].is_some(),
+                score: Some(us[i] as f32),
+                utility: util,
+                judge_model: Some(self.judge.model().to_string()),
+                judge_kind: Some(self.judge.kind().as_str().to_string()),
+                advantage: Some(adv[i] as f32),
+                policy_version,
+                trained_step: None,
+            });
+        }
+        let bank = match best {
+            Some(b) => {
+                let Some(bl) = &blocks[b] else {
+                    return Err(ReflectionError::Prompt(
+                        "internal: the best candidate has no parsed blocks".into(),
+                    ));
+                };
+                let emb = self
+                    .bank
+                    .embed(&[question.to_string()])
+                    .await?
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default();
+                Some(BankItem {
+                    task_id: t.task_id,
+                    question: question.to_string(),
+                    question_sha256: question_hash(question),
+                    embedding: emb,
+                    rubrics: bl.rubrics.clone(),
+                    takeaways: bl.takeaways.clone(),
+                    score: us[b] as f32,
+                    step,
+                    reflection_id: Some(rows[b].id),
+                })
+            }
+            None => None,
+        };
+        Ok(TaskOutcome {
+            task_id: t.task_id,
+            rows,
+            bank,
+            call: CallRecord {
+                kind: CallKind::Reflect,
+                trajectory_id: Some(t.id),
+                usage,
+                error: None,
+            },
+            tokens,
+        })
+    }
+}
+
+/// The deferred (Phase A) wire sequences of stored candidates: prompt + candidate tokens, loss
+/// on the candidate tokens only, stage -1, one GRPO advantage, group = the candidate group.
+pub fn sequences(rows: &[ReflectionRow], first_group: u32) -> Vec<wire::WireSequence> {
+    let mut groups: Vec<(i32, Uuid)> = Vec::new();
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        if r.token_ids.is_empty() {
+            continue;
+        }
+        let key = (r.step, r.task_id);
+        let g = match groups.iter().position(|k| *k == key) {
+            Some(g) => g,
+            None => {
+                groups.push(key);
+                groups.len() - 1
+            }
+        };
+        let n_prompt = r.prompt_token_ids.len();
+        let n = n_prompt + r.token_ids.len();
+        let mut tokens = Vec::with_capacity(n);
+        tokens.extend(r.prompt_token_ids.iter().map(|&x| x as u32));
+        tokens.extend(r.token_ids.iter().map(|&x| x as u32));
+        let mut loss_mask = vec![false; n_prompt];
+        loss_mask.resize(n, true);
+        let mut behaviour = vec![0.0f32; n_prompt];
+        if r.logprobs.len() == r.token_ids.len() {
+            behaviour.extend_from_slice(&r.logprobs);
+        } else {
+            behaviour.resize(n, 0.0);
+        }
+        out.push(wire::WireSequence {
+            tokens,
+            loss_mask,
+            stages: vec![-1; n],
+            behaviour_logprobs: behaviour,
+            advantages: vec![r.advantage.unwrap_or(0.0)],
+            group_id: first_group + g as u32,
+            policy_version: r.policy_version,
+            phase: wire::Phase::Reflection,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "<reflection_rubrics>\nCritical Requirement: x\n</reflection_rubrics>\n<reflection_takeaways>\n- check the date\n</reflection_takeaways>";
+
+    #[test]
+    fn validity_needs_both_blocks_closed_and_non_empty() {
+        let b = parse(GOOD).unwrap();
+        assert_eq!(b.rubrics, "Critical Requirement: x");
+        assert_eq!(b.takeaways, "- check the date");
+        assert!(parse("<reflection_rubrics>x</reflection_rubrics>").is_none());
+        assert!(parse("<reflection_takeaways>y</reflection_takeaways>").is_none());
+        assert!(parse("<reflection_rubrics> \n </reflection_rubrics><reflection_takeaways>y</reflection_takeaways>").is_none());
+        assert!(
+            parse("<reflection_rubrics>x</reflection_rubrics><reflection_takeaways>y").is_none()
+        );
+        assert!(parse("").is_none());
+    }
+
+    #[test]
+    fn utility_combines_within_and_cross() {
+        let u = utility(ReflectionGrade {
+            diagnostic_accuracy: 1.0,
+            specificity: 0.5,
+            scope: 0.0,
+        });
+        assert!((u.within - (0.4 + 0.15) / 0.7).abs() < 1e-12);
+        assert!((u.cross - 0.4 / 0.7).abs() < 1e-12);
+        assert!((u.u - 0.5 * (u.within + u.cross)).abs() < 1e-12);
+        // Equal to the single weighted total when spec == scope.
+        let v = utility(ReflectionGrade {
+            diagnostic_accuracy: 0.6,
+            specificity: 0.3,
+            scope: 0.3,
+        });
+        assert!((v.within - v.cross).abs() < 1e-12 && (v.u - v.within).abs() < 1e-12);
+        assert!((v.u - (0.4 * 0.6 + 0.3 * 0.3) / 0.7).abs() < 1e-12);
+        // Out-of-range and NaN dimensions are clamped.
+        let w = utility(ReflectionGrade {
+            diagnostic_accuracy: f64::NAN,
+            specificity: 7.0,
+            scope: -1.0,
+        });
+        assert!((w.within - 0.3 / 0.7).abs() < 1e-12 && w.cross == 0.0);
+    }
+
+    #[test]
+    fn best_valid_skips_invalid_breaks_ties_low_and_gates() {
+        assert_eq!(
+            best_valid(&[None, Some(0.2), Some(0.9), Some(0.9)], 0.0),
+            Some(2)
+        );
+        assert_eq!(best_valid(&[None, None], 0.0), None);
+        assert_eq!(best_valid(&[Some(0.0)], 0.0), Some(0));
+        assert_eq!(best_valid(&[Some(0.4), Some(0.3)], 0.5), None);
+    }
+
+    #[test]
+    fn advantages_are_group_normalised() {
+        let a = group_advantages(&[0.0, 0.5, 1.0]);
+        assert!((a.iter().sum::<f64>()).abs() < 1e-9);
+        assert!(a[0] < 0.0 && a[2] > 0.0);
+        assert_eq!(group_advantages(&[0.3, 0.3]), vec![0.0, 0.0]);
+    }
+
+    #[test]
+    fn pick_is_deterministic_and_covers_the_group() {
+        let task = Uuid::from_u128(42);
+        assert_eq!(pick(8, 1, 3, task), pick(8, 1, 3, task));
+        let seen: std::collections::BTreeSet<usize> =
+            (0..200).map(|s| pick(4, 7, s, task)).collect();
+        assert_eq!(seen.len(), 4);
+    }
+
+    #[test]
+    fn deferred_sequences_train_reflection_tokens_only() {
+        let row = |task: u128, i: i32, adv: f32| ReflectionRow {
+            id: Uuid::now_v7(),
+            step: 2,
+            task_id: Uuid::from_u128(task),
+            source_trajectory_id: None,
+            candidate_index: i,
+            prompt_token_ids: vec![1, 2, 3],
+            token_ids: vec![4, 5],
+            logprobs: vec![-0.5, -0.25],
+            text: GOOD.into(),
+            valid: true,
+            score: Some(0.5),
+            utility: json!({}),
+            judge_model: None,
+            judge_kind: None,
+            advantage: Some(adv),
+            policy_version: 2,
+            trained_step: Some(3),
+        };
+        let seqs = sequences(&[row(1, 0, 1.0), row(1, 1, -1.0), row(2, 0, 0.0)], 10);
+        assert_eq!(seqs.len(), 3);
+        assert_eq!(seqs[0].tokens, vec![1, 2, 3, 4, 5]);
+        assert_eq!(seqs[0].loss_mask, vec![false, false, false, true, true]);
+        assert_eq!(seqs[0].behaviour_logprobs, vec![0.0, 0.0, 0.0, -0.5, -0.25]);
+        assert_eq!(seqs[0].advantages, vec![1.0]);
+        assert_eq!(seqs[0].stages, vec![-1; 5]);
+        assert_eq!(
+            (seqs[0].group_id, seqs[1].group_id, seqs[2].group_id),
+            (10, 10, 11)
+        );
+        assert!(seqs.iter().all(|s| s.phase == wire::Phase::Reflection));
+    }
+}

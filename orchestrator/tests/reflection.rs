@@ -26,7 +26,8 @@ use orchestrator::trajectory::{Segment, SegmentKind, Stage, Trajectory};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-const INVALID: &str = "I would answer differently: the enzyme is X.";
+/// Invalid, and with a NUL byte (model output can hold one; PostgreSQL text cannot).
+const INVALID: &str = "I would answer differently:\0 the enzyme is X.";
 const SPECIFIC: &str = "<reflection_rubrics>\nCritical Requirement: name the mechanism by which the enzyme acts on its receptor.\nAnalytical Approach: search the enzyme and the receptor separately, then confirm the binding in a second source.\nCommunication & Structure: cite the snippet that states the mechanism.\nPitfalls: stopping after one search.\n</reflection_rubrics>\n<reflection_takeaways>\n- verify a mechanism claim in two sources\n- cite the sentence that states it\n</reflection_takeaways>";
 const GENERIC: &str = "<reflection_rubrics>\nBe thorough.\n</reflection_rubrics>\n<reflection_takeaways>\n- be careful\n- be careful\n- be careful\n- be careful\n- be careful\n</reflection_takeaways>";
 
@@ -203,6 +204,7 @@ async fn job_grades_candidates_banks_the_best_and_the_bank_reloads_identically(p
         assert_eq!(g.len(), 3);
         // Candidate 0 is invalid: utility 0, lowest advantage; advantages sum to 0.
         assert!(!g[0].valid && g[0].score == Some(0.0));
+        assert!(g[0].text.contains('\u{FFFD}') && !g[0].text.contains('\0'));
         assert!(g[1].valid && g[2].valid);
         assert!(
             g[1].score.unwrap() > g[2].score.unwrap(),

@@ -127,6 +127,11 @@ checkpoint_every = 2
 max_inflight = 8
 admission_max_waiting = 64
 trainer_wait_secs = 120
+[reflection]
+candidates = 2
+max_tokens = 24
+window = 1
+wait_secs = 120
 "#,
         tasks = world.join("tasks.jsonl").display(),
         index = world.join("index").display(),
@@ -221,11 +226,95 @@ async fn check_run(pool: &PgPool, run: Uuid, state: &AppState) {
             .collect::<Vec<_>>(),
         "step s trained version s + 1"
     );
-    let p = state.policy.lock().unwrap();
+    let version = state.policy.lock().unwrap().version;
+    assert_eq!(version, STEPS, "the trainer holds exactly the run's steps");
+    check_reflections(pool, run).await;
+}
+
+/// The smoke preset's recipe is `full`: with window K = 1, steps 0 and 2 are new batches whose
+/// reflection candidates (2 per task) train as Phase A of steps 1 and 3, exactly one step later;
+/// a failed job (the policy server was down) leaves no candidates behind.
+async fn check_reflections(pool: &PgPool, run: Uuid) {
+    let jobs: Vec<(i32, String)> =
+        sqlx::query_as("SELECT step, status FROM reflection_jobs WHERE run_id = $1 ORDER BY step")
+            .bind(run)
+            .fetch_all(pool)
+            .await
+            .unwrap();
     assert_eq!(
-        p.version, STEPS,
-        "the trainer holds exactly the run's steps"
+        jobs.iter().map(|j| j.0).collect::<Vec<_>>(),
+        vec![0, 2],
+        "one job per new-batch step: {jobs:?}"
     );
+    for (step, status) in &jobs {
+        let rows = scalar(
+            pool,
+            &format!("SELECT count(*) FROM reflections WHERE run_id = $1 AND step = {step}"),
+            run,
+        )
+        .await;
+        let on_time = scalar(
+            pool,
+            &format!(
+                "SELECT count(*) FROM reflections WHERE run_id = $1 AND step = {step}
+                 AND trained_step = {}",
+                step + 1
+            ),
+            run,
+        )
+        .await;
+        match status.as_str() {
+            "done" => {
+                assert_eq!(rows, TASKS * 2, "m = 2 candidates per task of step {step}");
+                assert_eq!(
+                    on_time,
+                    rows,
+                    "step {step}'s candidates train at step {}",
+                    step + 1
+                );
+                let seqs: f64 = sqlx::query_scalar(
+                    "SELECT value FROM step_metrics WHERE run_id = $1 AND step = $2
+                     AND name = 'batch/reflection_sequences'",
+                )
+                .bind(run)
+                .bind(step + 1)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+                assert_eq!(seqs as i64, rows);
+                let phase_a: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM step_metrics WHERE run_id = $1 AND step = $2
+                     AND name LIKE 'train/reflection/%'",
+                )
+                .bind(run)
+                .bind(step + 1)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+                assert!(phase_a > 0, "the trainer ran Phase A at step {}", step + 1);
+            }
+            "failed" => assert_eq!(rows, 0),
+            other => panic!("job of step {step} left {other}"),
+        }
+    }
+    let replay: Vec<(i32, f64)> = sqlx::query_as(
+        "SELECT step, value FROM step_metrics WHERE run_id = $1 AND name = 'curriculum/phase'
+         ORDER BY step",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(replay, vec![(0, 0.0), (1, 1.0), (2, 0.0), (3, 1.0)]);
+    // A replay rolls out exactly the tasks of the step it replays.
+    let same: i64 = scalar(
+        pool,
+        "SELECT count(*) FROM steps a JOIN steps b ON b.run_id = a.run_id AND b.step = a.step + 1
+         WHERE a.run_id = $1 AND a.step IN (0, 2) AND a.task_ids = b.task_ids",
+        run,
+    )
+    .await;
+    assert_eq!(same, 2);
 }
 
 fn orchestrator_bin() -> PathBuf {
@@ -339,6 +428,16 @@ async fn sigkill_mid_step_then_resume_loses_and_duplicates_nothing(pool: PgPool)
     );
     assert!(stdout.contains("completed, 4 of 4 steps"), "{stdout}");
     check_run(&pool, run, &tr.state).await;
+    let done = scalar(
+        &pool,
+        "SELECT count(*) FROM reflection_jobs WHERE run_id = $1 AND status = 'done'",
+        run,
+    )
+    .await;
+    assert_eq!(
+        done, 2,
+        "the killed process's reflection work was redone, not lost"
+    );
     let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE id = $1")
         .bind(run)
         .fetch_one(&pool)

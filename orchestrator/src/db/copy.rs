@@ -83,15 +83,9 @@ impl CopyWriter {
     }
 
     pub fn text(&mut self, v: &str) {
-        // PostgreSQL text cannot hold NUL; model output occasionally does.
-        if v.as_bytes().contains(&0) {
-            let clean = v.replace('\0', "\u{FFFD}");
-            self.len(clean.len());
-            self.buf.extend_from_slice(clean.as_bytes());
-        } else {
-            self.len(v.len());
-            self.buf.extend_from_slice(v.as_bytes());
-        }
+        let clean = super::pg_text(v);
+        self.len(clean.len());
+        self.buf.extend_from_slice(clean.as_bytes());
     }
 
     pub fn opt_text(&mut self, v: Option<&str>) {

@@ -57,6 +57,16 @@ pub enum DbError {
     Invalid { what: &'static str, message: String },
 }
 
+/// Text as PostgreSQL can store it: NUL (which model output occasionally holds) becomes U+FFFD.
+/// Token ids are stored separately and stay exact.
+pub fn pg_text(v: &str) -> std::borrow::Cow<'_, str> {
+    if v.as_bytes().contains(&0) {
+        std::borrow::Cow::Owned(v.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(v)
+    }
+}
+
 /// The URL with its password replaced by `***`, for messages and snapshots.
 pub fn redact_url(raw: &str) -> String {
     match url::Url::parse(raw) {

@@ -221,6 +221,16 @@ struct TrainQuery {
     expect_version: Option<i64>,
 }
 
+/// What a train step's blocking part returns: Phase B and Phase A metrics, the new version,
+/// the checkpoint written (if due) and the published directory (if publishing).
+type StepOutcome = (
+    StepMetrics,
+    Option<StepMetrics>,
+    i64,
+    Option<PathBuf>,
+    Option<PathBuf>,
+);
+
 async fn train_step(
     State(s): State<Arc<AppState>>,
     axum::extract::Query(q): axum::extract::Query<TrainQuery>,
@@ -290,53 +300,51 @@ async fn train_step(
         }
     }
     let state = s.clone();
-    let done = tokio::task::spawn_blocking(
-        move || -> Result<(StepMetrics, Option<StepMetrics>, i64, Option<PathBuf>, Option<PathBuf>)> {
-            let (metrics, refl_metrics, version, publish_dir) = {
-                let mut p = state
-                    .policy
-                    .lock()
-                    .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
-                // Phase A (the meta-policy's deferred batch) is its own optimizer step, before
-                // Phase B; together they are one policy version.
-                let ma = if reflection.is_empty() {
-                    None
-                } else {
-                    Some(p.trainer.rl_step(&reflection)?)
-                };
-                let m = match (rl, seqs.is_empty(), &ma) {
-                    (true, true, Some(_)) => StepMetrics::default(),
-                    (true, _, _) => p.trainer.rl_step(&seqs)?,
-                    (false, _, _) => p.trainer.sft_step(&seqs)?,
-                };
-                p.version += 1;
-                let version = p.version;
-                // Write the new version for the servers while holding the lock (weights are stable).
-                let dir = match &state.publisher {
-                    Some(publ) => {
-                        let publ = publ.blocking_lock();
-                        let dir = publ.dir_of(version);
-                        let lora_cfg = p.lora.clone();
-                        checkpoint::write_dir_atomically(&dir, |tmp| match &lora_cfg {
-                            Some(l) => lora::save_adapter(&p.trainer.model, l, &p.base, tmp),
-                            None => p.trainer.model.save(tmp),
-                        })?;
-                        Some(dir)
-                    }
-                    None => None,
-                };
-                (m, ma, version, dir)
-            };
-            let ckpt = if state.cfg.checkpoint_every > 0
-                && (version as u64).is_multiple_of(state.cfg.checkpoint_every)
-            {
-                state.checkpoint_blocking(None)?
-            } else {
+    let done = tokio::task::spawn_blocking(move || -> Result<StepOutcome> {
+        let (metrics, refl_metrics, version, publish_dir) = {
+            let mut p = state
+                .policy
+                .lock()
+                .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+            // Phase A (the meta-policy's deferred batch) is its own optimizer step, before
+            // Phase B; together they are one policy version.
+            let ma = if reflection.is_empty() {
                 None
+            } else {
+                Some(p.trainer.rl_step(&reflection)?)
             };
-            Ok((metrics, refl_metrics, version, ckpt, publish_dir))
-        },
-    )
+            let m = match (rl, seqs.is_empty(), &ma) {
+                (true, true, Some(_)) => StepMetrics::default(),
+                (true, _, _) => p.trainer.rl_step(&seqs)?,
+                (false, _, _) => p.trainer.sft_step(&seqs)?,
+            };
+            p.version += 1;
+            let version = p.version;
+            // Write the new version for the servers while holding the lock (weights are stable).
+            let dir = match &state.publisher {
+                Some(publ) => {
+                    let publ = publ.blocking_lock();
+                    let dir = publ.dir_of(version);
+                    let lora_cfg = p.lora.clone();
+                    checkpoint::write_dir_atomically(&dir, |tmp| match &lora_cfg {
+                        Some(l) => lora::save_adapter(&p.trainer.model, l, &p.base, tmp),
+                        None => p.trainer.model.save(tmp),
+                    })?;
+                    Some(dir)
+                }
+                None => None,
+            };
+            (m, ma, version, dir)
+        };
+        let ckpt = if state.cfg.checkpoint_every > 0
+            && (version as u64).is_multiple_of(state.cfg.checkpoint_every)
+        {
+            state.checkpoint_blocking(None)?
+        } else {
+            None
+        };
+        Ok((metrics, refl_metrics, version, ckpt, publish_dir))
+    })
     .await;
     let (metrics, reflection, version, checkpoint, publish_dir) = match done {
         Ok(Ok(x)) => x,

@@ -308,12 +308,14 @@ async fn garbage_partial_json_missing_indices_429s_and_timeouts_are_retried(pool
         JudgeFault::Partial,
         JudgeFault::Status(429),
         JudgeFault::MissingIndex,
-        JudgeFault::Delay(Duration::from_millis(1500)),
+        JudgeFault::Delay(Duration::from_millis(6000)),
         JudgeFault::Status(503),
     ] {
         judge_srv.push_fault(f).await;
     }
-    let judge = llm_judge(&judge_srv.url(), Duration::from_millis(500));
+    // The timeout sits far from both sides: a normal answer on a loaded 2-core CI machine must
+    // never reach it (500 ms once did, costing a 7th retry), and the delayed one always passes it.
+    let judge = llm_judge(&judge_srv.url(), Duration::from_millis(3000));
     let fx = fixture(&pool, "full", &["strong", "weak"], &[]).await;
     let opts = StepOptions::for_recipe(Recipe::Full, Lambda::default(), false);
     let r = judge_step(&pool, &judge, &opts, fx.run, 0).await.unwrap();

@@ -228,7 +228,16 @@ async fn respond(s: &JudgeState, body: &Value) -> Response {
         return (StatusCode::INTERNAL_SERVER_ERROR, "cannot score this one").into_response();
     }
     let mut content = answer(&schema, &prompt).to_string();
-    match s.faults.lock().await.pop_front() {
+    let fault = {
+        let mut q = s.faults.lock().await;
+        match q.front() {
+            // A missing index only means something in a score list: it waits for a scoring
+            // call, so every queued fault costs exactly one retry whatever the call order.
+            Some(JudgeFault::MissingIndex) if schema != "rubric_scores" => None,
+            _ => q.pop_front(),
+        }
+    };
+    match fault {
         Some(JudgeFault::Status(code)) => {
             return (StatusCode::from_u16(code).unwrap(), "fault").into_response();
         }

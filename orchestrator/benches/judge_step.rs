@@ -13,6 +13,9 @@
     reason = "test and benchmark code fails loudly"
 )]
 
+#[path = "common/bench_db.rs"]
+mod bench_db;
+
 #[path = "../tests/common/fake_judge.rs"]
 mod fake_judge;
 
@@ -113,20 +116,12 @@ fn main() {
         args.get(2).copied().unwrap_or(50),
         args.get(3).copied().unwrap_or(64),
     );
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| orchestrator::config::DEFAULT_DATABASE_URL.into());
-    let mut url = url::Url::parse(&base).unwrap();
-    url.set_path("/rubricem_bench_judge");
-    let url = url.to_string();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        use sqlx::migrate::MigrateDatabase;
-        let _ = sqlx::Postgres::drop_database(&url).await;
-        db::migrate(&url).await.unwrap();
-        let pool = db::open(&url, 8).await.unwrap();
+        let (pool, _url) = bench_db::fresh("rubricem_bench_judge", 8).await;
         let exp = db::runs::create_experiment(&pool, "bench", "smoke", &serde_json::json!({})).await.unwrap();
         let new: Vec<db::tasks::NewTask> = (0..tasks).map(|i| db::tasks::NewTask {
             source: "bench".into(), external_id: i.to_string(), prompt: format!("How does enzyme {i} bind?"),

@@ -12,6 +12,9 @@
     reason = "test and benchmark code fails loudly"
 )]
 
+#[path = "common/bench_db.rs"]
+mod bench_db;
+
 use std::time::{Duration, Instant};
 
 use orchestrator::db;
@@ -83,20 +86,12 @@ fn main() {
         args.get(1).copied().unwrap_or(16_384),
         args.get(2).copied().unwrap_or(3),
     );
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| orchestrator::config::DEFAULT_DATABASE_URL.into());
-    let mut url = url::Url::parse(&base).unwrap();
-    url.set_path("/rubricem_bench");
-    let url = url.to_string();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        use sqlx::migrate::MigrateDatabase;
-        let _ = sqlx::Postgres::drop_database(&url).await;
-        db::migrate(&url).await.unwrap();
-        let pool = db::open(&url, 4).await.unwrap();
+        let (pool, url) = bench_db::fresh("rubricem_bench", 4).await;
         let exp = db::runs::create_experiment(&pool, "bench", "smoke", &serde_json::json!({})).await.unwrap();
         let run_id = db::runs::create_run(&pool, exp, "bench", "full", &serde_json::json!({}), 0).await.unwrap();
         let tasks: Vec<db::tasks::NewTask> = (0..n / 8 + 1).map(|i| db::tasks::NewTask {
@@ -143,6 +138,6 @@ fn main() {
         println!("{:>22} {:>10.3} {:>12.2}", "raw COPY floor (ref)", med(&floor), total_tokens as f64 / med(&floor) / 1e6);
         println!("ratio ours / floor: {:.2}", med(&ours) / med(&floor));
         pool.close().await;
-        let _ = sqlx::Postgres::drop_database(&url).await;
+        bench_db::drop(&url).await;
     });
 }

@@ -16,6 +16,9 @@
     reason = "benchmark code fails loudly"
 )]
 
+#[path = "common/bench_db.rs"]
+mod bench_db;
+
 #[path = "../tests/common/fake_openai.rs"]
 mod fake_openai;
 
@@ -49,20 +52,12 @@ fn main() {
         args.get(1).copied().unwrap_or(8) as u32,
         args.get(2).copied().unwrap_or(20),
     );
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| orchestrator::config::DEFAULT_DATABASE_URL.into());
-    let mut url = url::Url::parse(&base).unwrap();
-    url.set_path("/rubricem_bench_reflection");
-    let url = url.to_string();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        use sqlx::migrate::MigrateDatabase;
-        let _ = sqlx::Postgres::drop_database(&url).await;
-        db::migrate(&url).await.unwrap();
-        let pool = db::open(&url, 16).await.unwrap();
+        let (pool, _url) = bench_db::fresh("rubricem_bench_reflection", 16).await;
         let server = FakeServer::start().await;
         server.set_latency(Duration::from_millis(latency_ms));
         *server.state.auto_turns.write().unwrap() = TURNS.iter().map(|s| s.to_string()).collect();

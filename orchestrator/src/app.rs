@@ -541,9 +541,14 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
         )
         .await?;
         anyhow::ensure!(!bank.is_empty(), "run {bank_run} has an empty rubric bank");
+        let queries: Vec<(uuid::Uuid, &str)> = rtasks
+            .iter()
+            .zip(&tasks)
+            .map(|(t, row)| (t.task_id, row.query.as_str()))
+            .collect();
+        let found = bank.retrieve_many(&queries, args.reuse).await?;
         let mut served = std::collections::BTreeMap::<&str, usize>::new();
-        for (t, row) in rtasks.iter_mut().zip(&tasks) {
-            let got = bank.retrieve(t.task_id, &row.query, args.reuse).await?;
+        for (t, got) in rtasks.iter_mut().zip(found) {
             *served.entry(got.mode().as_str()).or_default() += 1;
             t.user = got.inject(&t.user)?;
         }

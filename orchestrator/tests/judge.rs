@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fake_judge::{FakeJudge, JudgeFault};
+use common::fixtures::segment;
 use orchestrator::config::Recipe;
 use orchestrator::credit::{CreditMode, Lambda, group_advantages};
 use orchestrator::db;
@@ -24,7 +25,7 @@ use orchestrator::judge::lexical::LexicalJudge;
 use orchestrator::judge::llm::{LlmJudge, LlmJudgeOptions};
 use orchestrator::judge::step::{StepOptions, judge_step};
 use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role};
-use orchestrator::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use orchestrator::trajectory::{SegmentKind, Stage, Trajectory};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -58,48 +59,35 @@ fn llm_judge(url: &str, timeout: Duration) -> LlmJudge {
     .unwrap()
 }
 
-fn seg(kind: SegmentKind, stage: Option<Stage>, text: &str) -> Segment {
-    let ids: Vec<u32> = text.bytes().map(u32::from).collect();
-    let model = kind == SegmentKind::Model;
-    Segment {
-        kind,
-        stage,
-        logprobs: model.then(|| vec![-0.1; ids.len()]),
-        token_ids: ids,
-        text: text.into(),
-        policy_version: model.then_some(0),
-    }
-}
-
 /// A scaffold trajectory whose text carries `quality` ("strong", "fair" or "weak") in every stage.
 fn trajectory(run: Uuid, task: Uuid, i: i32, quality: &str, extra: &str) -> Trajectory {
     let answer = format!(
         "The {quality} finding: <cite id=\"s1\">the enzyme binds the receptor</cite> in cells."
     );
     let segments = vec![
-        seg(
+        segment(
             SegmentKind::Model,
             Some(Stage::Plan),
             &format!(
                 "<think>{quality} plan {extra}</think><structured_plan>analyse</structured_plan>"
             ),
         ),
-        seg(
+        segment(
             SegmentKind::Model,
             Some(Stage::Research),
             &format!("<call_tool name=\"google_search\">{quality} enzyme receptor</call_tool>"),
         ),
-        seg(
+        segment(
             SegmentKind::ToolOutput,
             None,
             "<tool_output><snippet id=s1>\nTitle: Enzyme\nSnippet: the enzyme binds the receptor in cells\n</snippet>\n</tool_output>",
         ),
-        seg(
+        segment(
             SegmentKind::Model,
             Some(Stage::Review),
             &format!("<review>{quality} review</review>"),
         ),
-        seg(
+        segment(
             SegmentKind::Model,
             Some(Stage::Answer),
             &format!("<answer>{answer}</answer>"),

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::fake_judge::FakeJudge;
 use common::fake_openai::{FakeServer, Fault, ToyCodec};
+use common::fixtures::segment;
 use orchestrator::bank::{Bank, Embedder, LocalEmbedder, Retrieved, Reuse};
 use orchestrator::config::Recipe;
 use orchestrator::credit::Lambda;
@@ -22,7 +23,7 @@ use orchestrator::judge::llm::{LlmJudge, LlmJudgeOptions};
 use orchestrator::judge::step::{StepOptions, judge_step};
 use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role};
 use orchestrator::reflection::{Reflector, Settings};
-use orchestrator::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use orchestrator::trajectory::{SegmentKind, Stage, Trajectory};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -45,19 +46,6 @@ fn client(url: &str, role: Role, model: &str) -> LlmClient {
         Arc::new(pool),
         RetryPolicy::none(),
     )
-}
-
-fn seg(kind: SegmentKind, stage: Option<Stage>, text: &str) -> Segment {
-    let ids = common::fake_openai::toy_tokenize(text);
-    let model = kind == SegmentKind::Model;
-    Segment {
-        kind,
-        stage,
-        logprobs: model.then(|| vec![-0.1; ids.len()]),
-        token_ids: ids,
-        text: text.into(),
-        policy_version: model.then_some(0),
-    }
 }
 
 /// A stored, judged step 0: two tasks x three trajectories of differing quality.
@@ -102,19 +90,19 @@ async fn judged_step(pool: &PgPool) -> (Uuid, Vec<Uuid>, Vec<String>) {
                 server_version: None,
                 prompt_token_ids: vec![11, 12, 13],
                 segments: vec![
-                    seg(SegmentKind::Model, Some(Stage::Plan), &format!("<think>{q} plan</think>")),
-                    seg(
+                    segment(SegmentKind::Model, Some(Stage::Plan), &format!("<think>{q} plan</think>")),
+                    segment(
                         SegmentKind::Model,
                         Some(Stage::Research),
                         "<call_tool name=\"google_search\">enzyme receptor</call_tool>",
                     ),
-                    seg(
+                    segment(
                         SegmentKind::ToolOutput,
                         None,
                         "<tool_output><snippet id=s1>\nTitle: E\nSnippet: the enzyme binds the receptor\n</snippet>\n</tool_output>",
                     ),
-                    seg(SegmentKind::Model, Some(Stage::Review), "<review>ok</review>"),
-                    seg(
+                    segment(SegmentKind::Model, Some(Stage::Review), "<review>ok</review>"),
+                    segment(
                         SegmentKind::Model,
                         Some(Stage::Answer),
                         &format!("<answer>{answer}</answer>"),

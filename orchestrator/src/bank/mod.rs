@@ -249,10 +249,9 @@ impl BankIndex {
     }
 }
 
-/// A run's bank: Postgres rows mirrored in memory, with the embedder that keys them.
+/// A run's bank: Postgres rows mirrored in memory, with the embedder that keys them. Writes go
+/// to Postgres first (in the reflection job's transaction), then [`Bank::insert_cached`].
 pub struct Bank {
-    pool: PgPool,
-    run_id: Uuid,
     embedder: Embedder,
     index: RwLock<BankIndex>,
     pub top_k: usize,
@@ -271,16 +270,10 @@ impl Bank {
             index.upsert(it)?;
         }
         Ok(Self {
-            pool,
-            run_id,
             embedder,
             index: RwLock::new(index),
             top_k,
         })
-    }
-
-    pub fn run_id(&self) -> Uuid {
-        self.run_id
     }
 
     pub fn len(&self) -> usize {
@@ -291,19 +284,9 @@ impl Bank {
         self.len() == 0
     }
 
-    pub fn embedder(&self) -> &Embedder {
-        &self.embedder
-    }
-
     /// Embed questions (normalised).
     pub async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, BankError> {
         self.embedder.embed(texts).await
-    }
-
-    /// Write (or overwrite) a task's item in Postgres, then in memory.
-    pub async fn write(&self, item: BankItem) -> Result<(), BankError> {
-        db::bank::upsert(&self.pool, self.run_id, &item).await?;
-        self.insert_cached(item)
     }
 
     /// Mirror an item already committed to Postgres (e.g. in a caller's transaction).
@@ -314,33 +297,60 @@ impl Bank {
         }
     }
 
-    /// Look up memory for one question. `Within` falls back to cross-episode when the question
-    /// has no item (e.g. its reflection job failed).
+    /// Look up memory for one question; see [`Bank::retrieve_many`].
     pub async fn retrieve(
         &self,
         task: Uuid,
         question: &str,
         mode: Reuse,
     ) -> Result<Retrieved, BankError> {
+        let mut got = self.retrieve_many(&[(task, question)], mode).await?;
+        Ok(got.pop().unwrap_or(Retrieved::Nothing))
+    }
+
+    /// Look up memory for a step's questions `(task, question)`, in order. `Within` falls back
+    /// to cross-episode for a question without an item (e.g. its reflection job failed). The
+    /// questions that need cross-episode retrieval are embedded in one call.
+    pub async fn retrieve_many(
+        &self,
+        queries: &[(Uuid, &str)],
+        mode: Reuse,
+    ) -> Result<Vec<Retrieved>, BankError> {
         if mode == Reuse::None || self.is_empty() {
-            return Ok(Retrieved::Nothing);
+            return Ok(vec![Retrieved::Nothing; queries.len()]);
         }
-        let hash = question_hash(question);
-        if mode == Reuse::Within
-            && let Some(it) = self.read(|ix| ix.within(&hash).cloned())
-        {
-            return Ok(Retrieved::Within(it));
-        }
-        let q = self.embed(&[question.to_string()]).await?;
-        let q = q.into_iter().next().unwrap_or_default();
-        let found = self.read(|ix| {
-            ix.top_k(&q, self.top_k, task, &hash).map(|v| {
-                v.into_iter()
-                    .map(|(it, s)| (it.clone(), s))
-                    .collect::<Vec<_>>()
+        let hashes: Vec<String> = queries.iter().map(|(_, q)| question_hash(q)).collect();
+        let mut out: Vec<Option<Retrieved>> = hashes
+            .iter()
+            .map(|h| {
+                if mode == Reuse::Within {
+                    self.read(|ix| ix.within(h).cloned()).map(Retrieved::Within)
+                } else {
+                    None
+                }
             })
-        })?;
-        Ok(Retrieved::Cross(found))
+            .collect();
+        let need: Vec<usize> = (0..queries.len()).filter(|&i| out[i].is_none()).collect();
+        let texts: Vec<String> = need.iter().map(|&i| queries[i].1.to_string()).collect();
+        let embs = if texts.is_empty() {
+            vec![]
+        } else {
+            self.embed(&texts).await?
+        };
+        for (&i, q) in need.iter().zip(&embs) {
+            let found = self.read(|ix| {
+                ix.top_k(q, self.top_k, queries[i].0, &hashes[i]).map(|v| {
+                    v.into_iter()
+                        .map(|(it, s)| (it.clone(), s))
+                        .collect::<Vec<_>>()
+                })
+            })?;
+            out[i] = Some(Retrieved::Cross(found));
+        }
+        Ok(out
+            .into_iter()
+            .map(|r| r.unwrap_or(Retrieved::Nothing))
+            .collect())
     }
 
     fn read<T>(&self, f: impl FnOnce(&BankIndex) -> T) -> T {

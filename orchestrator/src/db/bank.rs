@@ -48,18 +48,6 @@ pub async fn load(pool: &PgPool, run_id: Uuid) -> Result<Vec<BankItem>, DbError>
     Ok(rows.into_iter().map(to_item).collect())
 }
 
-/// Items whose question hash matches (exact, within-episode lookup without an index in memory).
-pub async fn by_hash(pool: &PgPool, run_id: Uuid, hash: &str) -> Result<Vec<BankItem>, DbError> {
-    let rows: Vec<BankTuple> = sqlx::query_as(&format!(
-        "SELECT {BANK_COLS} FROM rubric_bank WHERE run_id = $1 AND question_sha256 = $2"
-    ))
-    .bind(run_id)
-    .bind(hash)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows.into_iter().map(to_item).collect())
-}
-
 /// Insert or overwrite the task's item.
 pub async fn upsert(pool: &PgPool, run_id: Uuid, it: &BankItem) -> Result<(), DbError> {
     let mut conn = pool.acquire().await?;

@@ -111,7 +111,17 @@ struct Shared {
     /// Background reflection jobs by generation step.
     jobs: Mutex<HashMap<i32, tokio::task::JoinHandle<()>>>,
     /// Steps trained so far (the policy version reflection jobs generate with).
-    version: std::sync::atomic::AtomicI32,
+    trained: watch::Receiver<i32>,
+}
+
+impl Shared {
+    /// `base` asking for the currently served (published) model name.
+    fn client(&self, base: &crate::llm::LlmClient) -> crate::llm::LlmClient {
+        match self.model.read().ok().as_deref().and_then(|m| m.as_deref()) {
+            Some(m) => base.with_model(m),
+            None => base.clone(),
+        }
+    }
 }
 
 impl Pipeline {
@@ -127,11 +137,12 @@ impl Pipeline {
             .enumerate()
             .take_while(|(i, r)| r.step == *i as i32 && r.status == "completed")
             .count() as i32;
+        let (trained_tx, trained_rx) = watch::channel(completed);
         let shared = Arc::new(Shared {
             model: RwLock::new(None),
             replayed: Default::default(),
             jobs: Mutex::new(HashMap::new()),
-            version: std::sync::atomic::AtomicI32::new(completed),
+            trained: trained_rx.clone(),
         });
         self.sync_trainer(completed, &shared, &cancel).await?;
         self.relaunch_reflections(&rows, &shared).await?;
@@ -161,7 +172,6 @@ impl Pipeline {
             .rollout
             .client
             .spawn_health_probes(Duration::from_secs(2), cancel.child_token());
-        let (trained_tx, trained_rx) = watch::channel(completed);
         let (judge_tx, judge_rx) = mpsc::channel::<i32>(pending.len() + k as usize + 1);
         let (train_tx, train_rx) = mpsc::channel::<Prepared>(1);
         for s in pending {
@@ -212,11 +222,7 @@ impl Pipeline {
 
     fn rollout_ctx(&self, shared: &Shared) -> RolloutCtx {
         let mut ctx = self.rollout.clone();
-        if let Ok(g) = shared.model.read()
-            && let Some(m) = g.as_deref()
-        {
-            ctx.client = ctx.client.with_model(m);
-        }
+        ctx.client = shared.client(&ctx.client);
         ctx
     }
 
@@ -405,9 +411,6 @@ impl Pipeline {
                 *g = Some(name);
             }
             db::runs::set_step_status(&self.pool, self.run_id, s, "completed").await?;
-            shared
-                .version
-                .store(s + 1, std::sync::atomic::Ordering::Relaxed);
             let due = self.cfg.checkpoint_every > 0
                 && (((s + 1) as u32).is_multiple_of(self.cfg.checkpoint_every)
                     || s + 1 == self.steps as i32);
@@ -445,9 +448,14 @@ impl Pipeline {
         };
         let t0 = Instant::now();
         let bank = &mem.reflector.bank;
+        let queries: Vec<(Uuid, &str)> = tasks
+            .iter()
+            .zip(picks)
+            .map(|(t, &i)| (t.task_id, self.questions[i].as_str()))
+            .collect();
+        let found = bank.retrieve_many(&queries, mode).await?;
         let (mut within, mut cross, mut fallback) = (0usize, 0usize, 0usize);
-        for (t, &i) in tasks.iter_mut().zip(picks) {
-            let got = bank.retrieve(t.task_id, &self.questions[i], mode).await?;
+        for (t, got) in tasks.iter_mut().zip(found) {
             match got.mode() {
                 Reuse::Within => within += 1,
                 Reuse::Cross => {
@@ -500,12 +508,8 @@ impl Pipeline {
                 }
             }
             let mut r = mem.reflector.clone();
-            if let Ok(g) = sh.model.read()
-                && let Some(m) = g.as_deref()
-            {
-                r.client = r.client.with_model(m);
-            }
-            let version = sh.version.load(std::sync::atomic::Ordering::Relaxed);
+            r.client = sh.client(&r.client);
+            let version = *sh.trained.borrow();
             match r.run_job(s, version).await {
                 Ok(rep) => {
                     let mut m = rep.metrics();

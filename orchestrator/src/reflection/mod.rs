@@ -19,7 +19,7 @@ use crate::judge::group::{CallKind, CallRecord};
 use crate::judge::{Judge, JudgeError, ReflectionGrade, TraceView};
 use crate::llm::{CompletionRequest, LlmClient, LlmError};
 use crate::rollout::codec::{CodecError, TokenCodec};
-use crate::rollout::engine::mix_seed;
+use crate::rollout::engine::{mix_seed, task_key};
 use crate::trajectory::Trajectory;
 
 const SYSTEM: &str = include_str!("../../../prompts/reflection/system.txt");
@@ -144,8 +144,7 @@ pub fn pick(n: usize, seed: u64, step: i32, task: Uuid) -> usize {
     if n == 0 {
         return 0;
     }
-    let t = u64::from_le_bytes(task.as_bytes()[8..16].try_into().unwrap_or([0; 8]));
-    (mix_seed(mix_seed(seed ^ 0x5eed_2ef1, step as u64), t) % n as u64) as usize
+    (mix_seed(mix_seed(seed ^ 0x5eed_2ef1, step as u64), task_key(task)) % n as u64) as usize
 }
 
 /// The raw trajectory the reflection reads: every segment's text in order (model text and tool
@@ -352,7 +351,7 @@ impl Reflector {
         req.top_p = s.top_p;
         req.seed = Some(mix_seed(
             mix_seed(self.seed ^ 0x2ef1_ec75, step as u64),
-            u64::from_le_bytes(t.task_id.as_bytes()[8..16].try_into().unwrap_or([0; 8])),
+            task_key(t.task_id),
         ));
         req.stop = vec![STOP.to_string()];
         let session = format!("reflection-{}", t.id);

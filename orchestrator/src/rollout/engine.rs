@@ -30,6 +30,12 @@ pub fn mix_seed(a: u64, b: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A task id as seed material (its random low 64 bits; v7 ids keep a timestamp in the high ones).
+pub fn task_key(task: Uuid) -> u64 {
+    let b = task.as_bytes();
+    u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]])
+}
+
 /// Stop strings: a turn ends right after a tool call or the answer.
 pub const STOPS: &[&str] = &["</call_tool>", "</call>", "</answer>"];
 
@@ -231,8 +237,7 @@ impl RolloutCtx {
         let id = Uuid::now_v7();
         let session = id.to_string();
         let traj_seed = self.cfg.seed.map(|s| {
-            let task =
-                u64::from_le_bytes(task.task_id.as_bytes()[8..16].try_into().unwrap_or([0; 8]));
+            let task = task_key(task.task_id);
             let slot_key = ((slot.step as u64) << 32) | slot.sample_index as u32 as u64;
             mix_seed(mix_seed(s, task), slot_key)
         });

@@ -1,14 +1,20 @@
 //! Rollout throughput with and without the reflection branch running beside it (issue target:
-//! under 10% slowdown). The policy is the loopback fake answering every completion after a
-//! fixed latency (one-turn scaffold trajectories; reflection prompts get valid reflections), the
-//! judge is the lexical judge, Postgres is real. Without: one batch of rollouts alone. With:
-//! the same batch while reflection jobs over a judged step (m = 8 candidates per task, graded,
-//! committed with bank writes) run back to back on the same client and endpoint pool, as the
-//! pipeline runs them. The fake has unlimited parallelism, so this measures the orchestrator's
-//! own overhead and shared-pool contention, not GPU contention on a real inference server.
+//! under 10% slowdown). The policy is the loopback fake in a child process (so the CPU figures
+//! are the orchestrator's alone) answering every completion after a fixed latency: 3-turn
+//! scaffold trajectories with an instant search tool, and valid reflections for reflection
+//! prompts. The judge is the lexical judge, Postgres is real. Three ways, each round side by side:
+//! - alone: one batch of rollouts (the reference);
+//! - pipeline: the same batch while one reflection job over the previous judged step (m = 8
+//!   candidates per task, graded, committed with bank writes) runs beside it on the same runtime,
+//!   client and endpoint pool, as `orchestrator run` schedules it (one job per new step);
+//! - saturated: the same batch while jobs run back to back for its whole duration (a stress
+//!   bound, heavier than any schedule the pipeline makes).
+//!
+//! The fake has unlimited parallelism, so this measures the orchestrator's own overhead and
+//! shared-pool contention, not GPU contention on a real inference server.
 //!
 //! Needs DATABASE_URL (a server where it may create the database `rubricem_bench_reflection`).
-//! Run: cargo bench -p orchestrator --bench reflection_overhead [-- TASKS N LATENCY_MS]
+//! Run: cargo bench -p orchestrator --bench reflection_overhead [-- TASKS N LATENCY_MS ROUNDS]
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -22,6 +28,10 @@ mod bench_db;
 #[path = "../tests/common/fake_openai.rs"]
 mod fake_openai;
 
+#[path = "common/three_turns.rs"]
+mod three_turns;
+
+use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -35,40 +45,69 @@ use orchestrator::judge::step::{StepOptions, judge_step};
 use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
 use orchestrator::reflection::{Reflector, Settings};
 use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch};
-use orchestrator::tools::runner::ToolRunner;
+use three_turns::{TURNS, cpu_seconds};
 
-const TURNS: [&str; 1] = [
-    "<think>plan the search</think><structured_plan><deep_analysis>two hops</deep_analysis><rubric>- the enzyme\n- the receptor</rubric><research_plan>search both</research_plan></structured_plan><think>done</think><review><rubric_review>covered</rubric_review><writing_plan>short</writing_plan></review><answer>The enzyme binds the receptor.</answer>",
-];
 const REFLECTION: &str = "<reflection_rubrics>\nCritical Requirement: name the enzyme mechanism.\nAnalytical Approach: verify in two sources.\nCommunication & Structure: cite it.\nPitfalls: one search only.\n</reflection_rubrics>\n<reflection_takeaways>\n- verify mechanism claims twice\n</reflection_takeaways>";
 
+/// The child process: the fake policy server, until the parent closes our stdin.
+fn serve(latency_ms: u64) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let server = FakeServer::start().await;
+        server.set_latency(Duration::from_millis(latency_ms));
+        *server.state.auto_turns.write().unwrap() = TURNS.iter().map(|s| s.to_string()).collect();
+        *server.state.reflection_replies.write().unwrap() = vec![REFLECTION.to_string()];
+        println!("{}", server.url());
+        let mut line = String::new();
+        let _ = tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line)).await;
+    });
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
 fn main() {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let (n_tasks, n, latency_ms) = (
+    let raw: Vec<String> = std::env::args().collect();
+    if let Some(i) = raw.iter().position(|a| a == "--serve") {
+        serve(raw[i + 1].parse().unwrap());
+        return;
+    }
+    let args: Vec<u64> = raw.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let (n_tasks, n, latency_ms, rounds) = (
         args.first().copied().unwrap_or(32) as usize,
         args.get(1).copied().unwrap_or(8) as u32,
-        args.get(2).copied().unwrap_or(20),
+        args.get(2).copied().unwrap_or(50),
+        args.get(3).copied().unwrap_or(5).max(1) as usize,
     );
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--serve", &latency_ms.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut url = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut url)
+        .unwrap();
+    let url = url.trim().to_string();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let (pool, _url) = bench_db::fresh("rubricem_bench_reflection", 16).await;
-        let server = FakeServer::start().await;
-        server.set_latency(Duration::from_millis(latency_ms));
-        *server.state.auto_turns.write().unwrap() = TURNS.iter().map(|s| s.to_string()).collect();
-        *server.state.reflection_replies.write().unwrap() = vec![REFLECTION.to_string()];
-        let ep = EndpointPool::new(Role::Policy, "policy", &[server.url()], 256, Duration::from_secs(30), 100);
+        let (pool, db_url) = bench_db::fresh("rubricem_bench_reflection", 16).await;
+        let ep = EndpointPool::new(Role::Policy, "policy", std::slice::from_ref(&url), 1024, Duration::from_secs(60), 100);
         let client = LlmClient::new(build_http(Duration::from_secs(5)).unwrap(), Arc::new(ep), RetryPolicy::none());
         let ctx = RolloutCtx {
             client: client.clone(),
             codec: Arc::new(ToyCodec),
-            tools: Arc::new(ToolRunner::new(None)),
-            cfg: RolloutConfig { max_tool_calls: 0, max_tokens: 4096, forced_answer_tokens: 256, temperature: 1.0, top_p: 1.0, seed: Some(1) },
+            tools: Arc::new(three_turns::runner(1024)),
+            cfg: RolloutConfig { max_tool_calls: 10, max_tokens: 8192, forced_answer_tokens: 512, temperature: 1.0, top_p: 1.0, seed: Some(1) },
         };
         let new: Vec<db::tasks::NewTask> = (0..n_tasks).map(|i| db::tasks::NewTask {
             source: "bench".into(), external_id: i.to_string(),
@@ -81,14 +120,15 @@ fn main() {
         let exp = db::runs::create_experiment(&pool, "bench", "smoke", &serde_json::json!({})).await.unwrap();
         let run = db::runs::create_run(&pool, exp, "bench", "full", &serde_json::json!({}), 0).await.unwrap();
         let tasks: Vec<RolloutTask> = new.iter().zip(&ids).map(|(t, id)| RolloutTask {
-            task_id: *id, system: "SYS".into(), user: t.prompt.clone(),
+            task_id: *id, system: "You are a research agent.".repeat(20), user: t.prompt.clone(),
         }).collect();
         let slot = |step| RolloutSlot { run_id: run, step, sample_index: 0, policy_version: 0 };
+        let inflight = n_tasks * n as usize;
 
         // A judged step for the reflection jobs to read.
         db::runs::begin_step(&pool, run, 0, 0, &ids).await.unwrap();
         let cancel = tokio_util::sync::CancellationToken::new();
-        let first: Vec<_> = rollout_batch(&ctx, &tasks, n, slot(0), 256, &cancel, None).await.into_iter().map(|r| r.unwrap()).collect();
+        let first: Vec<_> = rollout_batch(&ctx, &tasks, n, slot(0), inflight, &cancel, None).await.into_iter().map(|r| r.unwrap()).collect();
         db::rollouts::insert(&pool, &first).await.unwrap();
         let judge = Arc::new(LexicalJudge::new("lexical-v1"));
         judge_step(&pool, judge.as_ref(), &StepOptions::for_recipe(Recipe::Full, Default::default(), false), run, 0).await.unwrap();
@@ -98,16 +138,35 @@ fn main() {
             judge: judge.clone(), bank: Arc::new(bank),
             settings: Settings { candidates: 8, temperature: 0.7, top_p: 1.0, max_tokens: 1024, accept_threshold: 0.0, max_trajectory_chars: 12_000 },
         };
+        // Warm the connection pools and caches once.
+        reflector.run_job(0, 0).await.unwrap();
+        let _ = rollout_batch(&ctx, &tasks, n, slot(1), inflight, &cancel, None).await;
 
-        let trajectories = n_tasks * n as usize;
-        let mut alone = Vec::new();
-        let mut beside = Vec::new();
-        let mut jobs_done = 0;
-        for round in 0..3 {
-            let t0 = Instant::now();
-            let r = rollout_batch(&ctx, &tasks, n, slot(1), 256, &cancel, None).await;
-            assert!(r.iter().all(|x| x.is_ok()));
-            alone.push(t0.elapsed().as_secs_f64());
+        let batch = || async {
+            let (c0, t0) = (cpu_seconds(), Instant::now());
+            let r = rollout_batch(&ctx, &tasks, n, slot(1), inflight, &cancel, None).await;
+            assert!(r.iter().all(|x| matches!(x, Ok(r) if r.trajectory.finish_reason == "answer")));
+            (t0.elapsed().as_secs_f64(), cpu_seconds() - c0)
+        };
+        let (mut alone, mut alone_cpu) = (Vec::new(), Vec::new());
+        let (mut piped, mut piped_cpu, mut job_s) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut sat, mut sat_cpu) = (Vec::new(), Vec::new());
+        let mut sat_jobs = 0;
+        for _ in 0..rounds {
+            let (w, c) = batch().await;
+            alone.push(w);
+            alone_cpu.push(c);
+
+            // Pipeline: the previous step's job starts with the batch, as the judge worker
+            // launches it; the batch is timed, the job runs to its end.
+            let job = {
+                let refl = reflector.clone();
+                tokio::spawn(async move { refl.run_job(0, 0).await.unwrap() })
+            };
+            let (w, c) = batch().await;
+            piped.push(w);
+            piped_cpu.push(c);
+            job_s.push(job.await.unwrap().seconds);
 
             let stop = Arc::new(AtomicBool::new(false));
             let done = Arc::new(AtomicUsize::new(0));
@@ -120,24 +179,29 @@ fn main() {
                     }
                 })
             };
-            let t0 = Instant::now();
-            let r = rollout_batch(&ctx, &tasks, n, slot(1), 256, &cancel, None).await;
-            assert!(r.iter().all(|x| x.is_ok()));
-            beside.push(t0.elapsed().as_secs_f64());
+            let (w, c) = batch().await;
+            sat.push(w);
+            sat_cpu.push(c);
             stop.store(true, Ordering::Relaxed);
             bg.await.unwrap();
-            jobs_done += done.load(Ordering::Relaxed);
-            let _ = round;
+            sat_jobs += done.load(Ordering::Relaxed);
         }
-        alone.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        beside.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let (a, b) = (alone[1], beside[1]);
-        println!("rollout throughput with and without the reflection branch ({n_tasks} tasks x n={n}, one turn each, fake latency {latency_ms} ms, median of 3)");
-        println!("{:>28} | {:>10} | {:>12}", "", "wall s", "traj/s");
-        println!("{:>28} | {:>10.3} | {:>12.1}", "rollouts alone", a, trajectories as f64 / a);
-        println!("{:>28} | {:>10.3} | {:>12.1}", "rollouts + reflection jobs", b, trajectories as f64 / b);
-        println!("slowdown: {:.1}% (target < 10%); reflection jobs completed beside the rollouts: {jobs_done} ({} candidates each)", (b / a - 1.0) * 100.0, n_tasks * 8);
+        let trajectories = (n_tasks * n as usize) as f64;
+        let a = median(&mut alone);
+        println!("rollout throughput with and without the reflection branch ({n_tasks} tasks x n={n}, 3 turns each, fake latency {latency_ms} ms in a child process, median of {rounds} rounds)");
+        println!("{:>34} | {:>8} | {:>9} | {:>9} | {:>16}", "", "wall s", "traj/s", "slowdown", "orchestrator CPU s");
+        println!("{:>34} | {:>8.3} | {:>9.1} | {:>9} | {:>16.3}", "rollouts alone (reference)", a, trajectories / a, "-", median(&mut alone_cpu));
+        let p = median(&mut piped);
+        println!("{:>34} | {:>8.3} | {:>9.1} | {:>8.1}% | {:>16.3}", "+ one job (pipeline schedule)", p, trajectories / p, (p / a - 1.0) * 100.0, median(&mut piped_cpu));
+        let s = median(&mut sat);
+        println!("{:>34} | {:>8.3} | {:>9.1} | {:>8.1}% | {:>16.3}", "+ jobs back to back (stress)", s, trajectories / s, (s / a - 1.0) * 100.0, median(&mut sat_cpu));
+        println!("pipeline slowdown {:.1}% (target < 10%); one job takes {:.3} s ({} candidates); stress ran {sat_jobs} jobs in {rounds} batches",
+            (p / a - 1.0) * 100.0, median(&mut job_s), n_tasks * 8);
         let items = db::bank::load(&pool, run).await.unwrap().len();
         println!("bank items after the jobs: {items}");
+        pool.close().await;
+        bench_db::drop(&db_url).await;
     });
+    drop(child.stdin.take());
+    let _ = child.wait();
 }

@@ -15,57 +15,17 @@
 #[path = "../tests/common/fake_openai.rs"]
 mod fake_openai;
 
+#[path = "common/three_turns.rs"]
+mod three_turns;
+
 use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
 use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
 use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch};
-use orchestrator::tools::runner::{Snippet, Tool, ToolArgs, ToolError, ToolLimits, ToolRunner};
+use three_turns::{TURNS, cpu_seconds};
 use uuid::Uuid;
-
-struct Instant3;
-impl Tool for Instant3 {
-    fn name(&self) -> &str {
-        "google_search"
-    }
-    fn spec(&self) -> orchestrator::chat::ToolSpec {
-        orchestrator::chat::ToolSpec {
-            name: "google_search".into(),
-            description: "x".into(),
-            attributes: String::new(),
-        }
-    }
-    fn call<'a>(&'a self, a: &'a ToolArgs) -> BoxFuture<'a, Result<Vec<Snippet>, ToolError>> {
-        Box::pin(async move {
-            Ok((0..3)
-                .map(|i| {
-                    Snippet::new(
-                        "g",
-                        format!("t{i}"),
-                        None,
-                        format!("{} evidence {i} sentence about the topic.", a.query),
-                    )
-                })
-                .collect())
-        })
-    }
-}
-
-const TURNS: [&str; 3] = [
-    "<think>The question needs a mechanism and a use case; plan two searches.</think><structured_plan><deep_analysis>two parts</deep_analysis><rubric>Knowledge checklist:\n- mechanism\n- use</rubric><research_plan>search mechanism, then uses</research_plan></structured_plan><call_tool name=\"google_search\">mechanism of the enzyme</call_tool>",
-    "<think>Mechanism found.</think><state_evaluation>mechanism covered; uses missing</state_evaluation><call_tool name=\"google_search\">uses of the enzyme in sequencing</call_tool>",
-    "<think>Enough.</think><state_evaluation>all covered</state_evaluation><review><rubric_review>both items supported</rubric_review><writing_plan>two sentences</writing_plan></review><answer>It cuts and pastes <cite id=\"a\">DNA</cite>, and is used in sequencing.</answer>",
-];
-
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0 // utime + stime, USER_HZ = 100
-}
 
 fn rss_peak_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -141,19 +101,10 @@ fn main() {
                     Arc::new(pool),
                     RetryPolicy::none(),
                 );
-                let mut tools = ToolRunner::new(None);
-                tools.register(
-                    "google_search",
-                    Arc::new(Instant3),
-                    ToolLimits {
-                        max_concurrency: 4096,
-                        ..Default::default()
-                    },
-                );
                 let ctx = RolloutCtx {
                     client,
                     codec: Arc::new(fake_openai::ToyCodec),
-                    tools: Arc::new(tools),
+                    tools: Arc::new(three_turns::runner(4096)),
                     cfg: RolloutConfig {
                         max_tool_calls: 10,
                         max_tokens: 8192,

@@ -153,34 +153,35 @@ pub async fn commit_job(
         .bind(step)
         .execute(&mut *tx)
         .await?;
-    for r in rows {
-        sqlx::query(
+    // Multi-row INSERTs (one round trip per chunk, not per candidate); 18 binds per row stays
+    // far below Postgres' 65,535-parameter limit at 512 rows.
+    for chunk in rows.chunks(512) {
+        let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(
             "INSERT INTO reflections (id, run_id, step, task_id, source_trajectory_id,
                  candidate_index, prompt_token_ids, token_ids, logprobs, text, valid, score,
-                 utility, judge_model, judge_kind, advantage, policy_version, trained_step)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                     $17, $18)",
-        )
-        .bind(r.id)
-        .bind(run_id)
-        .bind(r.step)
-        .bind(r.task_id)
-        .bind(r.source_trajectory_id)
-        .bind(r.candidate_index)
-        .bind(&r.prompt_token_ids)
-        .bind(&r.token_ids)
-        .bind(&r.logprobs)
-        .bind(super::pg_text(&r.text))
-        .bind(r.valid)
-        .bind(r.score)
-        .bind(&r.utility)
-        .bind(&r.judge_model)
-        .bind(&r.judge_kind)
-        .bind(r.advantage)
-        .bind(r.policy_version)
-        .bind(r.trained_step)
-        .execute(&mut *tx)
-        .await?;
+                 utility, judge_model, judge_kind, advantage, policy_version, trained_step) ",
+        );
+        qb.push_values(chunk, |mut b, r| {
+            b.push_bind(r.id)
+                .push_bind(run_id)
+                .push_bind(r.step)
+                .push_bind(r.task_id)
+                .push_bind(r.source_trajectory_id)
+                .push_bind(r.candidate_index)
+                .push_bind(&r.prompt_token_ids)
+                .push_bind(&r.token_ids)
+                .push_bind(&r.logprobs)
+                .push_bind(super::pg_text(&r.text))
+                .push_bind(r.valid)
+                .push_bind(r.score)
+                .push_bind(&r.utility)
+                .push_bind(&r.judge_model)
+                .push_bind(&r.judge_kind)
+                .push_bind(r.advantage)
+                .push_bind(r.policy_version)
+                .push_bind(r.trained_step);
+        });
+        qb.build().execute(&mut *tx).await?;
     }
     for it in bank {
         upsert_in(&mut tx, run_id, it).await?;

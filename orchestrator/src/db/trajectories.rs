@@ -206,6 +206,45 @@ pub async fn list_for_step(
     .bind(step)
     .fetch_all(pool)
     .await?;
+    with_segments(pool, rows).await
+}
+
+/// The trajectories with these ids and their segments, in id order (ids not found are absent).
+pub async fn get_many(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<Trajectory>, DbError> {
+    let rows: Vec<TrajRow> =
+        sqlx::query_as(&format!("{TRAJ_SELECT} WHERE id = ANY($1) ORDER BY id"))
+            .bind(ids)
+            .fetch_all(pool)
+            .await?;
+    with_segments(pool, rows).await
+}
+
+/// A run's step as (task, trajectory ids by sample index), tasks in id order, without loading
+/// any segment: enough to choose trajectories before reading them.
+pub async fn members_of_step(
+    pool: &PgPool,
+    run_id: Uuid,
+    step: i32,
+) -> Result<Vec<(Uuid, Vec<Uuid>)>, DbError> {
+    let rows: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "SELECT task_id, id FROM trajectories WHERE run_id = $1 AND step = $2
+             ORDER BY task_id, sample_index",
+    )
+    .bind(run_id)
+    .bind(step)
+    .fetch_all(pool)
+    .await?;
+    let mut out: Vec<(Uuid, Vec<Uuid>)> = Vec::new();
+    for (task, id) in rows {
+        match out.last_mut() {
+            Some((t, ids)) if *t == task => ids.push(id),
+            _ => out.push((task, vec![id])),
+        }
+    }
+    Ok(out)
+}
+
+async fn with_segments(pool: &PgPool, rows: Vec<TrajRow>) -> Result<Vec<Trajectory>, DbError> {
     let ids: Vec<Uuid> = rows.iter().map(|r| r.0).collect();
     let segs: Vec<OwnedSegRow> = sqlx::query_as(
         "SELECT trajectory_id, kind, stage, token_ids, logprobs, text, policy_version

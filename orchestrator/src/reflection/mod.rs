@@ -264,22 +264,21 @@ impl Reflector {
     ) -> Result<JobReport, ReflectionError> {
         let t0 = std::time::Instant::now();
         db::bank::start_job(&self.pool, self.run_id, step).await?;
-        let trajs = db::trajectories::list_for_step(&self.pool, self.run_id, step).await?;
-        let mut groups: Vec<(Uuid, Vec<&Trajectory>)> = Vec::new();
-        for t in &trajs {
-            match groups.iter_mut().find(|(id, _)| *id == t.task_id) {
-                Some((_, g)) => g.push(t),
-                None => groups.push((t.task_id, vec![t])),
-            }
-        }
-        let ids: Vec<Uuid> = groups.iter().map(|(id, _)| *id).collect();
+        // Choose first, then read only the chosen trajectory of each task (1 of n).
+        let members = db::trajectories::members_of_step(&self.pool, self.run_id, step).await?;
+        let chosen: Vec<Uuid> = members
+            .iter()
+            .map(|(task, ids)| ids[pick(ids.len(), self.seed, step, *task)])
+            .collect();
+        let mut trajs = db::trajectories::get_many(&self.pool, &chosen).await?;
+        let ids: Vec<Uuid> = members.iter().map(|(task, _)| *task).collect();
+        trajs.sort_by_key(|t| t.task_id); // task order, as `members` (ids are distinct per task)
         let tasks = db::tasks::get_many(&self.pool, &ids).await?;
-        let mut futs = Vec::with_capacity(groups.len());
-        for (task_id, group) in &groups {
+        let mut futs = Vec::with_capacity(trajs.len());
+        for t in &trajs {
             let task = tasks
-                .get(task_id)
-                .ok_or(ReflectionError::MissingTask(*task_id))?;
-            let t = group[pick(group.len(), self.seed, step, *task_id)];
+                .get(&t.task_id)
+                .ok_or(ReflectionError::MissingTask(t.task_id))?;
             futs.push(self.reflect_one(step, policy_version, &task.prompt, t));
         }
         let mut outcomes = Vec::with_capacity(futs.len());

@@ -111,6 +111,8 @@ pub struct FakeState {
     pub latency: std::sync::RwLock<Duration>,
     /// Bodies of completion requests, for assertions.
     pub last_bodies: Mutex<Vec<Value>>,
+    /// The `Authorization` header of every chat request (None when absent), when recording.
+    pub chat_auth: Mutex<Vec<Option<String>>>,
     pub record_bodies: std::sync::atomic::AtomicBool,
     /// When set and nothing is scripted: the reply is turn k of this list, where k is the number
     /// of `</tool_output>` already in the (toy-tokenised) prompt. Lets thousands of concurrent
@@ -327,11 +329,16 @@ async fn completions(State(s): State<Arc<FakeState>>, Json(body): Json<Value>) -
     let n = body["n"].as_u64().unwrap_or(1) as usize;
     let features = s.features.read().unwrap().clone();
     let mut choices = Vec::new();
+    // The prompt's text is needed only to route reflection and auto-turn replies: decode it once.
+    let auto = s.auto_turns.read().unwrap().clone();
+    let refl = s.reflection_replies.read().unwrap().clone();
+    let prompt_text = if refl.is_empty() && auto.is_empty() {
+        String::new()
+    } else {
+        toy_detokenize(&prompt)
+    };
     for index in 0..n {
-        let auto = s.auto_turns.read().unwrap().clone();
-        let refl = s.reflection_replies.read().unwrap().clone();
-        let asks_reflection =
-            !refl.is_empty() && toy_detokenize(&prompt).contains("<reflection_takeaways>");
+        let asks_reflection = !refl.is_empty() && prompt_text.contains("<reflection_takeaways>");
         let next = if asks_reflection {
             Some(Scripted::reply(&refl[index % refl.len()], "stop"))
         } else {
@@ -344,7 +351,7 @@ async fn completions(State(s): State<Arc<FakeState>>, Json(body): Json<Value>) -
         let next = match next {
             Some(x) => Some(x),
             None if !auto.is_empty() => {
-                let done = toy_detokenize(&prompt).matches("</tool_output>").count();
+                let done = prompt_text.matches("</tool_output>").count();
                 Some(Scripted::reply(&auto[done.min(auto.len() - 1)], "stop"))
             }
             None => None,
@@ -411,9 +418,21 @@ async fn completions(State(s): State<Arc<FakeState>>, Json(body): Json<Value>) -
     Json(resp).into_response()
 }
 
-async fn chat(State(s): State<Arc<FakeState>>, Json(_body): Json<Value>) -> Response {
+async fn chat(
+    State(s): State<Arc<FakeState>>,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     if !s.features.read().unwrap().chat {
         return StatusCode::NOT_FOUND.into_response();
+    }
+    if s.record_bodies.load(Ordering::Relaxed) {
+        s.last_bodies.lock().await.push(body);
+        let auth = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        s.chat_auth.lock().await.push(auth);
     }
     let content = s
         .chat_replies

@@ -212,61 +212,122 @@ async fn bank(cmd: crate::cli::BankCommand) -> anyhow::Result<ExitCode> {
 async fn sft_data(args: &crate::cli::SftDataArgs) -> anyhow::Result<ExitCode> {
     use std::collections::HashMap;
     let cfg = load_config(&args.config)?;
-    crate::pipeline::setup::ensure_world(&cfg)?;
+    if args.teacher_url.is_none() {
+        crate::pipeline::setup::ensure_world(&cfg)?;
+    }
     let tasks_path = args.tasks.clone().unwrap_or_else(|| cfg.data.tasks.clone());
-    let dir = tasks_path
-        .parent()
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_default();
-    let text = std::fs::read_to_string(&tasks_path)
-        .with_context(|| format!("reading {}", tasks_path.display()))?;
-    let mut tasks = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let t: crate::data::world::WorldTask = serde_json::from_str(line).with_context(|| {
-            format!(
-                "{} line {}: not a research-world task (sft-data needs the world's evidence chains)",
-                tasks_path.display(),
-                i + 1
-            )
-        })?;
-        tasks.push(t);
-    }
-    if let Some(l) = args.limit {
-        tasks.truncate(l);
-    }
-    let docs: HashMap<String, crate::tools::local_search::CorpusDoc> =
-        crate::tools::local_search::read_corpus(&dir.join("corpus.jsonl"))?
-            .into_iter()
-            .map(|d| (d.id.clone(), d))
-            .collect();
+    let index = cfg
+        .data
+        .index
+        .join("meta.json")
+        .exists()
+        .then(|| cfg.data.index.clone());
     let setup = crate::tools::setup::ToolSetup {
-        index: Some(cfg.data.index.clone()),
-        web: false,
+        index: if args.teacher_url.is_none() {
+            Some(cfg.data.index.clone())
+        } else {
+            index
+        },
+        web: args.web_tools,
         mcp_urls: vec![],
     };
     let runner = crate::tools::setup::build(&setup, None).await?;
     anyhow::ensure!(
-        runner.names().contains(&args.tool),
-        "--tool = {:?} is not available; configured tools: {}",
-        args.tool,
-        runner.names().join(", ")
+        !runner.names().is_empty(),
+        "sft-data has no tool to call: build the local index ({}) or pass --web-tools",
+        cfg.data.index.display()
     );
     let scaffold: crate::chat::Scaffold =
         serde_json::from_value(serde_json::Value::String(cfg.data.scaffold.clone()))?;
     let system = crate::chat::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)?;
-    let (rows, stats) = crate::sft::offline(
-        &tasks,
-        &docs,
-        &runner,
-        &args.tool,
-        &system,
-        cfg.rollout.max_tool_calls,
-    )
-    .await;
+    let (rows, stats) = match &args.teacher_url {
+        Some(url) => {
+            let mut tasks = crate::data::tasks::load(&tasks_path)?;
+            if let Some(l) = args.limit {
+                tasks.truncate(l);
+            }
+            anyhow::ensure!(!tasks.is_empty(), "{} holds no tasks", tasks_path.display());
+            let pool = crate::config::EndpointPoolConfig {
+                urls: vec![url.clone()],
+                model: args.teacher_model.clone(),
+                max_concurrency: args.concurrency.max(1) as u32,
+                timeout_secs: cfg.judge.timeout_secs.max(300),
+                api_key_env: args.teacher_api_key_env.clone(),
+            };
+            let client = client_for(&cfg, Role::Teacher, &pool)?;
+            let teacher = crate::sft::teacher::Teacher {
+                client: &client,
+                tools: &runner,
+                system,
+                settings: crate::sft::teacher::TeacherSettings {
+                    max_rounds: args.max_rounds,
+                    max_tool_calls: cfg.rollout.max_tool_calls,
+                    temperature: args.temperature,
+                    max_tokens: args.max_tokens,
+                    concurrency: args.concurrency,
+                },
+            };
+            let items: Vec<crate::sft::teacher::TeacherTask> = tasks
+                .iter()
+                .map(|t| crate::sft::teacher::TeacherTask {
+                    id: t.external_id.clone(),
+                    query: t.query.clone(),
+                    format: t.format,
+                })
+                .collect();
+            let pb = crate::telemetry::progress(items.len() as u64, "teacher");
+            let out = teacher.run(&items, Some(&pb)).await?;
+            pb.finish_and_clear();
+            out
+        }
+        None => {
+            let dir = tasks_path
+                .parent()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_default();
+            let text = std::fs::read_to_string(&tasks_path)
+                .with_context(|| format!("reading {}", tasks_path.display()))?;
+            let mut tasks = Vec::new();
+            for (i, line) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
+                let t: crate::data::world::WorldTask =
+                    serde_json::from_str(line).with_context(|| {
+                        format!(
+                            "{} line {}: not a research-world task (the offline teacher needs the world's evidence chains; pass --teacher-url for other task files)",
+                            tasks_path.display(),
+                            i + 1
+                        )
+                    })?;
+                tasks.push(t);
+            }
+            if let Some(l) = args.limit {
+                tasks.truncate(l);
+            }
+            let docs: HashMap<String, crate::tools::local_search::CorpusDoc> =
+                crate::tools::local_search::read_corpus(&dir.join("corpus.jsonl"))?
+                    .into_iter()
+                    .map(|d| (d.id.clone(), d))
+                    .collect();
+            anyhow::ensure!(
+                runner.names().contains(&args.tool),
+                "--tool = {:?} is not available; configured tools: {}",
+                args.tool,
+                runner.names().join(", ")
+            );
+            crate::sft::offline(
+                &tasks,
+                &docs,
+                &runner,
+                &args.tool,
+                &system,
+                cfg.rollout.max_tool_calls,
+            )
+            .await
+        }
+    };
     if let Some(parent) = args.out.parent() {
         std::fs::create_dir_all(parent)?;
     }
@@ -672,7 +733,7 @@ fn client_for(
         pool,
         &cfg.retry,
         &cfg.health,
-    ))
+    )?)
 }
 
 /// `orchestrator run`: register the experiment (or find the one to resume), then run each

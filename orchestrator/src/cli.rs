@@ -98,7 +98,8 @@ pub enum Command {
 pub struct SftDataArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// The research world's tasks.jsonl (default: data.tasks of the preset).
+    /// Task file (default: data.tasks of the preset). The offline teacher needs the research
+    /// world's tasks.jsonl; a teacher endpoint takes any task file.
     #[arg(long, env = "ORCH_SFT_TASKS")]
     pub tasks: Option<PathBuf>,
     /// Output JSONL file.
@@ -107,9 +108,36 @@ pub struct SftDataArgs {
     /// Use at most this many tasks.
     #[arg(long, env = "ORCH_SFT_LIMIT")]
     pub limit: Option<usize>,
-    /// The search tool the teacher calls.
+    /// The search tool the offline teacher calls.
     #[arg(long, env = "ORCH_SFT_TOOL", default_value = "google_search")]
     pub tool: String,
+    /// Teacher endpoint (OpenAI-compatible base URL, `/v1/chat/completions`). Without it the
+    /// offline teacher follows the research world's known evidence chains; with it any task
+    /// file (our shape or DR Tulu rows) is taught by the model, one call per round.
+    #[arg(long, env = "ORCH_SFT_TEACHER_URL")]
+    pub teacher_url: Option<String>,
+    /// Teacher model name.
+    #[arg(long, env = "ORCH_SFT_TEACHER_MODEL", default_value = "teacher")]
+    pub teacher_model: String,
+    /// Name of the environment variable holding the teacher API's key (e.g. GEMINI_API_KEY).
+    #[arg(long, env = "ORCH_SFT_TEACHER_API_KEY_ENV")]
+    pub teacher_api_key_env: Option<String>,
+    /// Rounds (teacher calls) per trajectory; method.md A.3 stops after 10.
+    #[arg(long, env = "ORCH_SFT_MAX_ROUNDS", default_value_t = 10)]
+    pub max_rounds: u32,
+    /// Teacher sampling temperature.
+    #[arg(long, env = "ORCH_SFT_TEMPERATURE", default_value_t = 0.7)]
+    pub temperature: f32,
+    /// Completion tokens per teacher round.
+    #[arg(long, env = "ORCH_SFT_MAX_TOKENS", default_value_t = 4096)]
+    pub max_tokens: u32,
+    /// Trajectories taught at once.
+    #[arg(long, env = "ORCH_SFT_CONCURRENCY", default_value_t = 8)]
+    pub concurrency: usize,
+    /// Also attach the real web tools (google_search via Serper, snippet_search via Semantic
+    /// Scholar, browse_webpage behind the SSRF guard); keys from the environment.
+    #[arg(long, env = "ORCH_SFT_WEB_TOOLS")]
+    pub web_tools: bool,
 }
 
 #[derive(Debug, Clone, Args)]

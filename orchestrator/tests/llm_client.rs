@@ -327,6 +327,7 @@ async fn structured_chat_retries_bad_json_then_parses() {
             serde_json::json!({"type": "object"}),
         )),
         seed: None,
+        stop: Vec::new(),
     };
     let (s, _) = c
         .chat_structured::<Verdict, _>(&req, |v| {

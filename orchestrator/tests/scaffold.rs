@@ -217,6 +217,16 @@ fn sft_rules_accept_a_good_trajectory_and_name_each_violation() {
         },
     ];
     assert!(check(&from_memory).contains(&Rejection::MissingToolCall { round: 0 }));
+    // Answering in round 1, even as the only round, is answering from memory.
+    let r1_answer = format!("{PLAN}{ANSWER}");
+    let one_round = [Round {
+        text: &r1_answer,
+        tool_error: false,
+    }];
+    assert_eq!(
+        check(&one_round),
+        vec![Rejection::MissingToolCall { round: 0 }]
+    );
 
     let no_plan = [
         Round {

@@ -89,7 +89,7 @@ impl Embedder {
             e,
             &cfg.retry,
             &cfg.health,
-        )))
+        )?))
     }
 
     pub fn model(&self) -> &str {

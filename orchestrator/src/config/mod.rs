@@ -227,6 +227,10 @@ pub struct EndpointPoolConfig {
     pub max_concurrency: u32,
     /// Whole-request timeout.
     pub timeout_secs: u64,
+    /// Name of the environment variable holding the API key (hosted APIs); the key itself is
+    /// never written in a config, logged or stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -246,6 +250,9 @@ pub struct JudgeConfig {
     /// Each stage's text is cut to this many bytes (head and tail kept) in judge prompts.
     #[serde(default = "default_max_stage_chars")]
     pub max_stage_chars: usize,
+    /// Name of the environment variable holding the judge API's key (e.g. `OPENAI_API_KEY`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
 }
 
 fn default_max_stage_chars() -> usize {
@@ -271,6 +278,7 @@ impl JudgeConfig {
             model: self.model.clone(),
             max_concurrency: self.max_concurrency,
             timeout_secs: self.timeout_secs,
+            api_key_env: self.api_key_env.clone(),
         }
     }
 }

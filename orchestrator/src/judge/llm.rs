@@ -335,6 +335,7 @@ impl LlmJudge {
             max_tokens: self.opts.max_tokens,
             response_format: Some(ResponseFormat::json_schema(schema_name, schema)),
             seed: None,
+            stop: Vec::new(),
         };
         let t0 = Instant::now();
         match self.client.chat_structured::<T, V>(&req, validate).await {

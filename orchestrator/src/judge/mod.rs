@@ -264,19 +264,19 @@ pub fn from_config(cfg: &crate::config::Config) -> Result<std::sync::Arc<dyn Jud
             cfg.judge.model.clone(),
         ))),
         Kind::Llm => {
-            let http = crate::llm::build_http(std::time::Duration::from_secs(10)).map_err(|e| {
-                JudgeError::Llm {
-                    attempts: 0,
-                    source: e,
-                }
-            })?;
+            let setup = |e| JudgeError::Llm {
+                attempts: 0,
+                source: e,
+            };
+            let http = crate::llm::build_http(std::time::Duration::from_secs(10)).map_err(setup)?;
             let client = crate::llm::LlmClient::from_config(
                 http,
                 crate::llm::Role::Judge,
                 &cfg.judge.pool(),
                 &cfg.retry,
                 &cfg.health,
-            );
+            )
+            .map_err(setup)?;
             let opts = llm::LlmJudgeOptions {
                 usd_per_mtok_prompt: cfg.judge.usd_per_mtok_prompt,
                 usd_per_mtok_completion: cfg.judge.usd_per_mtok_completion,

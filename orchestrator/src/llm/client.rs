@@ -83,6 +83,34 @@ impl Timing {
     }
 }
 
+/// A bearer token read from the environment at start-up. It is sent only in the
+/// `Authorization` header (marked sensitive) and never printed: `Debug` shows `ApiKey(***)`.
+#[derive(Clone)]
+pub struct ApiKey(Arc<str>);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(***)")
+    }
+}
+
+impl ApiKey {
+    /// The key in environment variable `var`; an unset or empty variable is an error naming it.
+    pub fn from_env(var: &str) -> Result<Self, LlmError> {
+        match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => Ok(Self(Arc::from(v.trim()))),
+            _ => Err(LlmError::MissingApiKey {
+                var: var.to_string(),
+            }),
+        }
+    }
+
+    /// The key named by an optional `api_key_env` setting.
+    pub fn from_setting(var: Option<&str>) -> Result<Option<Self>, LlmError> {
+        var.map(Self::from_env).transpose()
+    }
+}
+
 /// A client for one role's endpoint pool. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct LlmClient {
@@ -91,6 +119,8 @@ pub struct LlmClient {
     retry: RetryPolicy,
     /// Model name used instead of the pool's (a published policy version, e.g. `policy-v7`).
     model: Option<Arc<str>>,
+    /// Sent as `Authorization: Bearer` on every request (hosted APIs); self-hosted servers need none.
+    api_key: Option<ApiKey>,
 }
 
 struct Attempt<T> {
@@ -106,6 +136,21 @@ impl LlmClient {
             pool,
             retry,
             model: None,
+            api_key: None,
+        }
+    }
+
+    /// The same client sending `key` as a bearer token.
+    pub fn with_api_key(mut self, key: Option<ApiKey>) -> Self {
+        self.api_key = key;
+        self
+    }
+
+    /// Add the bearer token, if any, to a request for one of this client's endpoints.
+    pub fn authorize(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.api_key {
+            Some(k) => rb.bearer_auth(&*k.0),
+            None => rb,
         }
     }
 
@@ -117,13 +162,16 @@ impl LlmClient {
         }
     }
 
+    /// A client for a configured pool; its API key, when `api_key_env` names one, is read from
+    /// the environment now (an unset variable is an error naming it).
     pub fn from_config(
         http: reqwest::Client,
         role: Role,
         cfg: &EndpointPoolConfig,
         retry: &RetryConfig,
         health: &HealthConfig,
-    ) -> Self {
+    ) -> Result<Self, LlmError> {
+        let key = ApiKey::from_setting(cfg.api_key_env.as_deref())?;
         let pool = EndpointPool::new(
             role,
             cfg.model.clone(),
@@ -132,7 +180,7 @@ impl LlmClient {
             Duration::from_secs(cfg.timeout_secs),
             health.failures_before_unhealthy,
         );
-        Self::new(http, Arc::new(pool), RetryPolicy::from_config(retry))
+        Ok(Self::new(http, Arc::new(pool), RetryPolicy::from_config(retry)).with_api_key(key))
     }
 
     pub fn pool(&self) -> &Arc<EndpointPool> {
@@ -441,8 +489,7 @@ impl LlmClient {
         let url = format!("{}{path}", ep.url);
         let t0 = Instant::now();
         let resp = self
-            .http
-            .post(&url)
+            .authorize(self.http.post(&url))
             .timeout(self.pool.timeout)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body)
@@ -476,8 +523,7 @@ impl LlmClient {
         path: &str,
     ) -> Result<R, LlmError> {
         let resp = self
-            .http
-            .get(format!("{}{path}", ep.url))
+            .authorize(self.http.get(format!("{}{path}", ep.url)))
             .timeout(self.pool.timeout)
             .send()
             .await
@@ -503,8 +549,7 @@ impl LlmClient {
 
     async fn get_status(&self, ep: &Endpoint, path: &str) -> Result<u16, LlmError> {
         let resp = self
-            .http
-            .get(format!("{}{path}", ep.url))
+            .authorize(self.http.get(format!("{}{path}", ep.url)))
             .timeout(self.pool.timeout.min(Duration::from_secs(10)))
             .send()
             .await

@@ -15,6 +15,8 @@ pub enum Role {
     Policy,
     Judge,
     Embeddings,
+    /// A chat model writing SFT trajectories (`sft-data --teacher-url`).
+    Teacher,
 }
 
 impl Role {
@@ -23,6 +25,7 @@ impl Role {
             Role::Policy => "policy",
             Role::Judge => "judge",
             Role::Embeddings => "embeddings",
+            Role::Teacher => "teacher",
         }
     }
 }

@@ -33,6 +33,10 @@ pub enum LlmError {
     NoEndpoint { role: &'static str },
     #[error("request to {endpoint} is invalid: {message}")]
     Request { endpoint: String, message: String },
+    #[error(
+        "environment variable {var} (named by api_key_env) is not set or empty; export the API key there"
+    )]
+    MissingApiKey { var: String },
     #[error("cancelled")]
     Cancelled,
 }
@@ -49,6 +53,7 @@ impl LlmError {
             LlmError::MissingFeatures { .. }
             | LlmError::NoEndpoint { .. }
             | LlmError::Request { .. }
+            | LlmError::MissingApiKey { .. }
             | LlmError::Cancelled => false,
         }
     }

@@ -142,7 +142,7 @@ pub async fn detect(
                 )),
             }
         }
-        Role::Judge => {
+        Role::Judge | Role::Teacher => {
             let req = ChatRequest {
                 model: model.clone(),
                 messages: vec![ChatMessage::user("Reply with {}")],
@@ -150,6 +150,7 @@ pub async fn detect(
                 max_tokens: 8,
                 response_format: None,
                 seed: None,
+                stop: Vec::new(),
             };
             match client
                 .post_once::<_, RawChat>(endpoint, "/v1/chat/completions", &req)
@@ -192,8 +193,7 @@ pub async fn detect(
 
 async fn version(client: &LlmClient, endpoint: &Endpoint) -> Option<String> {
     let resp = client
-        .http()
-        .get(format!("{}/version", endpoint.url))
+        .authorize(client.http().get(format!("{}/version", endpoint.url)))
         .timeout(std::time::Duration::from_secs(5))
         .send()
         .await

@@ -10,7 +10,7 @@ pub mod retry;
 pub mod trainer;
 pub mod types;
 
-pub use client::{LlmClient, Timing, build_http};
+pub use client::{ApiKey, LlmClient, Timing, build_http};
 pub use endpoints::{Endpoint, EndpointPool, EndpointStats, Role};
 pub use error::LlmError;
 pub use features::{ServerFeatures, detect, detect_all};

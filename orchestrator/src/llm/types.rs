@@ -166,6 +166,9 @@ pub struct ChatRequest {
     pub response_format: Option<ResponseFormat>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// Stop sequences (most APIs drop the matched sequence from the content).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
 }
 
 /// OpenAI structured output: `{"type":"json_schema","json_schema":{"name","schema","strict"}}`.

@@ -104,7 +104,8 @@ pub async fn pipeline(
         &cfg.policy,
         &cfg.retry,
         &cfg.health,
-    );
+    )
+    .map_err(setup)?;
     crate::llm::detect_all(&client, Role::Policy)
         .await
         .map_err(setup)?;

@@ -18,7 +18,8 @@ pub struct Round<'a> {
 pub enum Rejection {
     /// The final round has no closed `</answer>`.
     NoAnswer,
-    /// A non-final round does not end in a parseable tool call (name and query).
+    /// A non-final round, or round 1 (which may never answer), does not end in a parseable
+    /// tool call (name and query).
     MissingToolCall { round: usize },
     /// Round 1 lacks `<structured_plan>` with `<deep_analysis>` and `<rubric>`.
     MissingPlan { missing: Vec<String> },
@@ -47,7 +48,9 @@ pub fn check(rounds: &[Round<'_>]) -> Vec<Rejection> {
                 issues: p.issues.clone(),
             });
         }
-        if k < last {
+        // Round 1 must end in a call even when it is the only round: its prompt forbids an
+        // answer, so a one-round trajectory answered from memory.
+        if k < last || k == 0 {
             let ok = p
                 .tool_calls
                 .last()

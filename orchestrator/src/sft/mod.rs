@@ -6,7 +6,10 @@
 //! snippets. Every trajectory passes the A.3 rejection rules (`scaffold::sft::check`) or is
 //! dropped with the rule it broke; a task whose evidence the index does not return is dropped
 //! as `evidence_not_found`. Rows: `messages` (system, user, assistant = the whole trace) and
-//! `segments` (model text vs tool output, so tool spans carry no loss).
+//! `segments` (model text vs tool output, so tool spans carry no loss). `teacher` writes the
+//! same rows with a teacher model behind an OpenAI-compatible endpoint, for any task file.
+
+pub mod teacher;
 
 use std::collections::{BTreeMap, HashMap};
 

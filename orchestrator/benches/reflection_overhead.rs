@@ -31,7 +31,6 @@ mod fake_openai;
 #[path = "common/three_turns.rs"]
 mod three_turns;
 
-use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -84,17 +83,7 @@ fn main() {
         args.get(2).copied().unwrap_or(50),
         args.get(3).copied().unwrap_or(5).max(1) as usize,
     );
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--serve", &latency_ms.to_string()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut url = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut url)
-        .unwrap();
-    let url = url.trim().to_string();
+    let (mut child, url) = three_turns::spawn_fake(latency_ms);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

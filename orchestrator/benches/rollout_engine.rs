@@ -18,7 +18,6 @@ mod fake_openai;
 #[path = "common/three_turns.rs"]
 mod three_turns;
 
-use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,17 +70,7 @@ fn main() {
         "wall/ideal"
     );
     for latency in [0u64, 50] {
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--serve", &latency.to_string()])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut url = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut url)
-            .unwrap();
-        let url = url.trim().to_string();
+        let (mut child, url) = three_turns::spawn_fake(latency);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()

@@ -25,6 +25,23 @@ fn task(i: usize) -> TeacherTask {
     }
 }
 
+/// A client for the fake as the teacher endpoint, without retries.
+fn teacher_client(server: &FakeServer) -> LlmClient {
+    let pool = EndpointPool::new(
+        Role::Teacher,
+        "teacher",
+        &[server.url()],
+        1,
+        Duration::from_secs(10),
+        100,
+    );
+    LlmClient::new(
+        build_http(Duration::from_secs(5)).unwrap(),
+        std::sync::Arc::new(pool),
+        RetryPolicy::none(),
+    )
+}
+
 #[tokio::test]
 async fn teacher_rounds_are_prompted_postprocessed_checked_and_written() {
     let tmp = tempfile::tempdir().unwrap();
@@ -67,19 +84,7 @@ async fn teacher_rounds_are_prompted_postprocessed_checked_and_written() {
         server.push_chat(r.clone()).await;
     }
 
-    let pool = EndpointPool::new(
-        Role::Teacher,
-        "teacher",
-        &[server.url()],
-        1,
-        Duration::from_secs(10),
-        100,
-    );
-    let client = LlmClient::new(
-        build_http(Duration::from_secs(5)).unwrap(),
-        std::sync::Arc::new(pool),
-        RetryPolicy::none(),
-    );
+    let client = teacher_client(&server);
     let system = system_prompt(Scaffold::Rubricem, &tools.specs(), 10).unwrap();
     let teacher = Teacher {
         client: &client,
@@ -192,20 +197,7 @@ async fn api_key_comes_from_the_named_variable_and_is_never_printed() {
         .record_bodies
         .store(true, std::sync::atomic::Ordering::Relaxed);
     server.push_chat("hello").await;
-    let pool = EndpointPool::new(
-        Role::Teacher,
-        "teacher",
-        &[server.url()],
-        1,
-        Duration::from_secs(10),
-        100,
-    );
-    let client = LlmClient::new(
-        build_http(Duration::from_secs(5)).unwrap(),
-        std::sync::Arc::new(pool),
-        RetryPolicy::none(),
-    )
-    .with_api_key(Some(key));
+    let client = teacher_client(&server).with_api_key(Some(key));
     assert!(!format!("{client:?}").contains(secret.trim()));
     let req = orchestrator::llm::ChatRequest {
         model: "teacher".into(),

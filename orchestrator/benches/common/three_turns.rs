@@ -1,6 +1,7 @@
 //! The 3-turn scaffold trajectory the rollout benches replay (plan + call, research + call,
 //! review + answer) and the instant search tool its calls hit (three synthetic snippets).
 #![allow(dead_code, reason = "each bench uses the part it needs")]
+#![allow(clippy::unwrap_used, reason = "benchmark code fails loudly")]
 
 use std::sync::Arc;
 
@@ -65,4 +66,22 @@ pub fn cpu_seconds() -> f64 {
     let f: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0 // utime + stime, USER_HZ = 100
+}
+
+/// Start this bench executable again as `--serve LATENCY_MS` (the fake policy server in a child
+/// process, so CPU figures are the parent's alone); returns the child and the URL it printed.
+/// The child serves until its stdin is closed.
+pub fn spawn_fake(latency_ms: u64) -> (std::process::Child, String) {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--serve", &latency_ms.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut url = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut url)
+        .unwrap();
+    (child, url.trim().to_string())
 }

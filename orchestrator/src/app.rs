@@ -216,18 +216,10 @@ async fn sft_data(args: &crate::cli::SftDataArgs) -> anyhow::Result<ExitCode> {
         crate::pipeline::setup::ensure_world(&cfg)?;
     }
     let tasks_path = args.tasks.clone().unwrap_or_else(|| cfg.data.tasks.clone());
-    let index = cfg
-        .data
-        .index
-        .join("meta.json")
-        .exists()
-        .then(|| cfg.data.index.clone());
+    // The offline teacher needs the world's index; a teacher endpoint uses it when it is built.
+    let use_index = args.teacher_url.is_none() || cfg.data.index.join("meta.json").exists();
     let setup = crate::tools::setup::ToolSetup {
-        index: if args.teacher_url.is_none() {
-            Some(cfg.data.index.clone())
-        } else {
-            index
-        },
+        index: use_index.then(|| cfg.data.index.clone()),
         web: args.web_tools,
         mcp_urls: vec![],
     };

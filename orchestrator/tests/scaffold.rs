@@ -268,6 +268,20 @@ fn sft_rules_accept_a_good_trajectory_and_name_each_violation() {
         },
     ];
     assert!(check(&two_errors).contains(&Rejection::ConsecutiveToolErrors { from_round: 0 }));
+    // Each rule's name is its serialised tag (rejections are counted under it).
+    for r in [
+        Rejection::NoAnswer,
+        Rejection::MissingToolCall { round: 0 },
+        Rejection::MissingPlan { missing: vec![] },
+        Rejection::MissingStateEvaluation { round: 1 },
+        Rejection::Malformed {
+            round: 0,
+            issues: vec![],
+        },
+        Rejection::ConsecutiveToolErrors { from_round: 0 },
+    ] {
+        assert_eq!(serde_json::to_value(&r).unwrap()["rule"], r.name());
+    }
 
     let broken = format!("{PLAN}<think>unclosed {CALL1}");
     let rej = check(&[

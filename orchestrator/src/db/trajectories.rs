@@ -182,15 +182,7 @@ pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<Trajectory>, DbError>
         .bind(id)
         .fetch_optional(pool)
         .await?;
-    let Some(r) = row else { return Ok(None) };
-    let segs: Vec<SegRow> = sqlx::query_as(
-        "SELECT kind, stage, token_ids, logprobs, text, policy_version
-             FROM trajectory_segments WHERE trajectory_id = $1 ORDER BY ordinal",
-    )
-    .bind(id)
-    .fetch_all(pool)
-    .await?;
-    assemble(r, segs).map(Some)
+    Ok(with_segments(pool, row.into_iter().collect()).await?.pop())
 }
 
 /// Load every trajectory of a run's step with its segments, ordered by task and sample index.

@@ -34,6 +34,20 @@ pub enum Rejection {
     ConsecutiveToolErrors { from_round: usize },
 }
 
+impl Rejection {
+    /// The rule's name, as its serialised `rule` tag (the key rejections are counted under).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Rejection::NoAnswer => "no_answer",
+            Rejection::MissingToolCall { .. } => "missing_tool_call",
+            Rejection::MissingPlan { .. } => "missing_plan",
+            Rejection::MissingStateEvaluation { .. } => "missing_state_evaluation",
+            Rejection::Malformed { .. } => "malformed",
+            Rejection::ConsecutiveToolErrors { .. } => "consecutive_tool_errors",
+        }
+    }
+}
+
 /// Every rule the trajectory breaks; empty means keep it.
 pub fn check(rounds: &[Round<'_>]) -> Vec<Rejection> {
     let mut out = Vec::new();

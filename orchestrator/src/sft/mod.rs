@@ -215,10 +215,7 @@ pub async fn teach(
         })
         .collect();
     if let Some(rule) = crate::scaffold::sft::check(&rounds).first() {
-        return Err(serde_json::to_value(rule)
-            .ok()
-            .and_then(|v| v["rule"].as_str().map(str::to_string))
-            .unwrap_or_else(|| "rejected".into()));
+        return Err(rule.name().to_string());
     }
     let user = crate::chat::user_message(&task.query, format_of(task));
     let assistant: String = segments.iter().map(|s| s.text.as_str()).collect();

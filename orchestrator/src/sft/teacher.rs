@@ -109,14 +109,6 @@ pub fn close_round(text: &str) -> String {
     t
 }
 
-/// The name of the first rule a trajectory breaks, in the stats' vocabulary.
-fn rule_name(rule: &crate::scaffold::sft::Rejection) -> String {
-    serde_json::to_value(rule)
-        .ok()
-        .and_then(|v| v["rule"].as_str().map(str::to_string))
-        .unwrap_or_else(|| "rejected".into())
-}
-
 impl Teacher<'_> {
     fn first_prompt(&self, specs: &[ToolSpec]) -> Result<String, TeacherError> {
         render(
@@ -216,7 +208,7 @@ impl Teacher<'_> {
             })
             .collect();
         if let Some(rule) = check(&rounds).first() {
-            return Ok(Err(rule_name(rule)));
+            return Ok(Err(rule.name().to_string()));
         }
         let assistant: String = segments.iter().map(|s| s.text.as_str()).collect();
         Ok(Ok(SftRow {

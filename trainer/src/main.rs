@@ -156,6 +156,10 @@ struct ServeArgs {
     /// cpu, cuda or auto.
     #[arg(long, env = "TRAINER_DEVICE", default_value = "auto")]
     device: String,
+    /// libtorch intra-op threads on CPU (0: libtorch's default, one per core). Two processes
+    /// sharing a machine (a policy server and a trainer) each get a share this way.
+    #[arg(long, env = "TRAINER_THREADS", default_value_t = 0)]
+    threads: i32,
 }
 
 #[derive(Debug, Subcommand)]
@@ -278,6 +282,12 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     use trainer::publish::{PublishConfig, PublishTarget, Publisher, detect_kind};
     use trainer::service::{AppState, ServeConfig, load};
     let device = parse_device(&a.device)?;
+    if a.threads < 0 {
+        anyhow::bail!("--threads = {}; allowed: 0 (default) or more", a.threads);
+    }
+    if a.threads > 0 {
+        tch::set_num_threads(a.threads);
+    }
     let lora = (a.lora_r > 0).then(|| trainer::model::LoraConfig {
         r: a.lora_r,
         alpha: a.lora_alpha.unwrap_or(2.0 * a.lora_r as f64),

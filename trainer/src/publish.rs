@@ -56,6 +56,9 @@ pub struct Published {
     pub failed: Vec<(String, String)>,
     /// Names unloaded because they left the window.
     pub unloaded: Vec<String>,
+    /// LoRA adapters: the servers serve this version under `name`. Full weights replace the
+    /// served model in place, so clients keep asking for the servers' own model name.
+    pub lora: bool,
     pub seconds: f64,
 }
 
@@ -202,6 +205,30 @@ impl Publisher {
         self.post(&t.url, path, json!({"lora_name": name})).await
     }
 
+    /// Forget every live version: unload the adapters from the servers and remove their
+    /// directories. Called when the policy is replaced (a restore), whose version numbers
+    /// start again and would otherwise collide with the old ones. Returns the names retired.
+    pub async fn retire_all(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some((_, old, old_dir)) = self.live.pop_front() {
+            self.retire(&old, &old_dir).await;
+            out.push(old);
+        }
+        out
+    }
+
+    /// Unload one version's adapter from every server (LoRA) and remove its directory.
+    async fn retire(&self, name: &str, dir: &Path) {
+        if self.cfg.lora {
+            for t in &self.cfg.targets {
+                if let Err(e) = self.unload(t, name).await {
+                    tracing::warn!(server = %t.url, adapter = %name, error = %e, "unload failed");
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     /// Load version `version` (already written at `dir_of(version)`) on every server, then
     /// unload what left the window. With no targets it only records the version.
     pub async fn publish(&mut self, version: i64) -> Published {
@@ -212,6 +239,7 @@ impl Publisher {
             version,
             name: name.clone(),
             dir: dir.clone(),
+            lora: self.cfg.lora,
             ..Published::default()
         };
         for t in &self.cfg.targets {
@@ -229,14 +257,7 @@ impl Publisher {
                 let Some((_, old, old_dir)) = self.live.pop_front() else {
                     break;
                 };
-                if self.cfg.lora {
-                    for t in &self.cfg.targets {
-                        if let Err(e) = self.unload(t, &old).await {
-                            tracing::warn!(server = %t.url, adapter = %old, error = %e, "unload failed");
-                        }
-                    }
-                }
-                let _ = std::fs::remove_dir_all(&old_dir);
+                self.retire(&old, &old_dir).await;
                 out.unloaded.push(old);
             }
         }

@@ -512,3 +512,108 @@ async fn trainer_killed_and_restarted_mid_run_the_run_completes(pool: PgPool) {
     assert_eq!(session, STEPS);
     second.task.abort();
 }
+
+/// `max_staleness = 0` is strictly sequential: every step rolls out on the policy trained on all
+/// steps before it, and a step's reflection job finishes (inline, timed) before the next step's
+/// rollout starts, instead of running beside it.
+#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollout(pool: PgPool) {
+    use orchestrator::config::{Config, Overrides};
+    let tmp = tempfile::tempdir().unwrap();
+    let world = tmp.path().join("world");
+    write_world(&world);
+    let model = model_dir(tmp.path(), &world);
+    let ckpt = tmp.path().join("ckpt");
+    let (tr, addr) = start_trainer(&model, &ckpt, "127.0.0.1:0").await;
+    let file = config_file(
+        tmp.path(),
+        &world,
+        &model,
+        &db_url(&pool),
+        &format!("http://{addr}"),
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        text.replace("max_staleness = 1", "max_staleness = 0"),
+    )
+    .unwrap();
+    let cfg = Config::load(
+        "smoke",
+        &Overrides {
+            file: Some(file),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(cfg.pipeline.max_staleness, 0);
+    let exp = orchestrator::db::runs::create_experiment(&pool, "t", "smoke", &cfg.snapshot())
+        .await
+        .unwrap();
+    let run = orchestrator::db::runs::create_run(&pool, exp, "full", "full", &cfg.snapshot(), 9)
+        .await
+        .unwrap();
+    let common = orchestrator::pipeline::setup::common(&cfg, &pool)
+        .await
+        .unwrap();
+    let p = orchestrator::pipeline::setup::pipeline(
+        &cfg,
+        &pool,
+        &common,
+        run,
+        orchestrator::config::Recipe::Full,
+    )
+    .await
+    .unwrap();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(300),
+        Arc::new(p).run(
+            tokio_util::sync::CancellationToken::new(),
+            indicatif::ProgressBar::hidden(),
+        ),
+    )
+    .await
+    .expect("run finished in time")
+    .unwrap();
+    assert_eq!(outcome.completed, STEPS as u32);
+    check_run(&pool, run, &tr.state).await;
+    let versions: Vec<(i32, i32)> =
+        sqlx::query_as("SELECT step, policy_version FROM steps WHERE run_id = $1 ORDER BY step")
+            .bind(run)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        versions,
+        (0..STEPS as i32).map(|s| (s, s)).collect::<Vec<_>>(),
+        "every step rolls out on the policy trained on all steps before it"
+    );
+    // Reflection jobs (new-batch steps 0 and 2) end before the next step's rollout begins.
+    let order: Vec<(i32, bool)> = sqlx::query_as(
+        "SELECT j.step, j.finished_at <= s.started_at
+         FROM reflection_jobs j JOIN steps s ON s.run_id = j.run_id AND s.step = j.step + 1
+         WHERE j.run_id = $1 ORDER BY j.step",
+    )
+    .bind(run)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(order, vec![(0, true), (2, true)]);
+    let inline: Vec<(i32, f64)> = sqlx::query_as(
+        "SELECT step, value FROM step_metrics
+         WHERE run_id = $1 AND name = 'time/reflection_inline_s' ORDER BY step",
+    )
+    .bind(run)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(inline.len(), STEPS as usize);
+    for (s, secs) in inline {
+        assert_eq!(
+            secs > 0.0,
+            s % 2 == 0,
+            "step {s}: inline reflection {secs} s"
+        );
+    }
+    tr.task.abort();
+}

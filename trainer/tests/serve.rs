@@ -3,7 +3,9 @@
 //! 1e-4); train steps over HTTP with the wire batch move log-probs by the sign of the advantage,
 //! and a concurrent step gets 409; publishing to a fake vLLM records exactly the load and unload
 //! calls, keeps the previous version on failure, and never leaves a partial directory;
-//! checkpoint + restart continues with parameters identical to a run that never stopped.
+//! checkpoint + restart continues with parameters identical to a run that never stopped; a
+//! second `trainer serve` receives published full weights (and a restored policy) through
+//! vLLM's disk weight-transfer API.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
@@ -73,15 +75,15 @@ async fn start(
     train.optim.lr = 0.05;
     train.optim.max_grad_norm = 0.0;
     train.loss.kl_coef = 0.0;
-    let loaded = load::load(&load::LoadOptions {
+    let opts = load::LoadOptions {
         model_dir: dir.to_path_buf(),
         lora,
         train,
         device: tch::Device::Cpu,
         seed: 11,
         resume_from: if resume { ckpt.clone() } else { None },
-    })
-    .unwrap();
+    };
+    let loaded = load::load(&opts).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let state = AppState::new(
@@ -99,6 +101,7 @@ async fn start(
         },
         publisher,
     );
+    state.set_load_options(opts);
     let app = trainer::service::router(state.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     Server {
@@ -699,4 +702,158 @@ async fn sglang_and_full_weight_publishing_speak_each_servers_api() {
             ("/unload_lora_adapter".to_string(), "pol-v1".to_string()),
         ]
     );
+}
+
+async fn post_json(url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let r = trainer::publish::http_client()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+async fn served_version(url: &str) -> i64 {
+    let st: serde_json::Value = reqwest::get(format!("{url}/v1/state"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    st["policy_version"].as_i64().unwrap()
+}
+
+/// The split layout: one `trainer serve` trains and publishes full weights to a second one that
+/// only serves (where a vLLM server would stand). After each step the server's log-probs equal
+/// the trainer's; a restore puts the restored weights on the server and retires the old
+/// versions; the weight-transfer API refuses out-of-order calls, relative paths and a model of
+/// another architecture.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_server_receives_published_full_weights_and_the_restored_policy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path());
+    let server = start(&dir, None, None, false, None).await;
+    let root = std::fs::canonicalize(tmp.path()).unwrap().join("published");
+    let publisher = Publisher::new(PublishConfig {
+        root: root.clone(),
+        name: "policy".into(),
+        window: 2,
+        retries: 0,
+        targets: vec![PublishTarget {
+            url: server.url.clone(),
+            kind: ServerKind::Vllm,
+        }],
+        lora: false,
+    });
+    let ckpt = tmp.path().join("ckpt");
+    let trainer = start(&dir, None, Some(ckpt), false, Some(publisher)).await;
+    let xs = seqs(2, 20);
+    let initial: Vec<Vec<f32>> = xs.iter().map(|t| forward_logprobs(&server, t)).collect();
+    for v in 1..=3 {
+        let r: serde_json::Value = post_batch(&trainer.url, &batch(&trainer, &xs, &[1.0, -1.0]))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r["policy_version"], v);
+        let p = &r["published"];
+        assert_eq!(p["lora"], false);
+        assert_eq!(p["loaded"], serde_json::json!([server.url]), "{p}");
+        assert_eq!(served_version(&server.url).await, v);
+        for t in &xs {
+            let (a, b) = (forward_logprobs(&trainer, t), forward_logprobs(&server, t));
+            let gap = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(gap < 1e-5, "server lags the trainer at v{v}: {gap}");
+        }
+    }
+    assert_ne!(forward_logprobs(&server, &xs[0]), initial[0]);
+    // Full weights keep the server's own model name.
+    let models: serde_json::Value = reqwest::get(format!("{}/v1/models", server.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "policy");
+    assert!(root.join("policy-v3/model.safetensors").exists());
+    assert!(!root.join("policy-v1").exists(), "window 2 keeps v2, v3");
+
+    // Restore to the model as loaded: the server serves it again, old versions are retired.
+    let (code, r) = post_json(
+        &format!("{}/v1/restore", trainer.url),
+        serde_json::json!({"session": "run-2"}),
+    )
+    .await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["policy_version"], 0);
+    assert_eq!(r["published"]["version"], 0);
+    assert_eq!(served_version(&server.url).await, 0);
+    for (t, want) in xs.iter().zip(&initial) {
+        let got = forward_logprobs(&server, t);
+        let gap = got
+            .iter()
+            .zip(want)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(gap < 1e-5, "restored weights not served: {gap}");
+    }
+    let mut left: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, vec!["policy-v0"]);
+
+    // The API's refusals, each naming the problem.
+    let up = format!("{}/update_weights", server.url);
+    let good = root.join("policy-v0").display().to_string();
+    let (code, e) = post_json(&up, serde_json::json!({"update_info": {"path": good}})).await;
+    assert_eq!(code, 400);
+    assert!(e.to_string().contains("start_weight_update"), "{e}");
+    post_json(
+        &format!("{}/start_weight_update", server.url),
+        serde_json::json!({}),
+    )
+    .await;
+    let (code, e) = post_json(
+        &up,
+        serde_json::json!({"update_info": {"path": "policy-v0"}}),
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert!(e.to_string().contains("absolute"), "{e}");
+    let other = tmp.path().join("other");
+    let mut cfg = tiny_config();
+    cfg["hidden_size"] = serde_json::json!(16);
+    cfg["head_dim"] = serde_json::json!(4);
+    let cfg_path = tmp.path().join("other-config.json");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    trainer::smallmodel::init_model(&cfg_path, &tmp.path().join("tok"), &other, 3).unwrap();
+    let other = std::fs::canonicalize(other).unwrap().display().to_string();
+    let (code, e) = post_json(&up, serde_json::json!({"update_info": {"path": other}})).await;
+    assert_eq!(code, 400);
+    assert!(e.to_string().contains("does not match"), "{e}");
+    // Refused updates changed nothing.
+    let (got, want) = (forward_logprobs(&server, &xs[0]), &initial[0]);
+    let gap = got
+        .iter()
+        .zip(want)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        gap < 1e-5,
+        "a refused update changed the served weights: {gap}"
+    );
+    let (code, _) = post_json(
+        &format!("{}/v1/unload_lora_adapter", server.url),
+        serde_json::json!({"lora_name": "nope"}),
+    )
+    .await;
+    assert_eq!(code, 404);
 }

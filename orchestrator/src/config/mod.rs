@@ -131,7 +131,8 @@ impl Default for ReflectionConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct PipelineConfig {
     /// How many steps the rollout policy may lag the step being rolled out: rollouts of step s
-    /// start once steps up to s - 1 - max_staleness are trained. 0 = strictly sequential.
+    /// start once steps up to s - 1 - max_staleness are trained. 0 = strictly sequential:
+    /// rollout, judging, the step's reflection job and training, one after another.
     pub max_staleness: u32,
     /// Save trainer weights and optimizer every N steps (recorded in `checkpoints`); resume
     /// restores the latest and replays the steps after it from Postgres.

@@ -75,14 +75,7 @@ pub struct TrainReply {
 impl TrainReply {
     /// The versioned model name the inference servers now serve, when the trainer published.
     pub fn published_name(&self) -> Option<String> {
-        let p = self.published.as_ref()?;
-        // Only when every server loaded it; otherwise keep asking for the previous name.
-        let failed = p["failed"].as_array().is_some_and(|f| !f.is_empty());
-        let loaded = p["loaded"].as_array().is_some_and(|l| !l.is_empty());
-        if failed || !loaded {
-            return None;
-        }
-        p["name"].as_str().map(str::to_string)
+        published_name(self.published.as_ref())
     }
 
     pub fn publish_seconds(&self) -> f64 {
@@ -91,6 +84,29 @@ impl TrainReply {
             .and_then(|p| p["seconds"].as_f64())
             .unwrap_or(0.0)
     }
+}
+
+/// The adapter name a trainer's `published` answer puts in service: only when every server
+/// loaded it (otherwise clients keep asking for the previous name) and only for LoRA adapters
+/// (full weights replace the served model under its own name).
+fn published_name(published: Option<&serde_json::Value>) -> Option<String> {
+    let p = published?;
+    let failed = p["failed"].as_array().is_some_and(|f| !f.is_empty());
+    let loaded = p["loaded"].as_array().is_some_and(|l| !l.is_empty());
+    let adapter = p["lora"].as_bool().unwrap_or(true);
+    if failed || !loaded || !adapter {
+        return None;
+    }
+    p["name"].as_str().map(str::to_string)
+}
+
+/// What a restore answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Restored {
+    pub policy_version: i64,
+    /// The adapter name the servers now serve the restored policy under (LoRA publishing);
+    /// `None`: ask for the servers' own model name.
+    pub published_name: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -216,12 +232,13 @@ impl TrainerClient {
     }
 
     /// Load a checkpoint (relative path) or, with `None`, the model as started; the trainer
-    /// remembers `session` so a later restart can be told apart. Returns the policy version.
+    /// remembers `session` so a later restart can be told apart. A trainer that publishes
+    /// puts the restored weights on its servers before it answers.
     pub async fn restore(
         &self,
         checkpoint: Option<&str>,
         session: &str,
-    ) -> Result<i64, TrainerError> {
+    ) -> Result<Restored, TrainerError> {
         let resp = self
             .http
             .post(format!("{}/v1/restore", self.url))
@@ -230,13 +247,17 @@ impl TrainerClient {
             .await
             .map_err(|e| self.unreachable(&e))?;
         let v: serde_json::Value = self.answer("restore", resp).await?;
-        v["policy_version"]
+        let policy_version = v["policy_version"]
             .as_i64()
             .ok_or_else(|| TrainerError::Body {
                 url: self.url.clone(),
                 what: "restore",
                 message: format!("no policy_version in {v}"),
-            })
+            })?;
+        Ok(Restored {
+            policy_version,
+            published_name: published_name(v.get("published")),
+        })
     }
 }
 
@@ -304,5 +325,23 @@ mod tests {
             parse_queue_depth("vllm:num_requests_waiting_extra 4\n"),
             None
         );
+    }
+
+    #[test]
+    fn only_a_fully_loaded_adapter_changes_the_served_name() {
+        let p = |v: serde_json::Value| published_name(Some(&v));
+        let ok =
+            serde_json::json!({"name": "policy-v3", "loaded": ["u"], "failed": [], "lora": true});
+        assert_eq!(p(ok.clone()), Some("policy-v3".into()));
+        let mut full = ok.clone();
+        full["lora"] = false.into();
+        assert_eq!(p(full), None, "full weights keep the server's own name");
+        let mut failed = ok.clone();
+        failed["failed"] = serde_json::json!([["u2", "HTTP 500"]]);
+        assert_eq!(p(failed), None);
+        let mut none = ok;
+        none["loaded"] = serde_json::json!([]);
+        assert_eq!(p(none), None);
+        assert_eq!(published_name(None), None);
     }
 }

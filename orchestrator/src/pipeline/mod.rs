@@ -352,12 +352,20 @@ impl Pipeline {
             db::runs::set_step_status(&self.pool, self.run_id, s, "training").await?;
             let judge_secs = t0.elapsed().as_secs_f64();
             self.launch_reflection(s, &shared);
+            // Strictly sequential (max_staleness 0): the step's reflection job runs now, alone,
+            // instead of beside the next step's rollouts and this step's training.
+            let inline = if self.cfg.max_staleness == 0 {
+                self.await_reflection(s, &shared).await
+            } else {
+                0.0
+            };
             let t1 = Instant::now();
             let waited = self.await_reflection(s - 1, &shared).await;
             let (batch, stats, mut m) = self.build_batch(s, true).await?;
             m.extend(stats.metrics());
             m.push(("time/judge_s".into(), judge_secs));
             m.push(("time/reflection_wait_s".into(), waited));
+            m.push(("time/reflection_inline_s".into(), inline));
             m.push(("time/prepare_s".into(), t1.elapsed().as_secs_f64()));
             db::metrics::record(&self.pool, self.run_id, s, &m).await?;
             // A cancelled run still trains what is judged, unless the train worker is gone.
@@ -762,23 +770,29 @@ impl Pipeline {
                 checkpoint = ?ck.as_ref().map(|c| &c.path),
                 "restoring the trainer"
             );
-            let from = match self
+            let restored = match self
                 .trainer
                 .restore(ck.as_ref().map(|c| c.path.as_str()), &run)
                 .await
             {
-                Ok(v) => v as i32,
+                Ok(r) => r,
                 Err(e) if e.is_transient() => {
                     self.wait_for_trainer(cancel).await?;
                     continue;
                 }
                 Err(e) => return Err(e.into()),
             };
+            // The name the servers serve the policy under: the restored version's adapter when
+            // the trainer publishes LoRA, then each replayed step's; else their plain name.
+            let mut served = restored.published_name;
             let mut failed = None;
-            for r in from..target {
+            for r in restored.policy_version as i32..target {
                 let (b, _, _) = self.build_batch(r, false).await?;
                 match self.trainer.train_step(&b, i64::from(r)).await {
-                    Ok(_) => {
+                    Ok(reply) => {
+                        if let Some(name) = reply.published_name() {
+                            served = Some(name);
+                        }
                         shared
                             .replayed
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -793,7 +807,7 @@ impl Pipeline {
             match failed {
                 None => {
                     if let Ok(mut g) = shared.model.write() {
-                        *g = None; // a restored trainer serves under its plain name
+                        *g = served;
                     }
                     return Ok(());
                 }

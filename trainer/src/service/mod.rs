@@ -4,15 +4,19 @@
 //! `?dry_run=true` only decodes and validates it),
 //! `POST /v1/checkpoint`, `GET /v1/state`, `GET /health`, `GET /version`, `GET /metrics`, and the
 //! OpenAI-compatible generation API (`/v1/models`, `/v1/completions`, `/v1/chat/completions`,
-//! `/tokenize`, `/detokenize`, `/v1/load_lora_adapter`). Binds to loopback unless told otherwise.
+//! `/tokenize`, `/detokenize`, `/v1/load_lora_adapter`), and vLLM's disk weight-transfer API
+//! (see `weights`), so one `trainer serve` can be the policy server a trainer publishes to.
+//! A restore publishes the restored weights, so servers never keep serving the replaced policy.
+//! Binds to loopback unless told otherwise.
 
 pub mod generate;
 pub mod load;
 mod openai;
+mod weights;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -73,6 +77,8 @@ pub struct AppState {
     /// The client session (the orchestrator's run id) the current weights belong to; `None`
     /// after start, so a client can tell a restarted trainer from its own.
     session: std::sync::Mutex<Option<String>>,
+    /// Between `/start_weight_update` and `/finish_weight_update`.
+    updating: AtomicBool,
 }
 
 /// What a train step returns.
@@ -98,6 +104,14 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
         ),
     )
         .into_response()
+}
+
+/// Write the policy where the publisher's servers read it: its adapter, or its full weights.
+fn write_version_dir(p: &Policy, dir: &std::path::Path) -> Result<()> {
+    checkpoint::write_dir_atomically(dir, |tmp| match &p.lora {
+        Some(l) => lora::save_adapter(&p.trainer.model, l, &p.base, tmp),
+        None => p.trainer.model.save(tmp),
+    })
 }
 
 /// The batch's sequences split by phase: (reflection = Phase A, task = Phase B).
@@ -153,6 +167,7 @@ impl AppState {
             aliases: std::sync::Mutex::new(Vec::new()),
             load_opts: std::sync::OnceLock::new(),
             session: std::sync::Mutex::new(None),
+            updating: AtomicBool::new(false),
         })
     }
 
@@ -181,6 +196,16 @@ impl AppState {
             let extra = a.len().saturating_sub(keep.max(1));
             a.drain(..extra);
         }
+    }
+
+    /// Stop serving under `name`; false when it was not served.
+    fn remove_alias(&self, name: &str) -> bool {
+        let Ok(mut a) = self.aliases.lock() else {
+            return false;
+        };
+        let before = a.len();
+        a.retain(|x| x != name);
+        a.len() != before
     }
 
     /// Save a checkpoint of the current policy (blocking; call off the async workers), under
@@ -323,13 +348,8 @@ async fn train_step(
             // Write the new version for the servers while holding the lock (weights are stable).
             let dir = match &state.publisher {
                 Some(publ) => {
-                    let publ = publ.blocking_lock();
-                    let dir = publ.dir_of(version);
-                    let lora_cfg = p.lora.clone();
-                    checkpoint::write_dir_atomically(&dir, |tmp| match &lora_cfg {
-                        Some(l) => lora::save_adapter(&p.trainer.model, l, &p.base, tmp),
-                        None => p.trainer.model.save(tmp),
-                    })?;
+                    let dir = publ.blocking_lock().dir_of(version);
+                    write_version_dir(&p, &dir)?;
                     Some(dir)
                 }
                 None => None,
@@ -513,18 +533,57 @@ async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(version)
     })
     .await;
-    match done {
-        Ok(Ok(version)) => {
-            if let Ok(mut sess) = s.session.lock() {
-                sess.clone_from(&req.session);
-            }
-            tracing::info!(version, session = ?req.session, checkpoint = ?req.checkpoint, "policy restored");
-            axum::Json(serde_json::json!({"policy_version": version, "session": req.session}))
-                .into_response()
-        }
-        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    let version = match done {
+        Ok(Ok(version)) => version,
+        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    if let Ok(mut sess) = s.session.lock() {
+        sess.clone_from(&req.session);
     }
+    // The names of the replaced policy's versions no longer name these weights.
+    if let Ok(mut a) = s.aliases.lock() {
+        a.clear();
+    }
+    let published = match &s.publisher {
+        Some(publ) => match publish_restored(&s, publ, version).await {
+            Ok(p) => Some(p),
+            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        },
+        None => None,
+    };
+    tracing::info!(version, session = ?req.session, checkpoint = ?req.checkpoint, "policy restored");
+    axum::Json(serde_json::json!({
+        "policy_version": version,
+        "session": req.session,
+        "published": published,
+    }))
+    .into_response()
+}
+
+/// Put a restored policy on the inference servers: retire every version the old policy had
+/// published (its numbers start again), write the restored one and load it.
+async fn publish_restored(
+    s: &Arc<AppState>,
+    publ: &tokio::sync::Mutex<Publisher>,
+    version: i64,
+) -> Result<Published> {
+    let mut publ = publ.lock().await;
+    publ.retire_all().await;
+    let dir = publ.dir_of(version);
+    let st = s.clone();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let p = st
+            .policy
+            .lock()
+            .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+        write_version_dir(&p, &dir)
+    })
+    .await
+    .map_err(|e| TrainerError::Config(format!("writing the restored policy panicked: {e}")))??;
+    let r = publ.publish(version).await;
+    s.add_alias(r.name.clone(), publ.config().window);
+    Ok(r)
 }
 
 async fn get_state(State(s): State<Arc<AppState>>) -> Response {
@@ -578,6 +637,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/metrics", get(metrics))
         .merge(openai::routes())
+        .merge(weights::routes())
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }

@@ -1,0 +1,191 @@
+//! vLLM's native disk weight-transfer API on the embedded policy server, so a second
+//! `trainer serve` can stand where a vLLM server would and receive full weights from a trainer
+//! that publishes (`--publish-url`): `POST /start_weight_update`, `POST /update_weights
+//! {"update_info": {"path": DIR}}` (a model directory: config.json + safetensors of the same
+//! architecture), `POST /finish_weight_update {"weight_version": "vN"}`; plus `POST
+//! /v1/unload_lora_adapter`. The new weights replace the served ones between two decode
+//! rounds; sequences in flight continue on them (vLLM's `keep` mode).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{AppState, error};
+use crate::error::TrainerError;
+use crate::model::Qwen3;
+
+#[derive(Debug, Deserialize)]
+struct UpdateInfo {
+    path: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct UpdateBody {
+    update_info: UpdateInfo,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct FinishBody {
+    #[serde(default)]
+    weight_version: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct UnloadBody {
+    lora_name: String,
+}
+
+async fn start(State(s): State<Arc<AppState>>) -> Response {
+    s.updating.store(true, Ordering::SeqCst);
+    Json(json!({"status": "started"})).into_response()
+}
+
+/// The policy version a label names: `v7`, `step-7`, `policy-v7` or `7` give 7.
+fn version_of(label: &str) -> Option<i64> {
+    let digits: String = label
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    digits.parse().ok()
+}
+
+async fn update(State(s): State<Arc<AppState>>, Json(b): Json<UpdateBody>) -> Response {
+    if !s.updating.load(Ordering::SeqCst) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "no weight update in progress: call POST /start_weight_update first",
+        );
+    }
+    let dir = PathBuf::from(&b.update_info.path);
+    if !dir.is_absolute() || !dir.join("config.json").is_file() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "update_info.path = {:?}: expected an absolute model directory holding config.json and safetensors",
+                b.update_info.path
+            ),
+        );
+    }
+    // A train step on this same process would race the swap.
+    let Ok(_guard) = s.training.try_lock() else {
+        return error(StatusCode::CONFLICT, "a train step is running");
+    };
+    let st = s.clone();
+    let res = tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
+        let (device, kind, shapes) = {
+            let p = st
+                .policy
+                .lock()
+                .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+            if p.lora.is_some() {
+                return Err(TrainerError::Config(
+                    "this server's policy carries a LoRA adapter; full weights replace a full-weights policy only".into(),
+                ));
+            }
+            let m = &p.trainer.model;
+            (m.device, m.kind, Qwen3::shapes(&m.cfg))
+        };
+        // Read the new weights without holding the policy: generation goes on meanwhile.
+        let fresh = Qwen3::load(&dir, device, kind)?;
+        let got = Qwen3::shapes(&fresh.cfg);
+        if got != shapes {
+            let diff = got
+                .iter()
+                .zip(&shapes)
+                .find(|(a, b)| a != b)
+                .map(|((n, a), (_, b))| format!("{n}: {a:?} vs served {b:?}"))
+                .unwrap_or_else(|| format!("{} tensors vs served {}", got.len(), shapes.len()));
+            return Err(TrainerError::Config(format!(
+                "{} does not match the served architecture ({diff})",
+                dir.display()
+            )));
+        }
+        fresh.set_trainable(true);
+        let mut p = st
+            .policy
+            .lock()
+            .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+        p.trainer.model = fresh;
+        // The optimizer held the previous tensors: start it afresh on the new ones.
+        let params = p.trainer.model.trainable();
+        p.trainer.opt = crate::optim::AdamW::new(params, p.trainer.cfg.optim.clone());
+        Ok(())
+    })
+    .await;
+    match res {
+        Ok(Ok(())) => {
+            Json(json!({"status": "updated", "path": b.update_info.path})).into_response()
+        }
+        Ok(Err(e)) => error(
+            StatusCode::BAD_REQUEST,
+            format!("cannot load {}: {e}", b.update_info.path),
+        ),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn finish(State(s): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
+    let b: FinishBody = if body.is_empty() {
+        FinishBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad request body: {e}")),
+        }
+    };
+    s.updating.store(false, Ordering::SeqCst);
+    let version = b.weight_version.as_deref().and_then(version_of);
+    if let Some(v) = version
+        && let Ok(mut p) = s.policy.lock()
+    {
+        p.version = v;
+    }
+    tracing::info!(label = ?b.weight_version, ?version, "weights updated");
+    Json(json!({"status": "finished", "weight_version": b.weight_version})).into_response()
+}
+
+async fn unload_lora(State(s): State<Arc<AppState>>, Json(b): Json<UnloadBody>) -> Response {
+    if s.remove_alias(&b.lora_name) {
+        Json(json!({"unloaded": b.lora_name})).into_response()
+    } else {
+        error(
+            StatusCode::NOT_FOUND,
+            format!("no adapter named {:?} is loaded", b.lora_name),
+        )
+    }
+}
+
+pub(super) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/start_weight_update", post(start))
+        .route("/update_weights", post(update))
+        .route("/finish_weight_update", post(finish))
+        .route("/v1/unload_lora_adapter", post(unload_lora))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_of;
+
+    #[test]
+    fn version_labels() {
+        assert_eq!(version_of("v7"), Some(7));
+        assert_eq!(version_of("step-12"), Some(12));
+        assert_eq!(version_of("policy-v3"), Some(3));
+        assert_eq!(version_of("0"), Some(0));
+        assert_eq!(version_of("default"), None);
+    }
+}

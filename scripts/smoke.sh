@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded defaults (no GPU, no keys, no internet), end to end:
 #   research world + local index -> offline teacher SFT data -> tokenizer + small Qwen3 model
-#   -> `trainer sft` warm start -> `trainer serve` (policy server + trainer) -> `orchestrator run
+#   -> `trainer sft` warm start -> `trainer serve` x2 (policy server, trainer) -> `orchestrator run
 #   --experiment smoke` (RL) -> `orchestrator report`.
 # Everything lands under runs/smoke (kept between runs: delete it to start from scratch).
 #
@@ -9,7 +9,11 @@
 #   SMOKE_PROFILE    cargo profile (release | debug; default release)
 #   SMOKE_EXPERIMENT preset to run on the smoke back-ends (default smoke; e.g. ablation-600)
 #   SMOKE_ARGS       extra arguments for `orchestrator run` (e.g. "--steps 3")
-#   SMOKE_PORT       trainer port (default 8100)
+#   SMOKE_PORT       trainer port (default 8100; the split layout's policy server uses +1)
+#   SMOKE_LAYOUT     split (default): a policy server and a trainer, one core each, the trainer
+#                    publishing full weights to the server after every step, as a vLLM server
+#                    and a trainer would be deployed; shared: one `trainer serve` is both (a train
+#                    step then pauses generation)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -17,6 +21,7 @@ export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rubricem
 PROFILE="${SMOKE_PROFILE:-release}"
 EXPERIMENT="${SMOKE_EXPERIMENT:-smoke}"
 PORT="${SMOKE_PORT:-8100}"
+LAYOUT="${SMOKE_LAYOUT:-split}"
 DIR=runs/smoke
 say() { echo "smoke: $*" >&2; }
 
@@ -65,20 +70,44 @@ PY
     --epochs "${SMOKE_SFT_EPOCHS:-3}" --batch 8 --lr 2e-3 --device cpu
 fi
 
-say "starting trainer serve on 127.0.0.1:$PORT"
-"$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" --lr "${SMOKE_RL_LR:-2e-4}" \
-  --checkpoint-dir "$DIR/checkpoints" --device cpu >"$DIR/trainer.log" 2>&1 &
-TRAINER=$!
-trap 'kill $TRAINER 2>/dev/null || true' EXIT
-for _ in $(seq 1 120); do
-  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
-  sleep 0.5
-done
-curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { say "trainer did not start; see $DIR/trainer.log"; exit 1; }
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
+wait_up() { # url log
+  for _ in $(seq 1 120); do
+    curl -sf "$1/health" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  say "server at $1 did not start; see $2"
+  exit 1
+}
+TRAINER_URL="http://127.0.0.1:$PORT"
+case "$LAYOUT" in
+  split)
+    POLICY_URL="http://127.0.0.1:$((PORT + 1))"
+    say "starting the policy server on $POLICY_URL and the trainer on $TRAINER_URL (one core each)"
+    "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$((PORT + 1))" --threads 1 \
+      --device cpu >"$DIR/policy.log" 2>&1 &
+    PIDS+=($!)
+    wait_up "$POLICY_URL" "$DIR/policy.log"
+    "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" --lr "${SMOKE_RL_LR:-2e-4}" \
+      --checkpoint-dir "$DIR/checkpoints" --threads 1 --device cpu \
+      --publish-url "$POLICY_URL" --publish-dir "$ROOT/$DIR/published" >"$DIR/trainer.log" 2>&1 &
+    PIDS+=($!)
+    ;;
+  shared)
+    POLICY_URL="$TRAINER_URL"
+    say "starting trainer serve on $TRAINER_URL (policy server and trainer)"
+    "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" --lr "${SMOKE_RL_LR:-2e-4}" \
+      --checkpoint-dir "$DIR/checkpoints" --device cpu >"$DIR/trainer.log" 2>&1 &
+    PIDS+=($!)
+    ;;
+  *) say "SMOKE_LAYOUT = $LAYOUT; allowed: split, shared"; exit 2 ;;
+esac
+wait_up "$TRAINER_URL" "$DIR/trainer.log"
 
 # shellcheck disable=SC2086
-"$BIN/orchestrator" run --experiment "$EXPERIMENT" --policy-url "http://127.0.0.1:$PORT" \
-  --trainer-url "http://127.0.0.1:$PORT" ${SMOKE_ARGS:-} | tee "$DIR/run.log"
+"$BIN/orchestrator" run --experiment "$EXPERIMENT" --policy-url "$POLICY_URL" \
+  --trainer-url "$TRAINER_URL" ${SMOKE_ARGS:-} | tee "$DIR/run.log"
 EXP=$(grep -o 'registered as [0-9a-f-]*' "$DIR/run.log" | awk '{print $3}' | tail -1)
 if [[ -n "$EXP" ]]; then
   "$BIN/orchestrator" report "$EXP" --out "$DIR/reports"

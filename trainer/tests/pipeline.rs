@@ -447,17 +447,16 @@ async fn sigkill_mid_step_then_resume_loses_and_duplicates_nothing(pool: PgPool)
     tr.task.abort();
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
-async fn trainer_killed_and_restarted_mid_run_the_run_completes(pool: PgPool) {
+/// A run of the `full` recipe on the smoke preset overlaid with `file`, built in-process.
+async fn full_recipe_run(
+    pool: &PgPool,
+    file: PathBuf,
+) -> (
+    Uuid,
+    orchestrator::pipeline::Pipeline,
+    orchestrator::config::Config,
+) {
     use orchestrator::config::{Config, Overrides};
-    let tmp = tempfile::tempdir().unwrap();
-    let world = tmp.path().join("world");
-    write_world(&world);
-    let model = model_dir(tmp.path(), &world);
-    let ckpt = tmp.path().join("ckpt");
-    let (first, addr) = start_trainer(&model, &ckpt, "127.0.0.1:0").await;
-    let url = format!("http://{addr}");
-    let file = config_file(tmp.path(), &world, &model, &db_url(&pool), &url);
     let cfg = Config::load(
         "smoke",
         &Overrides {
@@ -466,24 +465,38 @@ async fn trainer_killed_and_restarted_mid_run_the_run_completes(pool: PgPool) {
         },
     )
     .unwrap();
-    let exp = orchestrator::db::runs::create_experiment(&pool, "t", "smoke", &cfg.snapshot())
+    let exp = orchestrator::db::runs::create_experiment(pool, "t", "smoke", &cfg.snapshot())
         .await
         .unwrap();
-    let run = orchestrator::db::runs::create_run(&pool, exp, "full", "full", &cfg.snapshot(), 9)
+    let run = orchestrator::db::runs::create_run(pool, exp, "full", "full", &cfg.snapshot(), 9)
         .await
         .unwrap();
-    let common = orchestrator::pipeline::setup::common(&cfg, &pool)
+    let common = orchestrator::pipeline::setup::common(&cfg, pool)
         .await
         .unwrap();
     let p = orchestrator::pipeline::setup::pipeline(
         &cfg,
-        &pool,
+        pool,
         &common,
         run,
         orchestrator::config::Recipe::Full,
     )
     .await
     .unwrap();
+    (run, p, cfg)
+}
+
+#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+async fn trainer_killed_and_restarted_mid_run_the_run_completes(pool: PgPool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let world = tmp.path().join("world");
+    write_world(&world);
+    let model = model_dir(tmp.path(), &world);
+    let ckpt = tmp.path().join("ckpt");
+    let (first, addr) = start_trainer(&model, &ckpt, "127.0.0.1:0").await;
+    let url = format!("http://{addr}");
+    let file = config_file(tmp.path(), &world, &model, &db_url(&pool), &url);
+    let (run, p, _) = full_recipe_run(&pool, file).await;
     let cancel = tokio_util::sync::CancellationToken::new();
     let job = tokio::spawn(Arc::new(p).run(cancel.clone(), indicatif::ProgressBar::hidden()));
     // Kill the trainer once a checkpoint exists (after step 1) and step 2 is under way.
@@ -518,7 +531,6 @@ async fn trainer_killed_and_restarted_mid_run_the_run_completes(pool: PgPool) {
 /// rollout starts, instead of running beside it.
 #[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
 async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollout(pool: PgPool) {
-    use orchestrator::config::{Config, Overrides};
     let tmp = tempfile::tempdir().unwrap();
     let world = tmp.path().join("world");
     write_world(&world);
@@ -538,33 +550,8 @@ async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollo
         text.replace("max_staleness = 1", "max_staleness = 0"),
     )
     .unwrap();
-    let cfg = Config::load(
-        "smoke",
-        &Overrides {
-            file: Some(file),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let (run, p, cfg) = full_recipe_run(&pool, file).await;
     assert_eq!(cfg.pipeline.max_staleness, 0);
-    let exp = orchestrator::db::runs::create_experiment(&pool, "t", "smoke", &cfg.snapshot())
-        .await
-        .unwrap();
-    let run = orchestrator::db::runs::create_run(&pool, exp, "full", "full", &cfg.snapshot(), 9)
-        .await
-        .unwrap();
-    let common = orchestrator::pipeline::setup::common(&cfg, &pool)
-        .await
-        .unwrap();
-    let p = orchestrator::pipeline::setup::pipeline(
-        &cfg,
-        &pool,
-        &common,
-        run,
-        orchestrator::config::Recipe::Full,
-    )
-    .await
-    .unwrap();
     let outcome = tokio::time::timeout(
         Duration::from_secs(300),
         Arc::new(p).run(

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use fake_openai::{FakeServer, ToyCodec};
+use fake_openai::ToyCodec;
 use orchestrator::bank::{Bank, Embedder, LocalEmbedder};
 use orchestrator::config::Recipe;
 use orchestrator::db;
@@ -44,26 +44,9 @@ use orchestrator::judge::step::{StepOptions, judge_step};
 use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
 use orchestrator::reflection::{Reflector, Settings};
 use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch};
-use three_turns::{TURNS, cpu_seconds};
+use three_turns::cpu_seconds;
 
 const REFLECTION: &str = "<reflection_rubrics>\nCritical Requirement: name the enzyme mechanism.\nAnalytical Approach: verify in two sources.\nCommunication & Structure: cite it.\nPitfalls: one search only.\n</reflection_rubrics>\n<reflection_takeaways>\n- verify mechanism claims twice\n</reflection_takeaways>";
-
-/// The child process: the fake policy server, until the parent closes our stdin.
-fn serve(latency_ms: u64) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let server = FakeServer::start().await;
-        server.set_latency(Duration::from_millis(latency_ms));
-        *server.state.auto_turns.write().unwrap() = TURNS.iter().map(|s| s.to_string()).collect();
-        *server.state.reflection_replies.write().unwrap() = vec![REFLECTION.to_string()];
-        println!("{}", server.url());
-        let mut line = String::new();
-        let _ = tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line)).await;
-    });
-}
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -71,11 +54,10 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn main() {
-    let raw: Vec<String> = std::env::args().collect();
-    if let Some(i) = raw.iter().position(|a| a == "--serve") {
-        serve(raw[i + 1].parse().unwrap());
+    if three_turns::serve_if_child(&[REFLECTION]) {
         return;
     }
+    let raw: Vec<String> = std::env::args().collect();
     let args: Vec<u64> = raw.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (n_tasks, n, latency_ms, rounds) = (
         args.first().copied().unwrap_or(32) as usize,

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
 use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch};
-use three_turns::{TURNS, cpu_seconds};
+use three_turns::cpu_seconds;
 use uuid::Uuid;
 
 fn rss_peak_mib() -> f64 {
@@ -35,26 +35,8 @@ fn rss_peak_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-fn serve(latency_ms: u64) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let server = fake_openai::FakeServer::start().await;
-        server.set_latency(Duration::from_millis(latency_ms));
-        *server.state.auto_turns.write().unwrap() = TURNS.iter().map(|s| s.to_string()).collect();
-        println!("{}", server.url());
-        // Serve until the parent closes our stdin.
-        let mut line = String::new();
-        let _ = tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line)).await;
-    });
-}
-
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--serve") {
-        serve(args[i + 1].parse().unwrap());
+    if three_turns::serve_if_child(&[]) {
         return;
     }
     println!("rollout engine: 3-turn trajectories, instant tool, fake server in a child process");

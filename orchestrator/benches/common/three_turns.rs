@@ -68,6 +68,34 @@ pub fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0 // utime + stime, USER_HZ = 100
 }
 
+/// In the child [`spawn_fake`] starts (this executable with `--serve LATENCY_MS`): serve the fake
+/// policy (auto turns [`TURNS`], the given reflection replies) until the parent closes stdin, then
+/// return true. Returns false at once in the parent.
+pub fn serve_if_child(reflection_replies: &[&str]) -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--serve") else {
+        return false;
+    };
+    let latency_ms: u64 = args[i + 1].parse().unwrap();
+    let replies: Vec<String> = reflection_replies.iter().map(|s| s.to_string()).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let server = super::fake_openai::FakeServer::start().await;
+        server.set_latency(std::time::Duration::from_millis(latency_ms));
+        *server.state.auto_turns.write().unwrap() = TURNS.iter().map(|s| s.to_string()).collect();
+        if !replies.is_empty() {
+            *server.state.reflection_replies.write().unwrap() = replies;
+        }
+        println!("{}", server.url());
+        let mut line = String::new();
+        let _ = tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line)).await;
+    });
+    true
+}
+
 /// Start this bench executable again as `--serve LATENCY_MS` (the fake policy server in a child
 /// process, so CPU figures are the parent's alone); returns the child and the URL it printed.
 /// The child serves until its stdin is closed.

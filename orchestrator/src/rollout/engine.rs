@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::codec::{CodecError, TokenCodec};
 use crate::llm::{CompletionRequest, FinishReason, LlmClient, LlmError};
 use crate::scaffold::{self, Parsed};
-use crate::tools::runner::{ToolArgs, ToolResult, ToolRunner};
+use crate::tools::runner::{ToolResult, ToolRunner};
 use crate::trajectory::{Segment, SegmentKind, Stage, Trajectory};
 
 /// A splitmix64 step over `a ^ b`: derives per-trajectory and per-turn sampling seeds.
@@ -355,16 +355,7 @@ impl RolloutCtx {
                         )
                     } else {
                         let t1 = Instant::now();
-                        let res = self
-                            .tools
-                            .run(
-                                &call.name,
-                                ToolArgs {
-                                    query: call.query.clone(),
-                                    attrs: call.attrs.clone(),
-                                },
-                            )
-                            .await;
+                        let res = self.tools.run(&call.name, call.args()).await;
                         tool_ms += t1.elapsed().as_millis();
                         let text = format!("\n{}\n", res.output_text);
                         call_offsets.push(piece_start + call.span.start);

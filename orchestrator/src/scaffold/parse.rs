@@ -301,6 +301,16 @@ pub struct ToolCallTag {
     pub closed: bool,
 }
 
+impl ToolCallTag {
+    /// What the tool runner is asked: the call's query and attributes.
+    pub fn args(&self) -> crate::tools::runner::ToolArgs {
+        crate::tools::runner::ToolArgs {
+            query: self.query.clone(),
+            attrs: self.attrs.clone(),
+        }
+    }
+}
+
 /// The policy's own rubric (`<rubric>` in the plan), split into the three categories.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SelfRubric {

@@ -16,7 +16,7 @@ use crate::chat::{AnswerFormat, ToolSpec};
 use crate::llm::{ChatMessage, ChatRequest, LlmClient};
 use crate::scaffold::parse::parse;
 use crate::scaffold::sft::{Round, check, postprocess};
-use crate::tools::runner::{ToolArgs, ToolRunner};
+use crate::tools::runner::ToolRunner;
 
 const FIRST: &str = include_str!("../../../prompts/sft/teacher_first.jinja");
 const LATER: &str = include_str!("../../../prompts/sft/teacher_later.jinja");
@@ -181,16 +181,7 @@ impl Teacher<'_> {
                 texts.push((text, false));
                 break;
             };
-            let res = self
-                .tools
-                .run(
-                    &call.name,
-                    ToolArgs {
-                        query: call.query.clone(),
-                        attrs: call.attrs.clone(),
-                    },
-                )
-                .await;
+            let res = self.tools.run(&call.name, call.args()).await;
             let output = format!("\n{}\n", res.output_text);
             trace.push_str(&text);
             trace.push_str(&output);

@@ -1,5 +1,6 @@
-//! `orchestrator report RUN|EXPERIMENT`: a markdown report from the step metrics in Postgres,
-//! with PNG and SVG plots (plotters): reward per stage over steps, recipes side by side, and
+//! `orchestrator report RUN|EXPERIMENT`: a markdown report from the step metrics and
+//! evaluations in Postgres, with PNG and SVG plots (plotters): reward per stage over steps,
+//! recipes side by side, their scores on the fixed evaluation subsets per policy version, and
 //! the time breakdown of each step. The judge kind is stated on top (an offline lexical judge
 //! is labelled as such). PNG text uses a system TrueType font when one is found; without one
 //! the PNGs carry no labels (the SVGs always do).
@@ -42,6 +43,7 @@ struct RunData {
     steps_total: u64,
     rewards: [Series; 4],
     times: [Series; 5],
+    evals: Vec<db::evaluations::EvalRow>,
 }
 
 fn font_registered() -> bool {
@@ -74,7 +76,7 @@ fn plot_err(what: &str) -> impl Fn(String) -> ReportError + '_ {
 fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
-    y_label: &str,
+    (x_label, y_label): (&str, &str),
     series: &[(String, Series)],
 ) -> Result<(), String> {
     root.fill(&WHITE).map_err(|e| e.to_string())?;
@@ -102,7 +104,7 @@ fn draw<DB: DrawingBackend>(
         .map_err(|e| e.to_string())?;
     chart
         .configure_mesh()
-        .x_desc("step")
+        .x_desc(x_label)
         .y_desc(y_label)
         .draw()
         .map_err(|e| e.to_string())?;
@@ -123,12 +125,22 @@ fn draw<DB: DrawingBackend>(
     root.present().map_err(|e| e.to_string())
 }
 
-/// Write `name.png` and `name.svg`; returns the PNG file name.
+/// Write `name.png` and `name.svg` over steps; returns the PNG file name.
 fn plot(
     dir: &Path,
     name: &str,
     title: &str,
     y_label: &str,
+    series: &[(String, Series)],
+) -> Result<String, ReportError> {
+    plot_xy(dir, name, title, ("step", y_label), series)
+}
+
+fn plot_xy(
+    dir: &Path,
+    name: &str,
+    title: &str,
+    labels: (&str, &str),
     series: &[(String, Series)],
 ) -> Result<String, ReportError> {
     font_registered();
@@ -137,14 +149,14 @@ fn plot(
     draw(
         BitMapBackend::new(&png, (900, 520)).into_drawing_area(),
         title,
-        y_label,
+        labels,
         series,
     )
     .map_err(plot_err(name))?;
     draw(
         SVGBackend::new(&svg, (900, 520)).into_drawing_area(),
         title,
-        y_label,
+        labels,
         series,
     )
     .map_err(plot_err(name))?;
@@ -169,6 +181,109 @@ fn mean(s: &[(f64, f64)]) -> f64 {
 fn head_tail(s: &Series) -> (f64, f64) {
     let k = s.len().min(3);
     (mean(&s[..k]), mean(&s[s.len() - k..]))
+}
+
+fn opt(x: Option<f64>) -> String {
+    x.map_or("–".into(), |v| format!("{v:.4}"))
+}
+
+/// Scores on the fixed evaluation subsets: per subset, a table of runs by policy version and a
+/// plot of the score over versions, recipes side by side.
+fn evaluation_section(md: &mut String, dir: &Path, data: &[RunData]) -> Result<(), ReportError> {
+    let subsets: std::collections::BTreeSet<&str> = data
+        .iter()
+        .flat_map(|d| d.evals.iter().map(|e| e.subset.as_str()))
+        .collect();
+    let _ = writeln!(md, "## Evaluation on fixed subsets\n");
+    if subsets.is_empty() {
+        let _ = writeln!(
+            md,
+            "No evaluation recorded (set `eval.held_out` or `eval.sets` to evaluate each policy).\n"
+        );
+        return Ok(());
+    }
+    let _ = writeln!(
+        md,
+        "Each policy version (= steps trained) rolled out once per task and sample without bank \
+         injection; score = mean persistent-rubric Answer score (judge named per row), exact = \
+         share of answers containing the known short answer (– where no task has one).\n"
+    );
+    for subset in subsets {
+        let rows: Vec<(&RunData, Vec<&db::evaluations::EvalRow>)> = data
+            .iter()
+            .map(|d| (d, d.evals.iter().filter(|e| e.subset == subset).collect()))
+            .collect();
+        let versions: std::collections::BTreeSet<i32> = rows
+            .iter()
+            .flat_map(|(_, es)| es.iter().map(|e| e.policy_version))
+            .collect();
+        let tasks = rows
+            .iter()
+            .flat_map(|(_, es)| es.iter().map(|e| e.tasks))
+            .max()
+            .unwrap_or(0);
+        let head: Vec<String> = versions.iter().map(|v| format!("v{v}")).collect();
+        let _ = writeln!(
+            md,
+            "### `{subset}` ({tasks} tasks): score (exact) by policy version\n\n| run | recipe | judge | {} | judged / failed (last) |\n|---|---|---|{}---|",
+            head.join(" | "),
+            "---|".repeat(versions.len())
+        );
+        for (d, es) in &rows {
+            if es.is_empty() {
+                continue;
+            }
+            let cells: Vec<String> = versions
+                .iter()
+                .map(|v| {
+                    es.iter()
+                        .find(|e| e.policy_version == *v)
+                        .map_or(String::new(), |e| {
+                            format!("{} ({})", opt(e.score), opt(e.exact))
+                        })
+                })
+                .collect();
+            let (judge, last) = match es.last() {
+                Some(e) => (
+                    e.judge_model.as_str(),
+                    format!("{} / {}", e.judged, e.failed),
+                ),
+                None => ("", String::new()),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | `{judge}` | {} | {last} |",
+                d.row.name,
+                d.row.recipe,
+                cells.join(" | ")
+            );
+        }
+        let series: Vec<(String, Series)> = rows
+            .iter()
+            .filter(|(_, es)| !es.is_empty())
+            .map(|(d, es)| {
+                (
+                    d.row.name.clone(),
+                    es.iter()
+                        .filter_map(|e| e.score.map(|s| (f64::from(e.policy_version), s)))
+                        .collect(),
+                )
+            })
+            .collect();
+        let name = format!(
+            "eval_{}",
+            subset.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        );
+        let f = plot_xy(
+            dir,
+            &name,
+            &format!("Evaluation on `{subset}` by recipe"),
+            ("policy version (steps trained)", "score"),
+            &series,
+        )?;
+        let _ = writeln!(md, "\n![eval {subset}]({f}) ([svg]({name}.svg))\n");
+    }
+    Ok(())
 }
 
 /// Write the report for a run or an experiment into `out/<id>/report.md`.
@@ -202,12 +317,14 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
         for (k, t) in TIMES.iter().enumerate() {
             times[k] = series(pool, row.id, t).await?;
         }
+        let evals = db::evaluations::for_run(pool, row.id).await?;
         data.push(RunData {
             row,
             judge,
             steps_total,
             rewards,
             times,
+            evals,
         });
     }
     let mut md = String::new();
@@ -255,6 +372,7 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
         &side,
     )?;
     let _ = writeln!(md, "\n![recipes]({f}) ([svg](recipes_answer_reward.svg))\n");
+    evaluation_section(&mut md, &dir, &data)?;
     let _ = writeln!(
         md,
         "## Time per step (mean seconds)\n\n| run | rollout | judge | train | publish | trainer idle |\n|---|---|---|---|---|---|"

@@ -15,6 +15,8 @@ use uuid::Uuid;
 const STEPS: i64 = 4;
 const TASKS: i64 = 2;
 const N: i64 = 2;
+/// World tasks held out of training and evaluated at versions 0, 2 and 4.
+const HELD_OUT: i64 = 3;
 
 /// Tokenizer + random tiny Qwen3 whose vocabulary covers the scaffold's tags.
 fn model_dir(tmp: &Path, world: &Path) -> PathBuf {
@@ -132,6 +134,9 @@ candidates = 2
 max_tokens = 24
 window = 1
 wait_secs = 120
+[eval]
+held_out = {HELD_OUT}
+every = 2
 "#,
         tasks = world.join("tasks.jsonl").display(),
         index = world.join("index").display(),
@@ -229,6 +234,74 @@ async fn check_run(pool: &PgPool, run: Uuid, state: &AppState) {
     let version = state.policy.lock().unwrap().version;
     assert_eq!(version, STEPS, "the trainer holds exactly the run's steps");
     check_reflections(pool, run).await;
+    check_evaluations(pool, run).await;
+}
+
+/// The held-out subset is evaluated exactly once at versions 0, 2 and 4 (initial, every 2,
+/// final), whole, and none of its tasks is ever trained on.
+async fn check_evaluations(pool: &PgPool, run: Uuid) {
+    let evals: Vec<(i32, String, i32, i32, i32)> = sqlx::query_as(
+        "SELECT policy_version, subset, tasks, judged, failed FROM evaluations
+         WHERE run_id = $1 ORDER BY policy_version",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let h = HELD_OUT as i32;
+    assert_eq!(
+        evals,
+        [0, 2, 4]
+            .map(|v| (v, "held-out".to_string(), h, h, 0))
+            .to_vec(),
+        "one whole evaluation per due version, every answer judged"
+    );
+    let per_eval: Vec<i64> = sqlx::query_scalar(
+        "SELECT count(*) FROM evaluation_results WHERE run_id = $1
+         GROUP BY policy_version ORDER BY policy_version",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        per_eval,
+        vec![HELD_OUT; 3],
+        "one result per task and version"
+    );
+    let same_tasks = scalar(
+        pool,
+        "SELECT count(DISTINCT task_id) FROM evaluation_results WHERE run_id = $1",
+        run,
+    )
+    .await;
+    assert_eq!(
+        same_tasks, HELD_OUT,
+        "the same fixed tasks at every version"
+    );
+    let trained_on = scalar(
+        pool,
+        "SELECT count(*) FROM evaluation_results e JOIN steps s ON s.run_id = e.run_id
+         WHERE e.run_id = $1 AND e.task_id = ANY (s.task_ids)",
+        run,
+    )
+    .await;
+    assert_eq!(
+        trained_on, 0,
+        "held-out tasks never appear in a training step"
+    );
+    let timed: Vec<i32> = sqlx::query_scalar(
+        "SELECT step FROM step_metrics WHERE run_id = $1 AND name = 'time/eval_s' ORDER BY step",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        timed,
+        vec![1, 3],
+        "evaluation time after the steps making v2 and v4"
+    );
 }
 
 /// The smoke preset's recipe is `full`: with window K = 1, steps 0 and 2 are new batches whose

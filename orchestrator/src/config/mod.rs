@@ -84,6 +84,64 @@ pub struct Config {
     pub data: DataConfig,
     #[serde(default)]
     pub reflection: ReflectionConfig,
+    #[serde(default)]
+    pub eval: EvalConfig,
+}
+
+/// Evaluation of each run's policy on fixed task subsets (method.md A.9: the ablation recipes
+/// are compared on a fixed random subset per benchmark). Evaluations roll out without bank
+/// injection and score answers against each task's persistent rubrics only (plus exact match
+/// where a task has a short known answer), so every recipe meets the same yardstick.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// Tasks of `data.tasks` held out of training as the `held-out` subset: a seeded random
+    /// pick (experiment.seed), the same for every recipe of the experiment. 0 = none.
+    pub held_out: u32,
+    /// Further fixed subsets, e.g. one per benchmark: a seeded random `size` tasks of a task
+    /// file (never trained on).
+    pub sets: Vec<EvalSet>,
+    /// Evaluate after every N trained steps; the final policy is always evaluated. 0 = final
+    /// only.
+    pub every: u32,
+    /// Also evaluate the starting policy (version 0, the SFT checkpoint).
+    pub initial: bool,
+    /// Samples per task.
+    pub n: u32,
+    /// Sampling temperature of evaluation rollouts (0 = greedy); unset = rollout.temperature.
+    pub temperature: Option<f32>,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            held_out: 0,
+            sets: Vec::new(),
+            every: 0,
+            initial: true,
+            n: 1,
+            temperature: None,
+        }
+    }
+}
+
+impl EvalConfig {
+    /// Whether any subset is configured.
+    pub fn enabled(&self) -> bool {
+        self.held_out > 0 || !self.sets.is_empty()
+    }
+}
+
+/// One named evaluation subset drawn from a task file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSet {
+    /// Subset name in `evaluations.subset` and the report (letters, digits, '-', '_').
+    pub name: String,
+    /// Task file (any shape `data.tasks` accepts).
+    pub tasks: PathBuf,
+    /// Tasks drawn from it (all of them when the file holds fewer).
+    pub size: u32,
 }
 
 /// The reflection meta-policy, rubric bank and windowed curriculum (method.md A.6-A.7); used by
@@ -704,6 +762,52 @@ impl Config {
             ro.top_p,
             "(0, 1]",
         )?;
+        self.validate_eval()
+    }
+
+    fn validate_eval(&self) -> Result<(), ConfigError> {
+        let ev = &self.eval;
+        check((1..=64).contains(&ev.n), "eval.n", ev.n, "1..=64")?;
+        check(
+            ev.held_out <= 1_000_000,
+            "eval.held_out",
+            ev.held_out,
+            "0..=1000000",
+        )?;
+        if let Some(t) = ev.temperature {
+            check(
+                t.is_finite() && (0.0..=2.0).contains(&t),
+                "eval.temperature",
+                t,
+                "0..=2 (0 = greedy)",
+            )?;
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for set in &ev.sets {
+            check(
+                !set.name.is_empty()
+                    && set.name != crate::pipeline::evaluate::HELD_OUT
+                    && set
+                        .name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c)),
+                "eval.sets.name",
+                format!("{:?}", set.name),
+                "a plain name of letters, digits, '-' and '_', other than \"held-out\"",
+            )?;
+            check(
+                names.insert(set.name.as_str()),
+                "eval.sets.name",
+                format!("{:?}", set.name),
+                "a name used by one set only",
+            )?;
+            check(
+                (1..=1_000_000).contains(&set.size),
+                "eval.sets.size",
+                set.size,
+                "1..=1000000",
+            )?;
+        }
         Ok(())
     }
 }
@@ -838,6 +942,56 @@ mod tests {
             cfg.rollout.max_tokens, 512,
             "untouched keys keep the preset"
         );
+    }
+
+    #[test]
+    fn eval_settings_are_validated() {
+        let load = |sets: &[&str]| {
+            Config::load(
+                "smoke",
+                &Overrides {
+                    sets: sets.iter().map(|s| s.to_string()).collect(),
+                    ..Default::default()
+                },
+            )
+        };
+        let cfg = load(&[]).unwrap();
+        assert_eq!(cfg.eval.held_out, 8);
+        assert!(cfg.eval.enabled() && cfg.eval.initial);
+        let err = load(&["eval.n=0"]).unwrap_err().to_string();
+        assert_eq!(err, "`eval.n` = 0 is out of range; allowed: 1..=64");
+        let err = load(&["eval.temperature=2.5"]).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "`eval.temperature` = 2.5 is out of range; allowed: 0..=2 (0 = greedy)"
+        );
+        assert_eq!(
+            load(&["eval.temperature=0"]).unwrap().eval.temperature,
+            Some(0.0)
+        );
+        let set = |name: &str, size: u32| {
+            format!("eval.sets=[{{name = \"{name}\", tasks = \"t.jsonl\", size = {size}}}]")
+        };
+        assert_eq!(
+            load(&[&set("hotpotqa", 100)]).unwrap().eval.sets[0].size,
+            100
+        );
+        let err = load(&[&set("held-out", 5)]).unwrap_err().to_string();
+        assert!(err.starts_with("`eval.sets.name` = \"held-out\""), "{err}");
+        let err = load(&[&set("a b", 5)]).unwrap_err().to_string();
+        assert!(err.contains("letters, digits"), "{err}");
+        let err = load(&[&set("qa", 0)]).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "`eval.sets.size` = 0 is out of range; allowed: 1..=1000000"
+        );
+        let two = "eval.sets=[{name = \"qa\", tasks = \"a\", size = 1}, {name = \"qa\", tasks = \"b\", size = 1}]";
+        let err = load(&[two]).unwrap_err().to_string();
+        assert!(err.contains("used by one set only"), "{err}");
+        for p in ["ablation-600", "rubricem", "drtulu"] {
+            let c = Config::load(p, &Overrides::default()).unwrap();
+            assert!(c.eval.enabled(), "{p} evaluates on a fixed subset");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod bank;
 mod copy;
+pub mod evaluations;
 pub mod judging;
 pub mod metrics;
 pub mod pipeline;

@@ -15,8 +15,15 @@
 //! new steps, within-episode on replays), a background reflection job per judged new step that
 //! never blocks rollouts, and the job's candidates trained as Phase A of the next step (the
 //! deferred batch; later if the job was late, which the lag metric shows).
+//!
+//! Evaluation (`[eval]`): the starting policy, every `eval.every` versions and the final one
+//! are evaluated on the fixed subsets right after the step that made them, while the trainer
+//! holds that version (rollouts of the next steps go on beside it; the next train step waits).
+//! An evaluation is stored whole or not at all; one cut off by a crash is redone on resume, and
+//! one that overlapped a trainer restart is discarded and redone on the restored policy.
 
 pub mod batch;
+pub mod evaluate;
 pub mod schedule;
 pub mod setup;
 
@@ -77,6 +84,9 @@ pub struct Pipeline {
     pub tasks: Vec<RolloutTask>,
     /// The question text of each task (bank keys and retrieval queries), same order.
     pub questions: Vec<String>,
+    /// Fixed evaluation subsets (never trained on).
+    pub evals: Vec<evaluate::Subset>,
+    pub eval: crate::config::EvalConfig,
     /// Reflection, bank and curriculum (meta-policy and full recipes).
     pub memory: Option<Memory>,
     pub tasks_per_step: usize,
@@ -145,6 +155,8 @@ impl Pipeline {
             trained: trained_rx.clone(),
         });
         self.sync_trainer(completed, &shared, &cancel).await?;
+        // The current policy's evaluation, if due and not stored (the start, or a crash cut it).
+        self.evaluate_due(completed, &shared, &cancel).await?;
         self.relaunch_reflections(&rows, &shared).await?;
 
         // Steps rolled out (and maybe judged) but not trained continue where they stopped.
@@ -426,6 +438,7 @@ impl Pipeline {
                 self.checkpoint(s).await?;
             }
             let _ = trained.send(s + 1);
+            self.evaluate_due(s + 1, &shared, &cancel).await?;
             self.show(&progress, s).await;
             idle = Instant::now();
         }
@@ -664,6 +677,92 @@ impl Pipeline {
             j.unwrap_or(0.0),
             t.unwrap_or(0.0)
         ));
+    }
+
+    /// Evaluate the policy of `version` (which the trainer holds and the servers serve) on every
+    /// subset not yet evaluated at that version, if the version is due; the time spent is the
+    /// metric `time/eval_s` of the step that made the version. A cancelled evaluation stores
+    /// nothing.
+    async fn evaluate_due(
+        &self,
+        version: i32,
+        shared: &Shared,
+        cancel: &CancellationToken,
+    ) -> Result<(), PipelineError> {
+        if self.evals.is_empty() || !evaluate::due(version.max(0) as u32, self.steps, &self.eval) {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let done = self.evaluate_subsets(version, shared, cancel).await?;
+        if done && version > 0 {
+            let m = [("time/eval_s".to_string(), t0.elapsed().as_secs_f64())];
+            db::metrics::record(&self.pool, self.run_id, version - 1, &m).await?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::evaluate_due`]'s work: true when some subset was evaluated now.
+    async fn evaluate_subsets(
+        &self,
+        version: i32,
+        shared: &Shared,
+        cancel: &CancellationToken,
+    ) -> Result<bool, PipelineError> {
+        let mut done = false;
+        let run = self.run_id.to_string();
+        for subset in &self.evals {
+            if db::evaluations::exists(&self.pool, self.run_id, version, &subset.name).await? {
+                continue;
+            }
+            loop {
+                let mut ctx = self.rollout_ctx(shared);
+                if let Some(t) = self.eval.temperature {
+                    ctx.cfg.temperature = t;
+                }
+                let er = evaluate::EvalRun {
+                    run_id: self.run_id,
+                    version,
+                    samples: self.eval.n,
+                    max_inflight: self.cfg.max_inflight as usize,
+                    ctx: &ctx,
+                    judge: self.judge.as_ref(),
+                };
+                let Some((row, results)) = evaluate::evaluate(&er, subset, cancel).await else {
+                    tracing::warn!(version, subset = %subset.name, "evaluation interrupted; it reruns on resume");
+                    return Ok(false);
+                };
+                // A trainer that restarted meanwhile served other weights: redo on the restored
+                // policy.
+                match self.trainer.state().await {
+                    Ok(st)
+                        if st.session.as_deref() == Some(run.as_str())
+                            && st.policy_version == i64::from(version) =>
+                    {
+                        db::evaluations::record(&self.pool, &row, &results).await?;
+                        done = true;
+                        tracing::info!(
+                            version,
+                            subset = %subset.name,
+                            score = ?row.score,
+                            exact = ?row.exact,
+                            judged = row.judged,
+                            failed = row.failed,
+                            "evaluated"
+                        );
+                        break;
+                    }
+                    other => {
+                        tracing::warn!(version, subset = %subset.name, trainer = ?other.map(|s| (s.session, s.policy_version)), "the trainer changed during the evaluation; redoing it");
+                        self.wait_for_trainer(cancel).await?;
+                        self.sync_trainer(version, shared, cancel).await?;
+                        if cancel.is_cancelled() {
+                            return Ok(false);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(done)
     }
 
     async fn checkpoint(&self, s: i32) -> Result<(), PipelineError> {

@@ -22,6 +22,16 @@ pub fn tasks_for_step(num_tasks: usize, per_step: usize, seed: u64, step: u32) -
         .collect()
 }
 
+/// The `k` task indices (ascending) held out of training for evaluation: a seeded random pick,
+/// independent of the training permutations, so every recipe of an experiment holds out the
+/// same tasks.
+pub fn held_out(num_tasks: usize, k: usize, seed: u64) -> Vec<usize> {
+    let mut v = permutation(num_tasks, seed ^ 0x5EED_E7A1_0000_0001, u64::MAX);
+    v.truncate(k.min(num_tasks));
+    v.sort_unstable();
+    v
+}
+
 /// The phase of a curriculum step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -122,6 +132,29 @@ mod tests {
             .map(|x| x.batch)
             .collect();
         assert_eq!(news, (0..6).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn held_out_is_a_fixed_seeded_pick() {
+        let a = held_out(96, 8, 17);
+        assert_eq!(a.len(), 8);
+        assert!(
+            a.windows(2).all(|w| w[0] < w[1]),
+            "ascending, distinct: {a:?}"
+        );
+        assert!(a.iter().all(|&i| i < 96));
+        assert_eq!(a, held_out(96, 8, 17), "same seed, same subset");
+        assert_ne!(a, held_out(96, 8, 18), "another seed, another subset");
+        assert_ne!(a, (0..8).collect::<Vec<_>>(), "not simply the first tasks");
+        // A larger pick extends the smaller one (same permutation prefix).
+        let b = held_out(96, 12, 17);
+        assert!(a.iter().all(|i| b.contains(i)));
+        assert_eq!(
+            held_out(5, 9, 1),
+            vec![0, 1, 2, 3, 4],
+            "capped at the task count"
+        );
+        assert!(held_out(0, 3, 1).is_empty());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Building a [`Pipeline`] for one run of an experiment from its configuration: tasks (and the
-//! research world and its index when the preset generates them), tools, tokenizer, policy
-//! client with admission control, judge, and the trainer client.
+//! research world and its index when the preset generates them) split into the training
+//! schedule and the held-out evaluation subset, further evaluation sets, tools, tokenizer,
+//! policy client with admission control, judge, and the trainer client.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -45,26 +46,102 @@ pub fn ensure_world(cfg: &Config) -> Result<(), PipelineError> {
     Ok(())
 }
 
-/// Everything a run shares across its recipes: tasks in the database, tools, tokenizer.
+/// Everything a run shares across its recipes: tasks in the database, evaluation subsets,
+/// tools, tokenizer.
 pub struct Common {
+    /// The training tasks (the task file without the held-out subset), in file order.
     pub tasks: Vec<RolloutTask>,
-    /// Each task's question text (bank key), same order as `tasks`.
+    /// Each training task's question text (bank key), same order as `tasks`.
     pub questions: Vec<String>,
+    /// The fixed evaluation subsets: `held-out` first, then `eval.sets` in order.
+    pub evals: Vec<super::evaluate::Subset>,
     pub tools: Arc<crate::tools::runner::ToolRunner>,
     pub codec: Arc<ModelTokenizer>,
 }
 
-pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError> {
-    ensure_world(cfg)?;
-    let rows = crate::data::tasks::load(&cfg.data.tasks).map_err(setup)?;
+/// Load a task file and store its tasks; returns the rows and their ids.
+async fn load_tasks(
+    pool: &PgPool,
+    path: &Path,
+) -> Result<(Vec<crate::data::tasks::TaskRow>, Vec<uuid::Uuid>), PipelineError> {
+    let rows = crate::data::tasks::load(path).map_err(setup)?;
     if rows.is_empty() {
-        return Err(setup(format!(
-            "{} holds no tasks",
-            cfg.data.tasks.display()
-        )));
+        return Err(setup(format!("{} holds no tasks", path.display())));
     }
     let new: Vec<db::tasks::NewTask> = rows.iter().map(crate::data::tasks::to_new_task).collect();
     let ids = db::tasks::upsert(pool, &new).await?;
+    Ok((rows, ids))
+}
+
+/// Split the task file into training tasks and the held-out subset (`eval.held_out`), and draw
+/// the further evaluation sets.
+async fn split_tasks(
+    cfg: &Config,
+    pool: &PgPool,
+    system: &str,
+) -> Result<(Vec<RolloutTask>, Vec<String>, Vec<super::evaluate::Subset>), PipelineError> {
+    use super::evaluate::{EvalTask, HELD_OUT, Subset};
+    let (rows, ids) = load_tasks(pool, &cfg.data.tasks).await?;
+    let all = RolloutTask::from_rows(&rows, &ids, system);
+    let k = cfg.eval.held_out as usize;
+    let min_train = cfg.rollout.tasks_per_step as usize;
+    if k > 0 && k + min_train > rows.len() {
+        return Err(setup(format!(
+            "eval.held_out = {k} leaves {} of the {} tasks in {} for training; at most {} can be \
+             held out (rollout.tasks_per_step = {min_train} must remain)",
+            rows.len().saturating_sub(k),
+            rows.len(),
+            cfg.data.tasks.display(),
+            rows.len().saturating_sub(min_train),
+        )));
+    }
+    let held = super::schedule::held_out(rows.len(), k, cfg.experiment.seed);
+    let mut evals = Vec::new();
+    if !held.is_empty() {
+        evals.push(Subset {
+            name: HELD_OUT.into(),
+            tasks: held
+                .iter()
+                .map(|&i| EvalTask::new(&rows[i], all[i].clone()))
+                .collect(),
+        });
+    }
+    let (mut tasks, mut questions) = (Vec::new(), Vec::new());
+    for (i, (t, r)) in all.into_iter().zip(&rows).enumerate() {
+        if held.binary_search(&i).is_err() {
+            tasks.push(t);
+            questions.push(r.query.clone());
+        }
+    }
+    for set in &cfg.eval.sets {
+        let (rows, ids) = load_tasks(pool, &set.tasks).await?;
+        let picks = super::schedule::held_out(rows.len(), set.size as usize, cfg.experiment.seed);
+        let ts = RolloutTask::from_rows(&rows, &ids, system);
+        let train: std::collections::HashSet<uuid::Uuid> =
+            tasks.iter().map(|t| t.task_id).collect();
+        if let Some(&i) = picks.iter().find(|&&i| train.contains(&ids[i])) {
+            return Err(setup(format!(
+                "eval set `{}` ({}) contains training task `{}` of {}; evaluation sets must \
+                 not overlap the training tasks",
+                set.name,
+                set.tasks.display(),
+                rows[i].external_id,
+                cfg.data.tasks.display()
+            )));
+        }
+        evals.push(Subset {
+            name: set.name.clone(),
+            tasks: picks
+                .iter()
+                .map(|&i| EvalTask::new(&rows[i], ts[i].clone()))
+                .collect(),
+        });
+    }
+    Ok((tasks, questions, evals))
+}
+
+pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError> {
+    ensure_world(cfg)?;
     let cache = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
     let tool_setup = crate::tools::setup::ToolSetup {
         index: (!cfg.data.index.as_os_str().is_empty()).then(|| cfg.data.index.clone()),
@@ -79,11 +156,12 @@ pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError
             .map_err(setup)?;
     let system = crate::chat::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)
         .map_err(setup)?;
-    let tasks = RolloutTask::from_rows(&rows, &ids, &system);
+    let (tasks, questions, evals) = split_tasks(cfg, pool, &system).await?;
     let codec = ModelTokenizer::from_dir(&cfg.data.tokenizer).map_err(setup)?;
     Ok(Common {
         tasks,
-        questions: rows.iter().map(|r| r.query.clone()).collect(),
+        questions,
+        evals,
         tools: Arc::new(runner),
         codec: Arc::new(codec),
     })
@@ -148,6 +226,8 @@ pub async fn pipeline(
         cfg: cfg.pipeline.clone(),
         tasks: common.tasks.clone(),
         questions: common.questions.clone(),
+        evals: common.evals.clone(),
+        eval: cfg.eval.clone(),
         memory,
         tasks_per_step: cfg.rollout.tasks_per_step as usize,
         n: cfg.rollout.n,

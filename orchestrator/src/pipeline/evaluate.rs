@@ -1,0 +1,287 @@
+//! Evaluation of a run's policy on fixed task subsets (`[eval]`, method.md A.9): which policy
+//! versions are evaluated, the subsets (held out of the training schedule, or drawn from further
+//! task files), and one evaluation: roll out without bank injection, score each answer against
+//! the task's persistent rubrics with the run's judge (plus exact match where the task has a
+//! short known answer), and summarise. Storing it is the caller's (one transaction).
+
+use futures::future::join_all;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::EvalConfig;
+use crate::data::tasks::TaskRow;
+use crate::db::evaluations::{EvalRow, ResultRow};
+use crate::judge::score::{contribution, stage_means};
+use crate::judge::{Judge, Rubric, ScoreMode, TraceView};
+use crate::rollout::{Rollout, RolloutCtx, RolloutError, RolloutSlot, RolloutTask};
+
+/// The subset of `data.tasks` kept out of training.
+pub const HELD_OUT: &str = "held-out";
+
+/// The rollout-slot step of every evaluation rollout: sampling seeds depend on (task, sample)
+/// only, so each version and each recipe draws the same seeds (paired comparisons).
+const EVAL_SEED_STEP: i32 = 0x4556;
+
+/// One task of an evaluation subset.
+#[derive(Debug, Clone)]
+pub struct EvalTask {
+    pub rollout: RolloutTask,
+    pub question: String,
+    /// The task's persistent Answer rubrics (the yardstick; empty = no rubric score).
+    pub rubrics: Vec<Rubric>,
+    /// The known answer of an exact or short task.
+    pub answer: Option<String>,
+}
+
+impl EvalTask {
+    pub fn new(row: &TaskRow, rollout: RolloutTask) -> Self {
+        let specs = serde_json::to_value(&row.rubrics).unwrap_or_default();
+        EvalTask {
+            rollout,
+            question: row.query.clone(),
+            rubrics: crate::judge::step::persistent_rubrics(&specs),
+            answer: (row.format != crate::chat::AnswerFormat::Long)
+                .then(|| row.answer.clone())
+                .flatten()
+                .filter(|a| !a.trim().is_empty()),
+        }
+    }
+}
+
+/// A named, fixed list of evaluation tasks.
+#[derive(Debug, Clone)]
+pub struct Subset {
+    pub name: String,
+    pub tasks: Vec<EvalTask>,
+}
+
+/// Whether the policy after `version` trained steps (of `steps`) is evaluated.
+pub fn due(version: u32, steps: u32, cfg: &EvalConfig) -> bool {
+    (version == 0 && cfg.initial)
+        || version == steps
+        || (version > 0 && cfg.every > 0 && version.is_multiple_of(cfg.every))
+}
+
+/// Where and how one evaluation runs.
+pub struct EvalRun<'a> {
+    pub run_id: Uuid,
+    pub version: i32,
+    pub samples: u32,
+    pub max_inflight: usize,
+    pub ctx: &'a RolloutCtx,
+    pub judge: &'a dyn Judge,
+}
+
+/// Roll out and score one subset. `None` when `cancel` fired before it finished.
+pub async fn evaluate(
+    run: &EvalRun<'_>,
+    subset: &Subset,
+    cancel: &CancellationToken,
+) -> Option<(EvalRow, Vec<ResultRow>)> {
+    let t0 = std::time::Instant::now();
+    let tasks: Vec<RolloutTask> = subset.tasks.iter().map(|t| t.rollout.clone()).collect();
+    let slot = RolloutSlot {
+        run_id: run.run_id,
+        step: EVAL_SEED_STEP,
+        sample_index: 0,
+        policy_version: run.version,
+    };
+    let rolled = crate::rollout::rollout_batch(
+        run.ctx,
+        &tasks,
+        run.samples,
+        slot,
+        run.max_inflight,
+        cancel,
+        None,
+    )
+    .await;
+    if cancel.is_cancelled() {
+        return None;
+    }
+    let n = run.samples as usize;
+    let scored = join_all(
+        rolled
+            .iter()
+            .enumerate()
+            .map(|(i, r)| score_one(run.judge, &subset.tasks[i / n], r, (i % n) as i32)),
+    )
+    .await;
+    let mut results = Vec::with_capacity(scored.len());
+    let mut cost = 0.0;
+    for (row, c) in scored {
+        results.push(row);
+        cost += c;
+    }
+    let row = summarise(run, subset, &results, cost, t0.elapsed().as_secs_f64());
+    Some((row, results))
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
+    let (s, k) = xs.fold((0.0, 0usize), |(s, k), x| (s + x, k + 1));
+    (k > 0).then(|| s / k as f64)
+}
+
+fn summarise(
+    run: &EvalRun<'_>,
+    subset: &Subset,
+    results: &[ResultRow],
+    judge_cost_usd: f64,
+    seconds: f64,
+) -> EvalRow {
+    let has_rubrics = |r: &ResultRow| {
+        subset
+            .tasks
+            .iter()
+            .find(|t| t.rollout.task_id == r.task_id)
+            .is_some_and(|t| !t.rubrics.is_empty())
+    };
+    EvalRow {
+        run_id: run.run_id,
+        policy_version: run.version,
+        subset: subset.name.clone(),
+        judge_model: run.judge.model().to_string(),
+        tasks: subset.tasks.len() as i32,
+        samples: run.samples as i32,
+        score: mean(results.iter().filter_map(|r| r.score)),
+        exact: mean(
+            results
+                .iter()
+                .filter_map(|r| r.exact.map(|h| f64::from(u8::from(h)))),
+        ),
+        judged: results.iter().filter(|r| r.score.is_some()).count() as i32,
+        failed: results
+            .iter()
+            .filter(|r| r.score.is_none() && has_rubrics(r))
+            .count() as i32,
+        parse_failures: results.iter().filter(|r| r.parse_failed).count() as i32,
+        model_tokens: results.iter().map(|r| i64::from(r.num_model_tokens)).sum(),
+        judge_cost_usd,
+        seconds,
+    }
+}
+
+/// Score one rollout: a missing answer scores 0 (a scored outcome, no judge call); a rollout
+/// cut by a policy-server failure, or a failed judge call, leaves the score (and exact match)
+/// empty with the reason. Returns the row and the
+/// judge cost.
+async fn score_one(
+    judge: &dyn Judge,
+    task: &EvalTask,
+    rolled: &Result<Rollout, RolloutError>,
+    sample_index: i32,
+) -> (ResultRow, f64) {
+    let r = match rolled {
+        Ok(r) => r,
+        Err(e) => {
+            return (
+                ResultRow {
+                    task_id: task.rollout.task_id,
+                    sample_index,
+                    finish_reason: "not_run".into(),
+                    answer: None,
+                    parsed: serde_json::json!({}),
+                    num_model_tokens: 0,
+                    tool_calls: 0,
+                    parse_failed: true,
+                    score: None,
+                    rubric_scores: serde_json::json!([]),
+                    exact: None,
+                    error: Some(format!("rollout: {e}")),
+                },
+                0.0,
+            );
+        }
+    };
+    let p = &r.parsed;
+    let answer = p.answer.clone();
+    let shown = p.boxed.as_deref().or(answer.as_deref()).unwrap_or("");
+    let mut row = ResultRow {
+        task_id: task.rollout.task_id,
+        sample_index,
+        finish_reason: r.trajectory.finish_reason.clone(),
+        answer: answer.clone(),
+        parsed: r.trajectory.parsed.clone(),
+        num_model_tokens: r.trajectory.num_model_tokens() as i32,
+        tool_calls: r.calls.len() as i32,
+        parse_failed: !p.issues.is_empty() || !p.stages_present[0] || answer.is_none(),
+        score: None,
+        rubric_scores: serde_json::json!([]),
+        exact: task
+            .answer
+            .as_ref()
+            .map(|g| crate::eval::answer::contains_answer(g, shown)),
+        error: r.error.as_ref().map(|e| format!("policy server: {e}")),
+    };
+    if row.error.is_some() {
+        // The server failed, not the policy: no score, counted as failed.
+        row.exact = None;
+        return (row, 0.0);
+    }
+    if task.rubrics.is_empty() {
+        row.error = Some("no persistent rubrics".into());
+        return (row, 0.0);
+    }
+    if answer.is_none() {
+        row.score = Some(0.0);
+        return (row, 0.0);
+    }
+    let view = TraceView::from_trajectory(&r.trajectory);
+    match judge
+        .score(&task.question, &view, &task.rubrics, ScoreMode::AnswerOnly)
+        .await
+    {
+        Ok(sc) => {
+            row.score = stage_means(&task.rubrics, &sc.scores)[3];
+            if row.score.is_none() {
+                row.error = Some("the judge scored none of the rubrics".into());
+            }
+            row.rubric_scores = task
+                .rubrics
+                .iter()
+                .filter_map(|rb| {
+                    let s = sc.scores.iter().find(|s| s.rubric_id == rb.id)?;
+                    Some(serde_json::json!({
+                        "title": rb.title,
+                        "description": rb.description,
+                        "weight": rb.weight,
+                        "negative": rb.negative,
+                        "score": s.score,
+                        "contribution": contribution(s.score, rb.negative),
+                        "justification": s.justification,
+                    }))
+                })
+                .collect();
+            (row, sc.usage.cost_usd)
+        }
+        Err(e) => {
+            row.error = Some(format!("judge: {}", crate::util::error_chain(&e)));
+            (row, 0.0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_versions() {
+        let cfg = EvalConfig {
+            every: 2,
+            ..Default::default()
+        };
+        let got: Vec<u32> = (0..=5).filter(|&v| due(v, 5, &cfg)).collect();
+        assert_eq!(
+            got,
+            vec![0, 2, 4, 5],
+            "start, every 2nd, and the final policy"
+        );
+        let end_only = EvalConfig {
+            initial: false,
+            ..Default::default()
+        };
+        let got: Vec<u32> = (0..=5).filter(|&v| due(v, 5, &end_only)).collect();
+        assert_eq!(got, vec![5]);
+    }
+}

@@ -1,0 +1,313 @@
+//! Evaluation of a policy on a fixed subset, end to end against the loopback fake policy server,
+//! the offline lexical judge and real Postgres: a right answer scores above a wrong one and hits
+//! the known answer, a policy-server failure is counted as failed (not as a zero), and the evaluation is
+//! stored whole (summary and per-task results) and replaced, not duplicated, when redone.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::fake_openai::{FakeServer, Fault, Scripted, ToyCodec};
+use orchestrator::db;
+use orchestrator::judge::lexical::LexicalJudge;
+use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
+use orchestrator::pipeline::evaluate::{EvalRun, EvalTask, Subset, evaluate};
+use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutTask};
+use orchestrator::tools::runner::ToolRunner;
+use tokio_util::sync::CancellationToken;
+
+const PLAN: &str = "<think>Plan it.</think><structured_plan><deep_analysis>two hops</deep_analysis><rubric>Knowledge checklist:\n- the facts</rubric><research_plan>answer directly</research_plan></structured_plan>";
+
+fn ctx(server: &FakeServer) -> RolloutCtx {
+    let pool = EndpointPool::new(
+        Role::Policy,
+        "policy",
+        &[server.url()],
+        64,
+        Duration::from_secs(5),
+        3,
+    );
+    RolloutCtx {
+        client: LlmClient::new(
+            build_http(Duration::from_secs(2)).unwrap(),
+            Arc::new(pool),
+            RetryPolicy::none(),
+        ),
+        codec: Arc::new(ToyCodec),
+        tools: Arc::new(ToolRunner::new(None)),
+        cfg: RolloutConfig {
+            max_tool_calls: 2,
+            max_tokens: 4000,
+            forced_answer_tokens: 200,
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: Some(3),
+        },
+    }
+}
+
+#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+async fn a_right_answer_outscores_a_wrong_one_and_the_evaluation_is_stored_whole(
+    pool: sqlx::PgPool,
+) {
+    let world = orchestrator::data::world::generate(5, 80, 6);
+    let exact: Vec<_> = world
+        .tasks
+        .iter()
+        .filter(|t| t.answer_format == "exact" && !t.rubrics.is_empty())
+        .take(3)
+        .collect();
+    assert_eq!(exact.len(), 3, "the world has exact-answer tasks");
+    let rows: Vec<_> = exact
+        .iter()
+        .map(|t| {
+            orchestrator::data::tasks::parse_row(&serde_json::to_value(t).unwrap(), "world")
+                .unwrap()
+        })
+        .collect();
+    let new: Vec<_> = rows
+        .iter()
+        .map(orchestrator::data::tasks::to_new_task)
+        .collect();
+    let ids = db::tasks::upsert(&pool, &new).await.unwrap();
+    let tasks = RolloutTask::from_rows(&rows, &ids, "SYS");
+    let subset = Subset {
+        name: "held-out".into(),
+        tasks: rows
+            .iter()
+            .zip(tasks)
+            .map(|(r, t)| EvalTask::new(r, t))
+            .collect(),
+    };
+    assert!(
+        subset
+            .tasks
+            .iter()
+            .all(|t| t.answer.is_some() && !t.rubrics.is_empty())
+    );
+
+    // Task 0: the known answer and every rubric's key terms. Task 1: a wrong answer.
+    // Task 2: the policy server fails (its first request gets a 400; no retries).
+    let terms: Vec<String> = exact[0]
+        .rubrics
+        .iter()
+        .flat_map(|r| r.key_terms.clone())
+        .collect();
+    let right = format!(
+        "{PLAN}<answer>The answer is {} ({}). \\boxed{{{}}}</answer>",
+        exact[0].answer,
+        terms.join(", "),
+        exact[0].answer
+    );
+    let wrong = format!("{PLAN}<answer>I could not find it. \\boxed{{nothing}}</answer>");
+    let server = FakeServer::start().await;
+    server.push_scripted(Scripted::reply(&right, "stop")).await;
+    server.push_scripted(Scripted::reply(&wrong, "stop")).await;
+    for f in [
+        Fault::Delay(Duration::ZERO),
+        Fault::Delay(Duration::ZERO),
+        Fault::Status(400),
+    ] {
+        server.push_fault(f).await;
+    }
+
+    let exp = db::runs::create_experiment(&pool, "t", "smoke", &serde_json::json!({}))
+        .await
+        .unwrap();
+    let run_id = db::runs::create_run(&pool, exp, "r", "full", &serde_json::json!({}), 1)
+        .await
+        .unwrap();
+    let judge = LexicalJudge::new("lexical-v1");
+    let c = ctx(&server);
+    let er = EvalRun {
+        run_id,
+        version: 2,
+        samples: 1,
+        // One at a time, in task order, so each scripted reply goes to its task.
+        max_inflight: 1,
+        ctx: &c,
+        judge: &judge,
+    };
+    let (row, results) = evaluate(&er, &subset, &CancellationToken::new())
+        .await
+        .expect("not cancelled");
+    assert_eq!(results.len(), 3);
+    for (r, t) in results.iter().zip(&subset.tasks) {
+        assert_eq!(r.task_id, t.rollout.task_id, "results in task order");
+    }
+    let (a, b, c0) = (&results[0], &results[1], &results[2]);
+    assert_eq!(a.exact, Some(true), "{:?}", a.answer);
+    assert_eq!(b.exact, Some(false));
+    assert_eq!(c0.exact, None, "a server failure is no miss");
+    let (sa, sb) = (a.score.unwrap(), b.score.unwrap());
+    assert!(sa > sb, "right {sa} > wrong {sb}");
+    assert!((0.0..=1.0).contains(&sa) && (0.0..=1.0).contains(&sb));
+    assert_eq!(
+        a.rubric_scores.as_array().unwrap().len(),
+        subset.tasks[0].rubrics.len(),
+        "every persistent rubric scored"
+    );
+    assert_eq!(c0.answer, None);
+    assert_eq!(c0.score, None, "a server failure is not scored as 0");
+    assert!(
+        c0.error.as_deref().unwrap().contains("400"),
+        "{:?}",
+        c0.error
+    );
+    assert!(c0.parse_failed);
+    assert!(
+        c0.rubric_scores.as_array().unwrap().is_empty(),
+        "no judge call"
+    );
+    assert_eq!(row.tasks, 3);
+    assert_eq!((row.judged, row.failed, row.parse_failures), (2, 1, 1));
+    assert!((row.exact.unwrap() - 0.5).abs() < 1e-9);
+    assert!((row.score.unwrap() - (sa + sb) / 2.0).abs() < 1e-9);
+    assert_eq!(row.judge_model, "lexical-v1");
+
+    assert!(
+        !db::evaluations::exists(&pool, run_id, 2, "held-out")
+            .await
+            .unwrap()
+    );
+    db::evaluations::record(&pool, &row, &results)
+        .await
+        .unwrap();
+    assert!(
+        db::evaluations::exists(&pool, run_id, 2, "held-out")
+            .await
+            .unwrap()
+    );
+    // Redone (e.g. after a trainer restart): replaced, never duplicated.
+    db::evaluations::record(&pool, &row, &results)
+        .await
+        .unwrap();
+    let stored = db::evaluations::for_run(&pool, run_id).await.unwrap();
+    assert_eq!(stored, vec![row.clone()]);
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM evaluation_results WHERE run_id = $1 AND policy_version = 2",
+    )
+    .bind(run_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(n, 3);
+    // A cancelled evaluation returns nothing.
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    assert!(evaluate(&er, &subset, &cancel).await.is_none());
+}
+
+/// The report puts each recipe's evaluation scores side by side per subset: a table of runs by
+/// policy version (score and exact match) and a PNG and SVG plot over versions.
+#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool) {
+    let world = orchestrator::data::world::generate(5, 40, 2);
+    let rows: Vec<_> = world
+        .tasks
+        .iter()
+        .map(|t| {
+            orchestrator::data::tasks::parse_row(&serde_json::to_value(t).unwrap(), "world")
+                .unwrap()
+        })
+        .collect();
+    let new: Vec<_> = rows
+        .iter()
+        .map(orchestrator::data::tasks::to_new_task)
+        .collect();
+    let ids = db::tasks::upsert(&pool, &new).await.unwrap();
+    let cfg = serde_json::json!({"judge": {"kind": "lexical", "model": "lexical-v1"},
+                                 "experiment": {"steps": 4}});
+    let exp = db::runs::create_experiment(&pool, "ablation", "ablation-600", &cfg)
+        .await
+        .unwrap();
+    let mut runs = Vec::new();
+    for (name, base) in [("baseline-rl", 0.10), ("full", 0.30)] {
+        let run = db::runs::create_run(&pool, exp, name, name, &cfg, 1)
+            .await
+            .unwrap();
+        for s in 0..4 {
+            db::metrics::record(&pool, run, s, &[("reward/answer".into(), 0.1)])
+                .await
+                .unwrap();
+        }
+        for (v, bump) in [(0, 0.0), (2, 0.125), (4, 0.25)] {
+            let row = db::evaluations::EvalRow {
+                run_id: run,
+                policy_version: v,
+                subset: "held-out".into(),
+                judge_model: "lexical-v1".into(),
+                tasks: 2,
+                samples: 1,
+                score: Some(base + bump),
+                exact: Some(0.5),
+                judged: 2,
+                failed: 0,
+                parse_failures: 0,
+                model_tokens: 10,
+                judge_cost_usd: 0.0,
+                seconds: 1.0,
+            };
+            let results: Vec<_> = ids
+                .iter()
+                .map(|&task_id| db::evaluations::ResultRow {
+                    task_id,
+                    sample_index: 0,
+                    finish_reason: "stop".into(),
+                    answer: Some("x\u{0}y".into()),
+                    parsed: serde_json::json!({"answer": "x\u{0}y"}),
+                    num_model_tokens: 5,
+                    tool_calls: 0,
+                    parse_failed: false,
+                    score: Some(base + bump),
+                    rubric_scores: serde_json::json!([]),
+                    exact: Some(task_id == ids[0]),
+                    error: None,
+                })
+                .collect();
+            db::evaluations::record(&pool, &row, &results)
+                .await
+                .unwrap();
+        }
+        runs.push(run);
+    }
+    let out = tempfile::tempdir().unwrap();
+    let path = orchestrator::report::write(&pool, exp, out.path())
+        .await
+        .unwrap();
+    let md = std::fs::read_to_string(&path).unwrap();
+    assert!(md.contains("## Evaluation on fixed subsets"), "{md}");
+    assert!(
+        md.contains("| run | recipe | judge | v0 | v2 | v4 | judged / failed (last) |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| baseline-rl | baseline-rl | `lexical-v1` | 0.1000 (0.5000) | 0.2250 (0.5000) | 0.3500 (0.5000) | 2 / 0 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| full | full | `lexical-v1` | 0.3000 (0.5000) | 0.4250 (0.5000) | 0.5500 (0.5000) | 2 / 0 |"),
+        "{md}"
+    );
+    let dir = path.parent().unwrap();
+    for f in ["eval_held_out.png", "eval_held_out.svg"] {
+        let len = std::fs::metadata(dir.join(f)).unwrap().len();
+        assert!(len > 1000, "{f}: {len} bytes");
+    }
+    let svg = std::fs::read_to_string(dir.join("eval_held_out.svg")).unwrap();
+    assert!(
+        svg.contains("baseline-rl") && svg.contains("full"),
+        "legend names both runs"
+    );
+    // A run of one recipe alone: its own evaluation only.
+    let one = orchestrator::report::write(&pool, runs[0], out.path())
+        .await
+        .unwrap();
+    let md = std::fs::read_to_string(one).unwrap();
+    assert!(
+        md.contains("| baseline-rl |") && !md.contains("| full | full |"),
+        "{md}"
+    );
+}

@@ -183,6 +183,32 @@ fn head_tail(s: &Series) -> (f64, f64) {
     (mean(&s[..k]), mean(&s[s.len() - k..]))
 }
 
+/// Per subset: `subset vA → vB: a → b` over the run's first and last evaluated versions.
+fn eval_span(evals: &[db::evaluations::EvalRow]) -> String {
+    let subsets: std::collections::BTreeSet<&str> =
+        evals.iter().map(|e| e.subset.as_str()).collect();
+    let parts: Vec<String> = subsets
+        .into_iter()
+        .filter_map(|s| {
+            let mut es = evals.iter().filter(|e| e.subset == s);
+            let first = es.next()?;
+            let last = es.next_back().unwrap_or(first);
+            Some(format!(
+                "`{s}` v{} → v{}: {} → {}",
+                first.policy_version,
+                last.policy_version,
+                opt(first.score),
+                opt(last.score)
+            ))
+        })
+        .collect();
+    if parts.is_empty() {
+        "–".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
 fn opt(x: Option<f64>) -> String {
     x.map_or("–".into(), |v| format!("{v:.4}"))
 }
@@ -340,7 +366,7 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
     }
     let _ = writeln!(
         md,
-        "\n## Recipes side by side\n\n| run | recipe | status | steps | answer reward first 3 → last 3 | plan | research | review | answer (last 3) |\n|---|---|---|---|---|---|---|---|---|"
+        "\n## Recipes side by side\n\n| run | recipe | status | steps | answer reward first 3 → last 3 | plan | research | review | answer (last 3) | evaluation score, first → last version |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     for d in &data {
         let (a0, a1) = head_tail(&d.rewards[3]);
@@ -351,13 +377,14 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
             .collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {}/{} | {a0:.4} → {a1:.4} | {} |",
+            "| {} | {} | {} | {}/{} | {a0:.4} → {a1:.4} | {} | {} |",
             d.row.name,
             d.row.recipe,
             d.row.status,
             d.rewards[3].len(),
             d.steps_total,
-            last.join(" | ")
+            last.join(" | "),
+            eval_span(&d.evals)
         );
     }
     let side: Vec<(String, Series)> = data

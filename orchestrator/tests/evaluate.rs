@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::fake_openai::{FakeServer, Fault, Scripted, ToyCodec};
 use orchestrator::db;
 use orchestrator::judge::lexical::LexicalJudge;
-use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
+use orchestrator::llm::Role;
 use orchestrator::pipeline::evaluate::{EvalRun, EvalTask, Subset, evaluate};
 use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutTask};
 use orchestrator::tools::runner::ToolRunner;
@@ -21,20 +21,8 @@ use tokio_util::sync::CancellationToken;
 const PLAN: &str = "<think>Plan it.</think><structured_plan><deep_analysis>two hops</deep_analysis><rubric>Knowledge checklist:\n- the facts</rubric><research_plan>answer directly</research_plan></structured_plan>";
 
 fn ctx(server: &FakeServer) -> RolloutCtx {
-    let pool = EndpointPool::new(
-        Role::Policy,
-        "policy",
-        &[server.url()],
-        64,
-        Duration::from_secs(5),
-        3,
-    );
     RolloutCtx {
-        client: LlmClient::new(
-            build_http(Duration::from_secs(2)).unwrap(),
-            Arc::new(pool),
-            RetryPolicy::none(),
-        ),
+        client: server.client(Role::Policy, "policy"),
         codec: Arc::new(ToyCodec),
         tools: Arc::new(ToolRunner::new(None)),
         cfg: RolloutConfig {
@@ -46,6 +34,26 @@ fn ctx(server: &FakeServer) -> RolloutCtx {
             seed: Some(3),
         },
     }
+}
+
+/// World tasks as task-file rows, stored in `tasks`.
+async fn stored_rows(
+    pool: &sqlx::PgPool,
+    tasks: &[&orchestrator::data::world::WorldTask],
+) -> (Vec<orchestrator::data::tasks::TaskRow>, Vec<uuid::Uuid>) {
+    let rows: Vec<_> = tasks
+        .iter()
+        .map(|t| {
+            orchestrator::data::tasks::parse_row(&serde_json::to_value(t).unwrap(), "world")
+                .unwrap()
+        })
+        .collect();
+    let new: Vec<_> = rows
+        .iter()
+        .map(orchestrator::data::tasks::to_new_task)
+        .collect();
+    let ids = db::tasks::upsert(pool, &new).await.unwrap();
+    (rows, ids)
 }
 
 #[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
@@ -60,18 +68,7 @@ async fn a_right_answer_outscores_a_wrong_one_and_the_evaluation_is_stored_whole
         .take(3)
         .collect();
     assert_eq!(exact.len(), 3, "the world has exact-answer tasks");
-    let rows: Vec<_> = exact
-        .iter()
-        .map(|t| {
-            orchestrator::data::tasks::parse_row(&serde_json::to_value(t).unwrap(), "world")
-                .unwrap()
-        })
-        .collect();
-    let new: Vec<_> = rows
-        .iter()
-        .map(orchestrator::data::tasks::to_new_task)
-        .collect();
-    let ids = db::tasks::upsert(&pool, &new).await.unwrap();
+    let (rows, ids) = stored_rows(&pool, &exact).await;
     let tasks = RolloutTask::from_rows(&rows, &ids, "SYS");
     let subset = Subset {
         name: "held-out".into(),
@@ -205,19 +202,7 @@ async fn a_right_answer_outscores_a_wrong_one_and_the_evaluation_is_stored_whole
 #[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
 async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool) {
     let world = orchestrator::data::world::generate(5, 40, 2);
-    let rows: Vec<_> = world
-        .tasks
-        .iter()
-        .map(|t| {
-            orchestrator::data::tasks::parse_row(&serde_json::to_value(t).unwrap(), "world")
-                .unwrap()
-        })
-        .collect();
-    let new: Vec<_> = rows
-        .iter()
-        .map(orchestrator::data::tasks::to_new_task)
-        .collect();
-    let ids = db::tasks::upsert(&pool, &new).await.unwrap();
+    let (_, ids) = stored_rows(&pool, &world.tasks.iter().collect::<Vec<_>>()).await;
     let cfg = serde_json::json!({"judge": {"kind": "lexical", "model": "lexical-v1"},
                                  "experiment": {"steps": 4}});
     let exp = db::runs::create_experiment(&pool, "ablation", "ablation-600", &cfg)
@@ -279,6 +264,10 @@ async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool
         .unwrap();
     let md = std::fs::read_to_string(&path).unwrap();
     assert!(md.contains("## Evaluation on fixed subsets"), "{md}");
+    assert!(
+        md.contains("| `held-out` v0 → v4: 0.3000 → 0.5500 |"),
+        "side-by-side table names the evaluation span: {md}"
+    );
     assert!(
         md.contains("| run | recipe | judge | v0 | v2 | v4 | judged / failed (last) |"),
         "{md}"

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::fake_openai::{FakeServer, Scripted, ToyCodec, toy_tokenize};
 use orchestrator::db;
-use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
+use orchestrator::llm::Role;
 use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask};
 use orchestrator::tools::local_search::LocalIndex;
 use orchestrator::tools::runner::{ToolCache, ToolLimits, ToolRunner};
@@ -30,19 +30,7 @@ struct Setup {
 
 async fn setup(cache: Option<Arc<dyn ToolCache>>, max_tool_calls: u32, max_tokens: u32) -> Setup {
     let server = FakeServer::start().await;
-    let pool = EndpointPool::new(
-        Role::Policy,
-        "policy",
-        &[server.url()],
-        64,
-        Duration::from_secs(5),
-        3,
-    );
-    let client = LlmClient::new(
-        build_http(Duration::from_secs(2)).unwrap(),
-        Arc::new(pool),
-        RetryPolicy::none(),
-    );
+    let client = server.client(Role::Policy, "policy");
     let world = orchestrator::data::world::generate(11, 80, 3);
     let idx = Arc::new(LocalIndex::build(&world.docs, None).unwrap());
     let mut tools = ToolRunner::new(cache);

@@ -714,6 +714,13 @@ impl Pipeline {
             if db::evaluations::exists(&self.pool, self.run_id, version, &subset.name).await? {
                 continue;
             }
+            tracing::info!(
+                version,
+                subset = %subset.name,
+                tasks = subset.tasks.len(),
+                samples = self.eval.n,
+                "evaluating"
+            );
             loop {
                 let mut ctx = self.rollout_ctx(shared);
                 if let Some(t) = self.eval.temperature {

@@ -165,6 +165,27 @@ impl FakeServer {
         format!("http://{}", self.addr)
     }
 
+    /// A client of `role` for this server alone, without retries.
+    pub fn client(
+        &self,
+        role: orchestrator::llm::Role,
+        model: &str,
+    ) -> orchestrator::llm::LlmClient {
+        let pool = orchestrator::llm::EndpointPool::new(
+            role,
+            model,
+            &[self.url()],
+            64,
+            Duration::from_secs(5),
+            3,
+        );
+        orchestrator::llm::LlmClient::new(
+            orchestrator::llm::build_http(Duration::from_secs(2)).unwrap(),
+            Arc::new(pool),
+            orchestrator::llm::RetryPolicy::none(),
+        )
+    }
+
     pub async fn push_fault(&self, f: Fault) {
         self.state.faults.lock().await.push_back(f);
     }

@@ -675,5 +675,39 @@ async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollo
             "step {s}: inline reflection {secs} s"
         );
     }
+    // A crash during the final evaluation: the run is complete but v4 was never stored. The
+    // resumed run trains nothing and evaluates v4 exactly once.
+    sqlx::query("DELETE FROM evaluations WHERE run_id = $1 AND policy_version = 4")
+        .bind(run)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let common = orchestrator::pipeline::setup::common(&cfg, &pool)
+        .await
+        .unwrap();
+    let again = orchestrator::pipeline::setup::pipeline(
+        &cfg,
+        &pool,
+        &common,
+        run,
+        orchestrator::config::Recipe::Full,
+    )
+    .await
+    .unwrap();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(120),
+        Arc::new(again).run(
+            tokio_util::sync::CancellationToken::new(),
+            indicatif::ProgressBar::hidden(),
+        ),
+    )
+    .await
+    .expect("resume finished in time")
+    .unwrap();
+    assert_eq!(
+        (outcome.completed, outcome.completed_now),
+        (STEPS as u32, 0)
+    );
+    check_run(&pool, run, &tr.state).await;
     tr.task.abort();
 }

@@ -300,3 +300,72 @@ async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool
         "{md}"
     );
 }
+
+/// The held-out subset leaves the training schedule, is the same seeded pick each time, and
+/// bad settings are refused naming the value and the limit: too many held out, or an evaluation
+/// set that overlaps the training tasks.
+#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+async fn held_out_tasks_leave_the_schedule_and_bad_subsets_are_refused(pool: sqlx::PgPool) {
+    use orchestrator::config::{Config, EvalSet, Overrides};
+    use orchestrator::pipeline::setup::split_tasks;
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    orchestrator::data::world::write(&orchestrator::data::world::generate(5, 40, 12), &a).unwrap();
+    orchestrator::data::world::write(&orchestrator::data::world::generate(6, 40, 5), &b).unwrap();
+    let mut cfg = Config::load("smoke", &Overrides::default()).unwrap();
+    cfg.data.tasks = a.join("tasks.jsonl");
+    cfg.rollout.tasks_per_step = 2;
+    cfg.eval.held_out = 3;
+    let (train, questions, evals) = split_tasks(&cfg, &pool, "SYS").await.unwrap();
+    assert_eq!((train.len(), questions.len(), evals.len()), (9, 9, 1));
+    assert_eq!(evals[0].name, "held-out");
+    assert_eq!(evals[0].tasks.len(), 3);
+    for t in &evals[0].tasks {
+        assert!(
+            train.iter().all(|x| x.task_id != t.rollout.task_id),
+            "held out of training"
+        );
+    }
+    let (_, _, again) = split_tasks(&cfg, &pool, "SYS").await.unwrap();
+    let ids = |e: &[orchestrator::pipeline::evaluate::Subset]| -> Vec<uuid::Uuid> {
+        e[0].tasks.iter().map(|t| t.rollout.task_id).collect()
+    };
+    assert_eq!(ids(&evals), ids(&again), "a fixed subset");
+
+    // A further set: a seeded pick of another task file, capped at its size.
+    cfg.eval.sets = vec![EvalSet {
+        name: "other".into(),
+        tasks: b.join("tasks.jsonl"),
+        size: 100,
+    }];
+    let (_, _, evals) = split_tasks(&cfg, &pool, "SYS").await.unwrap();
+    assert_eq!(
+        evals
+            .iter()
+            .map(|e| (e.name.as_str(), e.tasks.len()))
+            .collect::<Vec<_>>(),
+        vec![("held-out", 3), ("other", 5)]
+    );
+    // The training file itself as a set overlaps the training tasks.
+    cfg.eval.sets[0].tasks = a.join("tasks.jsonl");
+    let err = split_tasks(&cfg, &pool, "SYS")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("eval set `other`") && err.contains("must not overlap"),
+        "{err}"
+    );
+
+    cfg.eval.sets.clear();
+    cfg.eval.held_out = 11;
+    let err = split_tasks(&cfg, &pool, "SYS")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("eval.held_out = 11 leaves 1 of the 12 tasks")
+            && err.contains("at most 10 can be held out"),
+        "{err}"
+    );
+}

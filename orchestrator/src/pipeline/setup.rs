@@ -73,9 +73,9 @@ async fn load_tasks(
     Ok((rows, ids))
 }
 
-/// Split the task file into training tasks and the held-out subset (`eval.held_out`), and draw
-/// the further evaluation sets.
-async fn split_tasks(
+/// Split the task file into training tasks (with their questions) and the held-out subset
+/// (`eval.held_out`), and draw the further evaluation sets; every task is stored in `tasks`.
+pub async fn split_tasks(
     cfg: &Config,
     pool: &PgPool,
     system: &str,

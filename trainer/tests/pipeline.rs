@@ -544,19 +544,45 @@ async fn full_recipe_run(
     let run = orchestrator::db::runs::create_run(pool, exp, "full", "full", &cfg.snapshot(), 9)
         .await
         .unwrap();
-    let common = orchestrator::pipeline::setup::common(&cfg, pool)
+    let p = full_recipe_pipeline(pool, &cfg, run).await;
+    (run, p, cfg)
+}
+
+/// The in-process pipeline of an existing `full` run (a fresh start or a resume).
+async fn full_recipe_pipeline(
+    pool: &PgPool,
+    cfg: &orchestrator::config::Config,
+    run: Uuid,
+) -> orchestrator::pipeline::Pipeline {
+    let common = orchestrator::pipeline::setup::common(cfg, pool)
         .await
         .unwrap();
-    let p = orchestrator::pipeline::setup::pipeline(
-        &cfg,
+    orchestrator::pipeline::setup::pipeline(
+        cfg,
         pool,
         &common,
         run,
         orchestrator::config::Recipe::Full,
     )
     .await
-    .unwrap();
-    (run, p, cfg)
+    .unwrap()
+}
+
+/// Run an in-process pipeline to its end (no cancellation) within `limit`.
+async fn run_to_end(
+    p: orchestrator::pipeline::Pipeline,
+    limit: Duration,
+) -> orchestrator::pipeline::Outcome {
+    tokio::time::timeout(
+        limit,
+        Arc::new(p).run(
+            tokio_util::sync::CancellationToken::new(),
+            indicatif::ProgressBar::hidden(),
+        ),
+    )
+    .await
+    .expect("run finished in time")
+    .unwrap()
 }
 
 #[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
@@ -625,16 +651,7 @@ async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollo
     .unwrap();
     let (run, p, cfg) = full_recipe_run(&pool, file).await;
     assert_eq!(cfg.pipeline.max_staleness, 0);
-    let outcome = tokio::time::timeout(
-        Duration::from_secs(300),
-        Arc::new(p).run(
-            tokio_util::sync::CancellationToken::new(),
-            indicatif::ProgressBar::hidden(),
-        ),
-    )
-    .await
-    .expect("run finished in time")
-    .unwrap();
+    let outcome = run_to_end(p, Duration::from_secs(300)).await;
     assert_eq!(outcome.completed, STEPS as u32);
     check_run(&pool, run, &tr.state).await;
     let versions: Vec<(i32, i32)> =
@@ -682,28 +699,8 @@ async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollo
         .execute(&pool)
         .await
         .unwrap();
-    let common = orchestrator::pipeline::setup::common(&cfg, &pool)
-        .await
-        .unwrap();
-    let again = orchestrator::pipeline::setup::pipeline(
-        &cfg,
-        &pool,
-        &common,
-        run,
-        orchestrator::config::Recipe::Full,
-    )
-    .await
-    .unwrap();
-    let outcome = tokio::time::timeout(
-        Duration::from_secs(120),
-        Arc::new(again).run(
-            tokio_util::sync::CancellationToken::new(),
-            indicatif::ProgressBar::hidden(),
-        ),
-    )
-    .await
-    .expect("resume finished in time")
-    .unwrap();
+    let again = full_recipe_pipeline(&pool, &cfg, run).await;
+    let outcome = run_to_end(again, Duration::from_secs(120)).await;
     assert_eq!(
         (outcome.completed, outcome.completed_now),
         (STEPS as u32, 0)

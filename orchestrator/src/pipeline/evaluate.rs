@@ -107,12 +107,8 @@ pub async fn evaluate(
             .map(|(i, r)| score_one(run.judge, &subset.tasks[i / n], r, (i % n) as i32)),
     )
     .await;
-    let mut results = Vec::with_capacity(scored.len());
-    let mut cost = 0.0;
-    for (row, c) in scored {
-        results.push(row);
-        cost += c;
-    }
+    let (results, costs): (Vec<ResultRow>, Vec<f64>) = scored.into_iter().unzip();
+    let cost = costs.iter().sum();
     let row = summarise(run, subset, &results, cost, t0.elapsed().as_secs_f64());
     Some((row, results))
 }
@@ -129,13 +125,9 @@ fn summarise(
     judge_cost_usd: f64,
     seconds: f64,
 ) -> EvalRow {
-    let has_rubrics = |r: &ResultRow| {
-        subset
-            .tasks
-            .iter()
-            .find(|t| t.rollout.task_id == r.task_id)
-            .is_some_and(|t| !t.rubrics.is_empty())
-    };
+    // Results come in (task, sample) order: result i belongs to task i / samples.
+    let n = run.samples.max(1) as usize;
+    let has_rubrics = |i: usize| !subset.tasks[i / n].rubrics.is_empty();
     EvalRow {
         run_id: run.run_id,
         policy_version: run.version,
@@ -152,7 +144,8 @@ fn summarise(
         judged: results.iter().filter(|r| r.score.is_some()).count() as i32,
         failed: results
             .iter()
-            .filter(|r| r.score.is_none() && has_rubrics(r))
+            .enumerate()
+            .filter(|(i, r)| r.score.is_none() && has_rubrics(*i))
             .count() as i32,
         parse_failures: results.iter().filter(|r| r.parse_failed).count() as i32,
         model_tokens: results.iter().map(|r| i64::from(r.num_model_tokens)).sum(),
@@ -204,7 +197,7 @@ async fn score_one(
         parsed: r.trajectory.parsed.clone(),
         num_model_tokens: r.trajectory.num_model_tokens() as i32,
         tool_calls: r.calls.len() as i32,
-        parse_failed: !p.issues.is_empty() || !p.stages_present[0] || answer.is_none(),
+        parse_failed: p.failed(),
         score: None,
         rubric_scores: serde_json::json!([]),
         exact: task

@@ -113,12 +113,11 @@ pub async fn split_tasks(
             questions.push(r.query.clone());
         }
     }
+    let train: std::collections::HashSet<uuid::Uuid> = tasks.iter().map(|t| t.task_id).collect();
     for set in &cfg.eval.sets {
         let (rows, ids) = load_tasks(pool, &set.tasks).await?;
         let picks = super::schedule::held_out(rows.len(), set.size as usize, cfg.experiment.seed);
         let ts = RolloutTask::from_rows(&rows, &ids, system);
-        let train: std::collections::HashSet<uuid::Uuid> =
-            tasks.iter().map(|t| t.task_id).collect();
         if let Some(&i) = picks.iter().find(|&&i| train.contains(&ids[i])) {
             return Err(setup(format!(
                 "eval set `{}` ({}) contains training task `{}` of {}; evaluation sets must \

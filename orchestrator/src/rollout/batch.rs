@@ -113,10 +113,7 @@ pub fn summarize(results: Vec<Result<Rollout, RolloutError>>) -> (Vec<Rollout>, 
                         .entry((c.stage.as_str().to_string(), c.result.tool.clone()))
                         .or_default() += 1;
                 }
-                if !r.parsed.issues.is_empty()
-                    || !r.parsed.stages_present[0]
-                    || r.parsed.answer.is_none()
-                {
+                if r.parsed.failed() {
                     summary.parse_failures += 1;
                 }
                 summary.model_tokens += r.trajectory.num_model_tokens();

@@ -376,6 +376,12 @@ impl Parsed {
         Stage::Plan
     }
 
+    /// A parse failure as the rollout summaries and evaluations count it: malformed tags, or
+    /// no recognised plan or answer.
+    pub fn failed(&self) -> bool {
+        !self.issues.is_empty() || !self.stages_present[0] || self.answer.is_none()
+    }
+
     /// A compact JSON summary for `trajectories.parsed` (citations in the form the SQL expects).
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or(serde_json::Value::Null)

@@ -126,6 +126,7 @@ async fn a_right_answer_outscores_a_wrong_one_and_the_evaluation_is_stored_whole
         max_inflight: 1,
         ctx: &c,
         judge: &judge,
+        gate: None,
     };
     let (row, results) = evaluate(&er, &subset, &CancellationToken::new())
         .await

@@ -70,6 +70,8 @@ pub struct EvalRun<'a> {
     pub max_inflight: usize,
     pub ctx: &'a RolloutCtx,
     pub judge: &'a dyn Judge,
+    /// The run's admission control towards the policy servers, if on.
+    pub gate: Option<std::sync::Arc<crate::rollout::Admission>>,
 }
 
 /// Roll out and score one subset. `None` when `cancel` fired before it finished.
@@ -86,7 +88,7 @@ pub async fn evaluate(
         sample_index: 0,
         policy_version: run.version,
     };
-    let rolled = crate::rollout::rollout_batch(
+    let rolled = crate::rollout::rollout_batch_gated(
         run.ctx,
         &tasks,
         run.samples,
@@ -94,6 +96,7 @@ pub async fn evaluate(
         run.max_inflight,
         cancel,
         None,
+        run.gate.clone(),
     )
     .await;
     if cancel.is_cancelled() {

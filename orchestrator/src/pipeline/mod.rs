@@ -733,6 +733,7 @@ impl Pipeline {
                     max_inflight: self.cfg.max_inflight as usize,
                     ctx: &ctx,
                     judge: self.judge.as_ref(),
+                    gate: self.admission.clone(),
                 };
                 let Some((row, results)) = evaluate::evaluate(&er, subset, cancel).await else {
                     tracing::warn!(version, subset = %subset.name, "evaluation interrupted; it reruns on resume");

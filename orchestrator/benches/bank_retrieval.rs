@@ -12,8 +12,8 @@
 
 use std::time::Instant;
 
-use orchestrator::bank::embed::{dot, normalize};
-use orchestrator::bank::{BankIndex, BankItem};
+use orchestrator::domain::bank::embed::{dot, normalize};
+use orchestrator::domain::bank::{BankIndex, BankItem};
 use uuid::Uuid;
 
 /// xorshift64*: reproducible pseudo-random vectors without a dependency.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use orchestrator::llm::{
+use orchestrator::infra::llm::{
     CompletionRequest, EndpointPool, LlmClient, RetryPolicy, Role, build_http,
 };
 

@@ -23,15 +23,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use orchestrator::config::Recipe;
-use orchestrator::credit::Lambda;
-use orchestrator::db;
-use orchestrator::judge::lexical::LexicalJudge;
-use orchestrator::judge::llm::{LlmJudge, LlmJudgeOptions};
-use orchestrator::judge::step::{StepOptions, judge_step};
-use orchestrator::judge::{Judge, ScoreMode, TraceView};
-use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role};
-use orchestrator::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use orchestrator::domain::config::Recipe;
+use orchestrator::domain::credit::Lambda;
+use orchestrator::domain::judge::lexical::LexicalJudge;
+use orchestrator::domain::judge::{Judge, ScoreMode, TraceView};
+use orchestrator::domain::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use orchestrator::infra::db;
+use orchestrator::infra::llm::judge::{LlmJudge, LlmJudgeOptions};
+use orchestrator::infra::llm::{EndpointPool, LlmClient, RetryPolicy, Role};
+use orchestrator::pipeline::judging::{StepOptions, judge_step};
 use uuid::Uuid;
 
 /// A trajectory of about 16k characters of model text and tool output.
@@ -147,7 +147,7 @@ fn main() {
         let srv = fake_judge::FakeJudge::start().await;
         srv.set_latency(Duration::from_millis(latency_ms as u64));
         let ep = EndpointPool::new(Role::Judge, "fake-judge", &[srv.url()], conc, Duration::from_secs(30), 1000);
-        let client = LlmClient::new(orchestrator::llm::build_http(Duration::from_secs(5)).unwrap(), Arc::new(ep), RetryPolicy::none());
+        let client = LlmClient::new(orchestrator::infra::llm::build_http(Duration::from_secs(5)).unwrap(), Arc::new(ep), RetryPolicy::none());
         let judge = LlmJudge::new(client, LlmJudgeOptions::default()).unwrap();
         let r = judge_step(&pool, &judge, &opts, runs[0].0, 0).await.unwrap();
         let calls = r.calls as f64;
@@ -165,10 +165,10 @@ fn main() {
         println!("lexical judge, whole step: {} trajectories in {:.3} s = {:.0} trajectories/s (calls {:.3} s = {:.0} trajectories/s)",
             r.trajectories, r.seconds, r.trajectories as f64 / r.seconds, r.judge_seconds, r.trajectories as f64 / r.judge_seconds);
         let views: Vec<TraceView> = runs[1].1.iter().map(TraceView::from_trajectory).collect();
-        let set: Vec<orchestrator::judge::Rubric> = (0..10).map(|k| orchestrator::judge::Rubric {
+        let set: Vec<orchestrator::domain::judge::Rubric> = (0..10).map(|k| orchestrator::domain::judge::Rubric {
             id: Uuid::now_v7(), stage: Stage::ALL[k % 4], title: format!("r{k}"),
             description: format!("covers enzyme kinetics aspect {k} and receptor binding"),
-            weight: 1.0, negative: k % 3 == 0, key_terms: vec![], origin: orchestrator::judge::Origin::Generated,
+            weight: 1.0, negative: k % 3 == 0, key_terms: vec![], origin: orchestrator::domain::judge::Origin::Generated,
         }).collect();
         let t0 = Instant::now();
         let mut total = 0usize;

@@ -73,7 +73,7 @@ fn main() {
     for _ in 0..3 {
         let t0 = Instant::now();
         for d in &docs {
-            let p = orchestrator::scaffold::parse(d, &|id| id.len() < 3);
+            let p = orchestrator::domain::scaffold::parse(d, &|id| id.len() < 3);
             checksum += p.tool_calls.len() + p.citations.len();
         }
         best_ours = best_ours.min(t0.elapsed().as_secs_f64());

@@ -17,8 +17,8 @@ mod bench_db;
 
 use std::time::{Duration, Instant};
 
-use orchestrator::db;
-use orchestrator::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use orchestrator::domain::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use orchestrator::infra::db;
 use uuid::Uuid;
 
 fn trajectory(run_id: Uuid, step: i32, task_id: Uuid, sample: i32, tokens: usize) -> Trajectory {

@@ -36,14 +36,17 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use fake_openai::ToyCodec;
-use orchestrator::bank::{Bank, Embedder, LocalEmbedder};
-use orchestrator::config::Recipe;
-use orchestrator::db;
-use orchestrator::judge::lexical::LexicalJudge;
-use orchestrator::judge::step::{StepOptions, judge_step};
-use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
-use orchestrator::reflection::{Reflector, Settings};
-use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch};
+use orchestrator::domain::bank::LocalEmbedder;
+use orchestrator::domain::config::Recipe;
+use orchestrator::domain::judge::lexical::LexicalJudge;
+use orchestrator::infra::db;
+use orchestrator::infra::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
+use orchestrator::pipeline::bank::{Bank, Embedder};
+use orchestrator::pipeline::judging::{StepOptions, judge_step};
+use orchestrator::pipeline::reflection::{Reflector, Settings};
+use orchestrator::pipeline::rollout::{
+    RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch,
+};
 use three_turns::cpu_seconds;
 
 const REFLECTION: &str = "<reflection_rubrics>\nCritical Requirement: name the enzyme mechanism.\nAnalytical Approach: verify in two sources.\nCommunication & Structure: cite it.\nPitfalls: one search only.\n</reflection_rubrics>\n<reflection_takeaways>\n- verify mechanism claims twice\n</reflection_takeaways>";

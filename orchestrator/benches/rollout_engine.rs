@@ -21,8 +21,10 @@ mod three_turns;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
-use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch};
+use orchestrator::infra::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
+use orchestrator::pipeline::rollout::{
+    RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch,
+};
 use three_turns::cpu_seconds;
 use uuid::Uuid;
 

@@ -30,13 +30,13 @@ pub enum Command {
     /// Create the database if needed and apply pending migrations.
     Migrate {
         /// Postgres URL.
-        #[arg(long, env = "DATABASE_URL", default_value = crate::config::DEFAULT_DATABASE_URL)]
+        #[arg(long, env = "DATABASE_URL", default_value = crate::domain::config::DEFAULT_DATABASE_URL)]
         database_url: String,
     },
     /// Check that the database is reachable and its migrations match this binary.
     DbCheck {
         /// Postgres URL.
-        #[arg(long, env = "DATABASE_URL", default_value = crate::config::DEFAULT_DATABASE_URL)]
+        #[arg(long, env = "DATABASE_URL", default_value = crate::domain::config::DEFAULT_DATABASE_URL)]
         database_url: String,
     },
     /// Print the resolved configuration (preset < file < env < flags) as TOML.
@@ -89,7 +89,7 @@ pub enum Command {
         #[arg(long, env = "ORCH_REPORT_OUT", default_value = "reports")]
         out: PathBuf,
         /// Postgres URL.
-        #[arg(long, env = "DATABASE_URL", default_value = crate::config::DEFAULT_DATABASE_URL)]
+        #[arg(long, env = "DATABASE_URL", default_value = crate::domain::config::DEFAULT_DATABASE_URL)]
         database_url: String,
     },
 }
@@ -174,8 +174,8 @@ pub struct RolloutArgs {
     pub max_inflight: usize,
     /// Inference-time memory: inject `<reference_examples>` from a run's rubric bank (none;
     /// within = this question's own item, else similar ones; cross = top-k similar questions).
-    #[arg(long, env = "ORCH_REUSE", value_enum, default_value_t = crate::bank::Reuse::None)]
-    pub reuse: crate::bank::Reuse,
+    #[arg(long, env = "ORCH_REUSE", value_enum, default_value_t = crate::domain::bank::Reuse::None)]
+    pub reuse: crate::domain::bank::Reuse,
     /// The run whose rubric bank `--reuse` reads.
     #[arg(long, env = "ORCH_BANK_RUN")]
     pub bank_run: Option<uuid::Uuid>,
@@ -203,8 +203,8 @@ pub enum BankCommand {
         /// The question text.
         #[arg(long, env = "ORCH_BANK_QUERY")]
         query: String,
-        #[arg(long, env = "ORCH_BANK_MODE", value_enum, default_value_t = crate::bank::Reuse::Cross)]
-        mode: crate::bank::Reuse,
+        #[arg(long, env = "ORCH_BANK_MODE", value_enum, default_value_t = crate::domain::bank::Reuse::Cross)]
+        mode: crate::domain::bank::Reuse,
         /// Items returned (default: reflection.top_k of the preset).
         #[arg(long, env = "ORCH_BANK_K")]
         k: Option<usize>,
@@ -367,8 +367,8 @@ pub struct ConfigArgs {
 }
 
 impl ConfigArgs {
-    pub fn overrides(&self) -> crate::config::Overrides {
-        crate::config::Overrides {
+    pub fn overrides(&self) -> crate::domain::config::Overrides {
+        crate::domain::config::Overrides {
             file: self.config_file.clone(),
             database_url: self.database_url.clone(),
             policy_urls: self.policy_urls.clone(),

@@ -1,28 +1,18 @@
-//! RubricEM orchestrator: experiment configuration, the Postgres store, the inference-server
-//! client, tokenizer/chat templates, and (as they land) rollout, judging, credit assignment,
-//! reflection, the rubric bank and the asynchronous pipeline. Binaries stay thin; all logic is
-//! reachable from here.
+//! RubricEM orchestrator, in three layers (ARCHITECTURE.md):
+//!
+//! 1. [`domain`]: pure types and logic (trajectory, scaffold, rubrics, judge scoring, credit,
+//!    reflection maths, bank items, curriculum, configuration). Imports no other layer.
+//! 2. [`infra`]: the doors to the outside world (Postgres, inference servers, prompts and chat
+//!    templates, tools, embeddings). Imports domain types only.
+//! 3. [`pipeline`] (stages: rollout, judging, reflection jobs, evaluation, training sync, the run
+//!    lifecycle) and [`commands`] (one file per subcommand): the only code that combines the two.
+//!
+//! `tests/layers.rs` fails the build's tests when an import runs upward or forms a circle.
 #![forbid(unsafe_code)]
 
-pub mod app;
-pub mod bank;
-pub mod chat;
 pub mod cli;
-pub mod config;
-pub mod credit;
-pub mod data;
-pub mod db;
-pub mod eval;
-pub mod judge;
-pub mod llm;
+pub mod commands;
+pub mod domain;
+pub mod infra;
 pub mod pipeline;
-pub mod reflection;
-pub mod report;
-pub mod rollout;
-pub mod rubrics;
-pub mod scaffold;
-pub mod sft;
 pub mod telemetry;
-pub mod tools;
-pub mod trajectory;
-pub mod util;

@@ -8,7 +8,7 @@ use clap::Parser;
 async fn main() -> ExitCode {
     let cli = orchestrator::cli::Cli::parse();
     orchestrator::telemetry::init(cli.log_format);
-    match orchestrator::app::run(cli).await {
+    match orchestrator::commands::run(cli).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use orchestrator::eval::{drbench, healthbench};
-use orchestrator::judge::lexical::LexicalJudge;
-use orchestrator::judge::{Judge, ScoreMode, TraceView};
+use orchestrator::domain::eval::{drbench, healthbench};
+use orchestrator::domain::judge::lexical::LexicalJudge;
+use orchestrator::domain::judge::{Judge, ScoreMode, TraceView};
 
 fn shared(rel: &str) -> PathBuf {
     std::env::var("SHARED_DATA")
@@ -59,7 +59,7 @@ async fn healthbench_rows_parse_and_score_through_the_lexical_judge() {
             answer: Some(String::new()),
             ..TraceView::default()
         };
-        let met = |s: &orchestrator::judge::Scoring| -> Vec<f64> {
+        let met = |s: &orchestrator::domain::judge::Scoring| -> Vec<f64> {
             s.scores.iter().map(|x| f64::from(x.score) / 2.0).collect()
         };
         let g = judge

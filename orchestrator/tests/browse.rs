@@ -8,8 +8,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::response::{Html, IntoResponse, Redirect};
 use axum::routing::get;
-use orchestrator::tools::browse::{BrowseError, Browser};
-use orchestrator::tools::ssrf::AddressGuard;
+use orchestrator::infra::tools::browse::{BrowseError, Browser};
+use orchestrator::infra::tools::ssrf::AddressGuard;
 
 /// A server on 127.0.0.2 (loopback, but a different address from 127.0.0.1).
 async fn server() -> u16 {
@@ -41,7 +41,7 @@ fn allowed() -> Browser {
     .unwrap()
 }
 
-fn refused(r: Result<orchestrator::tools::browse::Page, BrowseError>) -> String {
+fn refused(r: Result<orchestrator::infra::tools::browse::Page, BrowseError>) -> String {
     match r {
         Err(BrowseError::Guard(e)) => e.to_string(),
         other => panic!("expected a guard refusal, got {other:?}"),
@@ -148,7 +148,7 @@ async fn size_and_time_limits() {
 
 #[tokio::test]
 async fn as_a_tool_the_page_is_a_snippet_and_a_refusal_is_tool_output() {
-    use orchestrator::tools::runner::{ToolArgs, ToolLimits, ToolRunner};
+    use orchestrator::infra::tools::runner::{ToolArgs, ToolLimits, ToolRunner};
     let port = server().await;
     let mut runner = ToolRunner::new(None);
     runner.register(

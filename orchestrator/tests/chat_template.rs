@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use orchestrator::chat::ModelTokenizer;
+use orchestrator::infra::chat::ModelTokenizer;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -94,7 +94,7 @@ fn renders_exactly_like_transformers() {
 
 #[test]
 fn unknown_role_is_a_render_error_not_a_panic() {
-    let t = orchestrator::chat::ChatTemplate::new(
+    let t = orchestrator::infra::chat::ChatTemplate::new(
         &std::fs::read_to_string(root().join("prompts/chat_template.jinja")).unwrap(),
         vec![],
     )

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use orchestrator::config::{Config, DEFAULT_DATABASE_URL, Overrides};
+use orchestrator::domain::config::{Config, DEFAULT_DATABASE_URL, Overrides};
 use serde_json::Value;
 
 fn compose() -> Value {
@@ -171,7 +171,9 @@ fn orchestrator_environment_is_known_and_points_at_services() {
         &default.path()[1..]
     );
     // The preset named by ORCH_EXPERIMENT exists.
-    assert!(orchestrator::config::preset_names().contains(&env["ORCH_EXPERIMENT"].as_str()));
+    assert!(
+        orchestrator::domain::config::preset_names().contains(&env["ORCH_EXPERIMENT"].as_str())
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! composite reward and its weights.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use orchestrator::credit::{
+use orchestrator::domain::credit::{
     CompositeInputs, CreditError, CreditMode, Lambda, PAPER_LAMBDA, STAGES, composite_reward,
     group_advantages, scalar_advantages,
 };
@@ -50,7 +50,7 @@ proptest! {
             if g.std[k] > 0.0 {
                 // (G - mean) / (std + ε) has variance exactly (std / (std + ε))²: 1 up to ε/std.
                 let var = col.iter().map(|a| a * a).sum::<f64>() / n;
-                let want = (g.std[k] / (g.std[k] + orchestrator::credit::EPS)).powi(2);
+                let want = (g.std[k] / (g.std[k] + orchestrator::domain::credit::EPS)).powi(2);
                 prop_assert!((var - want).abs() < 1e-9, "stage {} var {} want {}", k, var, want);
             } else if g.std[k] == 0.0 {
                 prop_assert!(col.iter().all(|a| *a == 0.0));
@@ -132,10 +132,10 @@ fn dr_tulu_composite_reward() {
 
 // ---- per-token credit, stage scores, stage spans ----
 
-use orchestrator::credit::token_credit;
-use orchestrator::judge::score::{contribution, finalize, stage_means};
-use orchestrator::judge::{Origin, Rubric, RubricScore};
-use orchestrator::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use orchestrator::domain::credit::token_credit;
+use orchestrator::domain::judge::score::{contribution, finalize, stage_means};
+use orchestrator::domain::judge::{Origin, Rubric, RubricScore};
+use orchestrator::domain::trajectory::{Segment, SegmentKind, Stage, Trajectory};
 
 fn segment() -> impl Strategy<Value = Segment> {
     (0usize..3, 0usize..4, 0usize..6).prop_map(|(kind, stage, len)| {
@@ -246,7 +246,7 @@ proptest! {
         ]), 0..10),
     ) {
         let text: String = parts.concat();
-        let p = orchestrator::scaffold::parse::parse(&text, &|_| true);
+        let p = orchestrator::domain::scaffold::parse::parse(&text, &|_| true);
         let mut at = 0;
         for r in &p.stage_spans {
             prop_assert_eq!(r.start, at);

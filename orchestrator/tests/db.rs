@@ -8,8 +8,8 @@
     reason = "test and benchmark code fails loudly"
 )]
 
-use orchestrator::db::{self, DbError, MIGRATOR};
-use orchestrator::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use orchestrator::domain::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use orchestrator::infra::db::{self, DbError, MIGRATOR};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
@@ -268,7 +268,7 @@ async fn task_upsert_is_idempotent_and_ordered(pool: PgPool) {
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(hash, orchestrator::util::sha256_hex(b"A2"));
+    assert_eq!(hash, orchestrator::domain::util::sha256_hex(b"A2"));
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]

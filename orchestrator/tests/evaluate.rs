@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fake_openai::{FakeServer, Fault, Scripted, ToyCodec};
-use orchestrator::db;
-use orchestrator::judge::lexical::LexicalJudge;
-use orchestrator::llm::Role;
+use orchestrator::domain::judge::lexical::LexicalJudge;
+use orchestrator::infra::db;
+use orchestrator::infra::llm::Role;
+use orchestrator::infra::tools::runner::ToolRunner;
 use orchestrator::pipeline::evaluate::{EvalRun, EvalTask, Subset, evaluate};
-use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutTask};
-use orchestrator::tools::runner::ToolRunner;
+use orchestrator::pipeline::rollout::{RolloutConfig, RolloutCtx, RolloutTask};
 use tokio_util::sync::CancellationToken;
 
 const PLAN: &str = "<think>Plan it.</think><structured_plan><deep_analysis>two hops</deep_analysis><rubric>Knowledge checklist:\n- the facts</rubric><research_plan>answer directly</research_plan></structured_plan>";
@@ -39,28 +39,31 @@ fn ctx(server: &FakeServer) -> RolloutCtx {
 /// World tasks as task-file rows, stored in `tasks`.
 async fn stored_rows(
     pool: &sqlx::PgPool,
-    tasks: &[&orchestrator::data::world::WorldTask],
-) -> (Vec<orchestrator::data::tasks::TaskRow>, Vec<uuid::Uuid>) {
+    tasks: &[&orchestrator::domain::data::world::WorldTask],
+) -> (
+    Vec<orchestrator::domain::data::tasks::TaskRow>,
+    Vec<uuid::Uuid>,
+) {
     let rows: Vec<_> = tasks
         .iter()
         .map(|t| {
-            orchestrator::data::tasks::parse_row(&serde_json::to_value(t).unwrap(), "world")
+            orchestrator::domain::data::tasks::parse_row(&serde_json::to_value(t).unwrap(), "world")
                 .unwrap()
         })
         .collect();
     let new: Vec<_> = rows
         .iter()
-        .map(orchestrator::data::tasks::to_new_task)
+        .map(orchestrator::infra::db::tasks::from_task_row)
         .collect();
     let ids = db::tasks::upsert(pool, &new).await.unwrap();
     (rows, ids)
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn a_right_answer_outscores_a_wrong_one_and_the_evaluation_is_stored_whole(
     pool: sqlx::PgPool,
 ) {
-    let world = orchestrator::data::world::generate(5, 80, 6);
+    let world = orchestrator::domain::data::world::generate(5, 80, 6);
     let exact: Vec<_> = world
         .tasks
         .iter()
@@ -200,9 +203,9 @@ async fn a_right_answer_outscores_a_wrong_one_and_the_evaluation_is_stored_whole
 
 /// The report puts each recipe's evaluation scores side by side per subset: a table of runs by
 /// policy version (score and exact match) and a PNG and SVG plot over versions.
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool) {
-    let world = orchestrator::data::world::generate(5, 40, 2);
+    let world = orchestrator::domain::data::world::generate(5, 40, 2);
     let (_, ids) = stored_rows(&pool, &world.tasks.iter().collect::<Vec<_>>()).await;
     let cfg = serde_json::json!({"judge": {"kind": "lexical", "model": "lexical-v1"},
                                  "experiment": {"steps": 4}});
@@ -260,7 +263,7 @@ async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool
         runs.push(run);
     }
     let out = tempfile::tempdir().unwrap();
-    let path = orchestrator::report::write(&pool, exp, out.path())
+    let path = orchestrator::pipeline::report::write(&pool, exp, out.path())
         .await
         .unwrap();
     let md = std::fs::read_to_string(&path).unwrap();
@@ -292,7 +295,7 @@ async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool
         "legend names both runs"
     );
     // A run of one recipe alone: its own evaluation only.
-    let one = orchestrator::report::write(&pool, runs[0], out.path())
+    let one = orchestrator::pipeline::report::write(&pool, runs[0], out.path())
         .await
         .unwrap();
     let md = std::fs::read_to_string(one).unwrap();
@@ -305,14 +308,22 @@ async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool
 /// The held-out subset leaves the training schedule, is the same seeded pick each time, and
 /// bad settings are refused naming the value and the limit: too many held out, or an evaluation
 /// set that overlaps the training tasks.
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn held_out_tasks_leave_the_schedule_and_bad_subsets_are_refused(pool: sqlx::PgPool) {
-    use orchestrator::config::{Config, EvalSet, Overrides};
+    use orchestrator::domain::config::{Config, EvalSet, Overrides};
     use orchestrator::pipeline::setup::split_tasks;
     let tmp = tempfile::tempdir().unwrap();
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
-    orchestrator::data::world::write(&orchestrator::data::world::generate(5, 40, 12), &a).unwrap();
-    orchestrator::data::world::write(&orchestrator::data::world::generate(6, 40, 5), &b).unwrap();
+    orchestrator::domain::data::world::write(
+        &orchestrator::domain::data::world::generate(5, 40, 12),
+        &a,
+    )
+    .unwrap();
+    orchestrator::domain::data::world::write(
+        &orchestrator::domain::data::world::generate(6, 40, 5),
+        &b,
+    )
+    .unwrap();
     let mut cfg = Config::load("smoke", &Overrides::default()).unwrap();
     cfg.data.tasks = a.join("tasks.jsonl");
     cfg.rollout.tasks_per_step = 2;

@@ -17,15 +17,15 @@ use std::time::Duration;
 
 use common::fake_judge::{FakeJudge, JudgeFault};
 use common::fixtures::segment;
-use orchestrator::config::Recipe;
-use orchestrator::credit::{CreditMode, Lambda, group_advantages};
-use orchestrator::db;
-use orchestrator::judge::Judge;
-use orchestrator::judge::lexical::LexicalJudge;
-use orchestrator::judge::llm::{LlmJudge, LlmJudgeOptions};
-use orchestrator::judge::step::{StepOptions, judge_step};
-use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role};
-use orchestrator::trajectory::{SegmentKind, Stage, Trajectory};
+use orchestrator::domain::config::Recipe;
+use orchestrator::domain::credit::{CreditMode, Lambda, group_advantages};
+use orchestrator::domain::judge::Judge;
+use orchestrator::domain::judge::lexical::LexicalJudge;
+use orchestrator::domain::trajectory::{SegmentKind, Stage, Trajectory};
+use orchestrator::infra::db;
+use orchestrator::infra::llm::judge::{LlmJudge, LlmJudgeOptions};
+use orchestrator::infra::llm::{EndpointPool, LlmClient, RetryPolicy, Role};
+use orchestrator::pipeline::judging::{StepOptions, judge_step};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -39,7 +39,7 @@ fn llm_judge(url: &str, timeout: Duration) -> LlmJudge {
         1000,
     );
     let client = LlmClient::new(
-        orchestrator::llm::build_http(Duration::from_secs(5)).unwrap(),
+        orchestrator::infra::llm::build_http(Duration::from_secs(5)).unwrap(),
         Arc::new(pool),
         RetryPolicy {
             max_retries: 5,
@@ -185,7 +185,7 @@ async fn stage_scores(pool: &PgPool, traj: Uuid) -> Vec<(i16, f32, f32, f32, Str
     .unwrap()
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn llm_judge_step_writes_rubrics_scores_advantages_and_costs(pool: PgPool) {
     let judge_srv = FakeJudge::start().await;
     let judge = llm_judge(&judge_srv.url(), Duration::from_secs(10));
@@ -288,7 +288,7 @@ async fn llm_judge_step_writes_rubrics_scores_advantages_and_costs(pool: PgPool)
     assert_eq!(count(&pool, STAGE_ROWS, fx.run).await, 8 * 4);
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn garbage_partial_json_missing_indices_429s_and_timeouts_are_retried(pool: PgPool) {
     let judge_srv = FakeJudge::start().await;
     for f in [
@@ -325,7 +325,7 @@ async fn garbage_partial_json_missing_indices_429s_and_timeouts_are_retried(pool
     assert_eq!(sources, vec!["judged".to_string()]);
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn a_dead_judge_falls_back_to_zero_and_records_every_failed_call(pool: PgPool) {
     let judge_srv = FakeJudge::start().await;
     *judge_srv.state.always_status.write().unwrap() = Some(500);
@@ -356,7 +356,7 @@ async fn a_dead_judge_falls_back_to_zero_and_records_every_failed_call(pool: PgP
     }
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn an_unscorable_trajectory_gets_the_answer_score_broadcast(pool: PgPool) {
     let judge_srv = FakeJudge::start().await;
     // The marker sits in one trajectory's plan only, so its answer-only fallback succeeds.
@@ -384,7 +384,7 @@ async fn an_unscorable_trajectory_gets_the_answer_score_broadcast(pool: PgPool) 
     assert!(fallback);
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn lexical_judge_drtulu_recipe_writes_composite_rewards(pool: PgPool) {
     let judge = LexicalJudge::new("lexical-v1");
     let fx = fixture(&pool, "drtulu", &["strong", "weak", "fair", "weak"], &[]).await;
@@ -422,7 +422,7 @@ async fn lexical_judge_drtulu_recipe_writes_composite_rewards(pool: PgPool) {
     assert_eq!(kinds, vec!["lexical".to_string()]);
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn judge_command_rescores_a_stored_run(pool: PgPool) {
     use clap::Parser;
     let fx = fixture(&pool, "ss-grpo", &["strong", "weak"], &[]).await;
@@ -440,7 +440,7 @@ async fn judge_command_rescores_a_stored_run(pool: PgPool) {
         "0",
         "--generate",
     ]);
-    let code = orchestrator::app::run(cli).await.unwrap();
+    let code = orchestrator::commands::run(cli).await.unwrap();
     assert_eq!(code, std::process::ExitCode::SUCCESS);
     assert_eq!(count(&pool, STAGE_ROWS, fx.run).await, 4 * 4);
     let model: String = sqlx::query_scalar(
@@ -455,7 +455,7 @@ async fn judge_command_rescores_a_stored_run(pool: PgPool) {
 
 #[tokio::test]
 async fn lexical_scores_are_deterministic_and_invert_negatives() {
-    use orchestrator::judge::{Origin, Rubric, ScoreMode, TraceView};
+    use orchestrator::domain::judge::{Origin, Rubric, ScoreMode, TraceView};
     let judge = LexicalJudge::new("lexical-v1");
     let text = "The enzyme binds the receptor <cite id=\"zz\">x</cite>".to_string();
     let view = TraceView {
@@ -493,18 +493,18 @@ async fn lexical_scores_are_deterministic_and_invert_negatives() {
     assert_eq!(a.scores[1].score, 0);
     // A negative rubric whose flaw is present scores 2, contributing 0 after inversion.
     assert_eq!(a.scores[2].score, 2);
-    let means = orchestrator::judge::score::stage_means(&rubrics, &a.scores);
+    let means = orchestrator::domain::judge::score::stage_means(&rubrics, &a.scores);
     assert!((means[3].unwrap() - 0.5 / 3.0).abs() < 1e-12);
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn rubrics_init_grounds_persistent_rubrics_in_search_results(pool: PgPool) {
     use clap::Parser;
     let tmp = tempfile::tempdir().unwrap();
-    let world = orchestrator::data::world::generate(5, 80, 3);
-    orchestrator::data::world::write(&world, &tmp.path().join("world")).unwrap();
+    let world = orchestrator::domain::data::world::generate(5, 80, 3);
+    orchestrator::domain::data::world::write(&world, &tmp.path().join("world")).unwrap();
     let idx = tmp.path().join("idx");
-    orchestrator::tools::local_search::LocalIndex::build(&world.docs, Some(&idx)).unwrap();
+    orchestrator::infra::tools::local_search::LocalIndex::build(&world.docs, Some(&idx)).unwrap();
     // Strip the world's own rubrics so that init has to write them.
     let tasks_path = tmp.path().join("tasks.jsonl");
     let text = std::fs::read_to_string(tmp.path().join("world/tasks.jsonl")).unwrap();
@@ -536,7 +536,7 @@ async fn rubrics_init_grounds_persistent_rubrics_in_search_results(pool: PgPool)
         a.extend(extra.iter().map(|s| s.to_string()));
         orchestrator::cli::Cli::parse_from(a)
     };
-    let code = orchestrator::app::run(args(&[])).await.unwrap();
+    let code = orchestrator::commands::run(args(&[])).await.unwrap();
     assert_eq!(code, std::process::ExitCode::SUCCESS);
     let rows: Vec<serde_json::Value> =
         sqlx::query_scalar("SELECT persistent_rubrics FROM tasks ORDER BY external_id")
@@ -555,8 +555,8 @@ async fn rubrics_init_grounds_persistent_rubrics_in_search_results(pool: PgPool)
     }
     // A second run keeps them; a rollout-style upsert of the rubric-less file does not wipe them.
     let before = rows.clone();
-    orchestrator::app::run(args(&[])).await.unwrap();
-    let new = orchestrator::data::tasks::load(&tasks_path).unwrap();
+    orchestrator::commands::run(args(&[])).await.unwrap();
+    let new = orchestrator::domain::data::tasks::load(&tasks_path).unwrap();
     let rows2: Vec<db::tasks::NewTask> = new
         .iter()
         .map(|t| db::tasks::NewTask {
@@ -576,7 +576,7 @@ async fn rubrics_init_grounds_persistent_rubrics_in_search_results(pool: PgPool)
             .unwrap();
     assert_eq!(before, after);
     // An unknown search tool is refused by name.
-    let e = orchestrator::app::run(args(&["--tool", "bing"]))
+    let e = orchestrator::commands::run(args(&["--tool", "bing"]))
         .await
         .unwrap_err()
         .to_string();
@@ -585,7 +585,7 @@ async fn rubrics_init_grounds_persistent_rubrics_in_search_results(pool: PgPool)
 
 #[tokio::test]
 async fn llm_ground_maps_tiers_to_weights_and_claims_to_verdicts() {
-    use orchestrator::judge::Claim;
+    use orchestrator::domain::judge::Claim;
     let srv = FakeJudge::start().await;
     let judge = llm_judge(&srv.url(), Duration::from_secs(5));
     let g = judge

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fake_openai::{FakeServer, Fault, Features, Scripted, toy_tokenize};
-use orchestrator::llm::{
+use orchestrator::infra::llm::{
     ChatMessage, ChatRequest, CompletionRequest, EndpointPool, FinishReason, LlmClient, LlmError,
     ResponseFormat, RetryPolicy, Role, build_http, detect,
 };

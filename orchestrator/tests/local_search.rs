@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use orchestrator::eval::retrieval::{ndcg_at_k, read_qrels};
-use orchestrator::tools::local_search::{LocalIndex, read_corpus};
+use orchestrator::domain::eval::retrieval::{ndcg_at_k, read_qrels};
+use orchestrator::infra::tools::local_search::{LocalIndex, read_corpus};
 
 fn scifact() -> PathBuf {
     let base = std::env::var("SHARED_DATA")

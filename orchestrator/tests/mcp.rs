@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use orchestrator::tools::mcp::McpServer;
-use orchestrator::tools::runner::{ToolArgs, ToolLimits, ToolRunner};
+use orchestrator::infra::tools::mcp::McpServer;
+use orchestrator::infra::tools::runner::{ToolArgs, ToolLimits, ToolRunner};
 use rmcp::ErrorData;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
@@ -207,7 +207,7 @@ async fn an_unreachable_server_is_a_clear_error() {
 
 #[tokio::test]
 async fn the_run_tool_set_attaches_mcp_servers_by_url() {
-    use orchestrator::tools::setup::{SetupError, ToolSetup, build};
+    use orchestrator::infra::tools::setup::{SetupError, ToolSetup, build};
     let url = serve(Papers::default()).await;
     let setup = ToolSetup {
         mcp_urls: vec![url],

@@ -13,17 +13,18 @@ use std::time::Duration;
 use common::fake_judge::FakeJudge;
 use common::fake_openai::{FakeServer, Fault, ToyCodec};
 use common::fixtures::segment;
-use orchestrator::bank::{Bank, Embedder, LocalEmbedder, Retrieved, Reuse};
-use orchestrator::config::Recipe;
-use orchestrator::credit::Lambda;
-use orchestrator::db;
-use orchestrator::judge::Judge;
-use orchestrator::judge::lexical::LexicalJudge;
-use orchestrator::judge::llm::{LlmJudge, LlmJudgeOptions};
-use orchestrator::judge::step::{StepOptions, judge_step};
-use orchestrator::llm::{EndpointPool, LlmClient, RetryPolicy, Role};
-use orchestrator::reflection::{Reflector, Settings};
-use orchestrator::trajectory::{SegmentKind, Stage, Trajectory};
+use orchestrator::domain::bank::{LocalEmbedder, Retrieved, Reuse};
+use orchestrator::domain::config::Recipe;
+use orchestrator::domain::credit::Lambda;
+use orchestrator::domain::judge::Judge;
+use orchestrator::domain::judge::lexical::LexicalJudge;
+use orchestrator::domain::trajectory::{SegmentKind, Stage, Trajectory};
+use orchestrator::infra::db;
+use orchestrator::infra::llm::judge::{LlmJudge, LlmJudgeOptions};
+use orchestrator::infra::llm::{EndpointPool, LlmClient, RetryPolicy, Role};
+use orchestrator::pipeline::bank::{Bank, Embedder};
+use orchestrator::pipeline::judging::{StepOptions, judge_step};
+use orchestrator::pipeline::reflection::{Reflector, Settings};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -42,7 +43,7 @@ fn client(url: &str, role: Role, model: &str) -> LlmClient {
         100,
     );
     LlmClient::new(
-        orchestrator::llm::build_http(Duration::from_secs(2)).unwrap(),
+        orchestrator::infra::llm::build_http(Duration::from_secs(2)).unwrap(),
         Arc::new(pool),
         RetryPolicy::none(),
     )
@@ -154,7 +155,7 @@ async fn count(pool: &PgPool, sql: &str, run: Uuid) -> i64 {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn job_grades_candidates_banks_the_best_and_the_bank_reloads_identically(pool: PgPool) {
     let (run, tasks, questions) = judged_step(&pool).await;
     let judge: Arc<dyn Judge> = Arc::new(LexicalJudge::new("lexical-v1"));
@@ -228,7 +229,7 @@ async fn job_grades_candidates_banks_the_best_and_the_bank_reloads_identically(p
         assert!(it.takeaways.contains("two sources"));
         assert_eq!(
             it.question_sha256,
-            orchestrator::bank::question_hash(&it.question)
+            orchestrator::domain::bank::question_hash(&it.question)
         );
     }
     assert_eq!(
@@ -288,7 +289,7 @@ async fn job_grades_candidates_banks_the_best_and_the_bank_reloads_identically(p
     );
     let assigned = db::bank::for_training(&pool, run, 1).await.unwrap();
     assert_eq!(assigned.len(), 6);
-    let seqs = orchestrator::reflection::sequences(&assigned, 0);
+    let seqs = orchestrator::pipeline::reflection::sequences(&assigned, 0);
     assert_eq!(seqs.len(), 6);
     assert!(seqs.iter().all(|s| s.phase == wire::Phase::Reflection));
     assert!(
@@ -299,7 +300,7 @@ async fn job_grades_candidates_banks_the_best_and_the_bank_reloads_identically(p
     );
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn llm_judge_grades_reflections_and_a_failed_job_is_recorded(pool: PgPool) {
     let (run, tasks, questions) = judged_step(&pool).await;
     let lexical = LexicalJudge::new("lexical-v1");

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fake_openai::{FakeServer, Scripted, ToyCodec, toy_tokenize};
-use orchestrator::db;
-use orchestrator::llm::Role;
-use orchestrator::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask};
-use orchestrator::tools::local_search::LocalIndex;
-use orchestrator::tools::runner::{ToolCache, ToolLimits, ToolRunner};
-use orchestrator::tools::search_apis::LocalSearch;
-use orchestrator::trajectory::{SegmentKind, Stage};
+use orchestrator::domain::trajectory::{SegmentKind, Stage};
+use orchestrator::infra::db;
+use orchestrator::infra::llm::Role;
+use orchestrator::infra::tools::local_search::LocalIndex;
+use orchestrator::infra::tools::runner::{ToolCache, ToolLimits, ToolRunner};
+use orchestrator::infra::tools::search_apis::LocalSearch;
+use orchestrator::pipeline::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask};
 use uuid::Uuid;
 
 const T1: &str = "<think>Plan it.</think><structured_plan><deep_analysis>two hops</deep_analysis><rubric>Knowledge checklist:\n- protein\n- compound</rubric><research_plan>gene then protein</research_plan></structured_plan><call_tool name=\"google_search\">GENE</call_tool>";
@@ -25,13 +25,13 @@ const T3: &str = "<think>Done.</think><state_evaluation>all covered</state_evalu
 struct Setup {
     server: FakeServer,
     ctx: RolloutCtx,
-    world: orchestrator::data::world::World,
+    world: orchestrator::domain::data::world::World,
 }
 
 async fn setup(cache: Option<Arc<dyn ToolCache>>, max_tool_calls: u32, max_tokens: u32) -> Setup {
     let server = FakeServer::start().await;
     let client = server.client(Role::Policy, "policy");
-    let world = orchestrator::data::world::generate(11, 80, 3);
+    let world = orchestrator::domain::data::world::generate(11, 80, 3);
     let idx = Arc::new(LocalIndex::build(&world.docs, None).unwrap());
     let mut tools = ToolRunner::new(cache);
     for name in ["google_search", "snippet_search"] {
@@ -61,7 +61,7 @@ async fn setup(cache: Option<Arc<dyn ToolCache>>, max_tool_calls: u32, max_token
     Setup { server, ctx, world }
 }
 
-fn texts(w: &orchestrator::data::world::World) -> (String, String, String, String) {
+fn texts(w: &orchestrator::domain::data::world::World) -> (String, String, String, String) {
     // Queries that hit real documents of the generated world.
     let t = &w.tasks[0];
     let gene_doc = w
@@ -374,7 +374,7 @@ async fn server_failure_keeps_what_was_generated() {
     );
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn persisted_and_tool_cache_hits_on_rerun(pool: sqlx::PgPool) {
     let cache: Arc<dyn ToolCache> = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
     let s = setup(Some(cache), 10, 4000).await;

@@ -61,22 +61,23 @@ fn scripted(text: &str) -> Scripted {
     Scripted::reply(text, "stop")
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn rollout_command_stores_and_summarises(pool: sqlx::PgPool) {
     let tmp = tempfile::tempdir().unwrap();
     let tok_dir = tmp.path().join("model");
     write_byte_tokenizer(&tok_dir);
-    let tok = orchestrator::chat::ModelTokenizer::from_dir(&tok_dir).unwrap();
+    let tok = orchestrator::infra::chat::ModelTokenizer::from_dir(&tok_dir).unwrap();
     assert_eq!(
         tok.encode("Hé").unwrap(),
         toy_tokenize("Hé"),
         "ids match the fake server's"
     );
 
-    let world = orchestrator::data::world::generate(9, 60, 2);
-    orchestrator::data::world::write(&world, &tmp.path().join("world")).unwrap();
+    let world = orchestrator::domain::data::world::generate(9, 60, 2);
+    orchestrator::domain::data::world::write(&world, &tmp.path().join("world")).unwrap();
     let idx_dir = tmp.path().join("idx");
-    orchestrator::tools::local_search::LocalIndex::build(&world.docs, Some(&idx_dir)).unwrap();
+    orchestrator::infra::tools::local_search::LocalIndex::build(&world.docs, Some(&idx_dir))
+        .unwrap();
 
     let server = FakeServer::start().await;
     let n = 2;
@@ -112,10 +113,10 @@ async fn rollout_command_stores_and_summarises(pool: sqlx::PgPool) {
         scaffold: "rubricem".into(),
         // One at a time: the fake's scripted replies are a single queue.
         max_inflight: 1,
-        reuse: orchestrator::bank::Reuse::None,
+        reuse: orchestrator::domain::bank::Reuse::None,
         bank_run: None,
     };
-    let summary = orchestrator::app::rollout(&args).await.unwrap();
+    let summary = orchestrator::commands::rollout(&args).await.unwrap();
     assert_eq!(summary.trajectories, 4);
     assert_eq!(
         summary.finish_reasons.get("answer"),
@@ -181,15 +182,15 @@ async fn rollout_command_stores_and_summarises(pool: sqlx::PgPool) {
         .fetch_all(&pool)
         .await
         .unwrap();
-    let emb = orchestrator::bank::LocalEmbedder::default();
+    let emb = orchestrator::domain::bank::LocalEmbedder::default();
     for (id, q) in ids.iter().zip(&prompts) {
-        orchestrator::db::bank::upsert(
+        orchestrator::infra::db::bank::upsert(
             &pool,
             first_run,
-            &orchestrator::bank::BankItem {
+            &orchestrator::domain::bank::BankItem {
                 task_id: *id,
                 question: q.clone(),
-                question_sha256: orchestrator::bank::question_hash(q),
+                question_sha256: orchestrator::domain::bank::question_hash(q),
                 embedding: emb.embed_one(q),
                 rubrics: format!("RUBRICS-FOR {q}"),
                 takeaways: "check twice".into(),
@@ -202,21 +203,21 @@ async fn rollout_command_stores_and_summarises(pool: sqlx::PgPool) {
         .unwrap();
     }
     let mut again = args.clone();
-    let err = orchestrator::app::rollout(&RolloutArgs {
-        reuse: orchestrator::bank::Reuse::Within,
+    let err = orchestrator::commands::rollout(&RolloutArgs {
+        reuse: orchestrator::domain::bank::Reuse::Within,
         ..args.clone()
     })
     .await
     .unwrap_err();
     assert!(err.to_string().contains("--bank-run"), "{err}");
-    again.reuse = orchestrator::bank::Reuse::Within;
+    again.reuse = orchestrator::domain::bank::Reuse::Within;
     again.bank_run = Some(first_run);
     server.push_scripted(scripted("probe")).await;
     for _ in 0..(n * world.tasks.len()) {
         server.push_scripted(scripted("<think>plan</think><structured_plan><deep_analysis>a</deep_analysis><rubric>- fact</rubric><research_plan>search</research_plan></structured_plan><call_tool name=\"google_search\">gene protein</call_tool>")).await;
         server.push_scripted(scripted("<think>ok</think><state_evaluation>enough</state_evaluation><review><rubric_review>r</rubric_review><writing_plan>w</writing_plan></review><answer>\\boxed{x}</answer>")).await;
     }
-    orchestrator::app::rollout(&again).await.unwrap();
+    orchestrator::commands::rollout(&again).await.unwrap();
     let rows: Vec<(Vec<i32>, uuid::Uuid)> = sqlx::query_as(
         "SELECT t.prompt_token_ids, t.task_id FROM trajectories t WHERE t.run_id <> $1",
     )

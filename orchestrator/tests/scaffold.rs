@@ -3,9 +3,9 @@
 //! partitions the text into ordered stage spans.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
-use orchestrator::scaffold::sft::{Rejection, Round, check, postprocess};
-use orchestrator::scaffold::{extract_boxed, normalize_tool_name, parse};
-use orchestrator::trajectory::Stage;
+use orchestrator::domain::scaffold::sft::{Rejection, Round, check, postprocess};
+use orchestrator::domain::scaffold::{extract_boxed, normalize_tool_name, parse};
+use orchestrator::domain::trajectory::Stage;
 use proptest::prelude::*;
 
 const PLAN: &str = "<think>The user asks about Tn5.</think>\n<structured_plan>\n<deep_analysis>Needs mechanism and uses.</deep_analysis>\n<rubric>\nKnowledge checklist:\n- cut-and-paste mechanism\n- hyperactive mutant\nAnalytical criteria:\n- compare with Tn7\nNegative constraints:\n- do not present blogs as consensus\n</rubric>\n<research_plan>1. search mechanism 2. search uses</research_plan>\n</structured_plan>\n";
@@ -153,11 +153,10 @@ fn malformed_outputs_get_documented_stages() {
         &|_| false,
     );
     assert!(p.answer_closed);
-    assert!(
-        p.issues
-            .iter()
-            .any(|i| matches!(i, orchestrator::scaffold::ParseIssue::StrayClose { .. }))
-    );
+    assert!(p.issues.iter().any(|i| matches!(
+        i,
+        orchestrator::domain::scaffold::ParseIssue::StrayClose { .. }
+    )));
 }
 
 #[test]

@@ -9,10 +9,13 @@ mod common;
 use std::time::Duration;
 
 use common::fake_openai::{FakeServer, Fault};
-use orchestrator::chat::{AnswerFormat, Scaffold, system_prompt, user_message};
-use orchestrator::llm::{ApiKey, EndpointPool, LlmClient, LlmError, RetryPolicy, Role, build_http};
-use orchestrator::sft::teacher::{Teacher, TeacherSettings, TeacherTask};
-use orchestrator::tools::setup::{ToolSetup, build};
+use orchestrator::domain::scaffold::{AnswerFormat, Scaffold};
+use orchestrator::infra::llm::{
+    ApiKey, EndpointPool, LlmClient, LlmError, RetryPolicy, Role, build_http,
+};
+use orchestrator::infra::prompts::{system_prompt, user_message};
+use orchestrator::infra::tools::setup::{ToolSetup, build};
+use orchestrator::pipeline::sft::teacher::{Teacher, TeacherSettings, TeacherTask};
 
 const END: &str = "<review><rubric_review>- the protein: supported</rubric_review><writing_plan>One sentence.</writing_plan></review><answer>";
 const PLAN: &str = "<scratchpad>The question links a gene to a protein.</scratchpad>\n<structured_plan><deep_analysis>Two linked facts.</deep_analysis><rubric>Knowledge checklist:\n- the protein\nAnalytical criteria:\n- link them\nNegative constraints:\n- no guessing</rubric><research_plan>Search the gene, then the protein.</research_plan></structured_plan>\n";
@@ -45,9 +48,9 @@ fn teacher_client(server: &FakeServer) -> LlmClient {
 #[tokio::test]
 async fn teacher_rounds_are_prompted_postprocessed_checked_and_written() {
     let tmp = tempfile::tempdir().unwrap();
-    let world = orchestrator::data::world::generate(9, 60, 2);
+    let world = orchestrator::domain::data::world::generate(9, 60, 2);
     let idx = tmp.path().join("idx");
-    orchestrator::tools::local_search::LocalIndex::build(&world.docs, Some(&idx)).unwrap();
+    orchestrator::infra::tools::local_search::LocalIndex::build(&world.docs, Some(&idx)).unwrap();
     let tools = build(
         &ToolSetup {
             index: Some(idx),
@@ -199,9 +202,9 @@ async fn api_key_comes_from_the_named_variable_and_is_never_printed() {
     server.push_chat("hello").await;
     let client = teacher_client(&server).with_api_key(Some(key));
     assert!(!format!("{client:?}").contains(secret.trim()));
-    let req = orchestrator::llm::ChatRequest {
+    let req = orchestrator::infra::llm::ChatRequest {
         model: "teacher".into(),
-        messages: vec![orchestrator::llm::ChatMessage::user("hi")],
+        messages: vec![orchestrator::infra::llm::ChatMessage::user("hi")],
         temperature: 0.0,
         max_tokens: 8,
         response_format: None,

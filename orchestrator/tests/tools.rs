@@ -13,11 +13,11 @@ use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::future::BoxFuture;
-use orchestrator::db::tool_cache::PgToolCache;
-use orchestrator::tools::runner::{
+use orchestrator::infra::db::tool_cache::PgToolCache;
+use orchestrator::infra::tools::runner::{
     MemoryCache, Snippet, Tool, ToolArgs, ToolError, ToolLimits, ToolRunner,
 };
-use orchestrator::tools::search_apis::{GoogleSearch, LocalSearch, SnippetSearch};
+use orchestrator::infra::tools::search_apis::{GoogleSearch, LocalSearch, SnippetSearch};
 use serde_json::{Value, json};
 
 async fn serve(app: Router) -> String {
@@ -117,8 +117,8 @@ impl Tool for Slow {
     fn name(&self) -> &str {
         "slow"
     }
-    fn spec(&self) -> orchestrator::chat::ToolSpec {
-        orchestrator::chat::ToolSpec {
+    fn spec(&self) -> orchestrator::infra::chat::ToolSpec {
+        orchestrator::infra::chat::ToolSpec {
             name: "slow".into(),
             description: "sleeps".into(),
             attributes: String::new(),
@@ -220,9 +220,10 @@ async fn runner_limits_timeouts_cache_and_errors() {
 
 #[tokio::test]
 async fn local_search_stands_in_for_google_search() {
-    let w = orchestrator::data::world::generate(3, 120, 3);
-    let idx =
-        Arc::new(orchestrator::tools::local_search::LocalIndex::build(&w.docs, None).unwrap());
+    let w = orchestrator::domain::data::world::generate(3, 120, 3);
+    let idx = Arc::new(
+        orchestrator::infra::tools::local_search::LocalIndex::build(&w.docs, None).unwrap(),
+    );
     let mut r = ToolRunner::new(None);
     r.register(
         "google_search",
@@ -249,7 +250,7 @@ async fn local_search_stands_in_for_google_search() {
     );
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn postgres_cache_hits_on_rerun(pool: sqlx::PgPool) {
     let slow = Arc::new(Slow(Duration::from_millis(1), AtomicUsize::new(0)));
     let cache = Arc::new(PgToolCache { pool: pool.clone() });

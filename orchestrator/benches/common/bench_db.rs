@@ -9,15 +9,15 @@ use sqlx::PgPool;
 pub async fn fresh(name: &str, conns: u32) -> (PgPool, String) {
     use sqlx::migrate::MigrateDatabase;
     let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| orchestrator::config::DEFAULT_DATABASE_URL.into());
+        .unwrap_or_else(|_| orchestrator::domain::config::DEFAULT_DATABASE_URL.into());
     let mut url = url::Url::parse(&base).expect("DATABASE_URL is a URL");
     url.set_path(&format!("/{name}"));
     let url = url.to_string();
     let _ = sqlx::Postgres::drop_database(&url).await;
-    orchestrator::db::migrate(&url)
+    orchestrator::infra::db::migrate(&url)
         .await
         .expect("migrating the benchmark database");
-    let pool = orchestrator::db::open(&url, conns)
+    let pool = orchestrator::infra::db::open(&url, conns)
         .await
         .expect("opening the benchmark database");
     (pool, url)

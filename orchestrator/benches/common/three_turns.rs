@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use orchestrator::tools::runner::{Snippet, Tool, ToolArgs, ToolError, ToolLimits, ToolRunner};
+use orchestrator::infra::tools::runner::{
+    Snippet, Tool, ToolArgs, ToolError, ToolLimits, ToolRunner,
+};
 
 /// The fake policy's auto turns: turn k answers a prompt holding k tool outputs.
 pub const TURNS: [&str; 3] = [
@@ -22,8 +24,8 @@ impl Tool for InstantSearch {
     fn name(&self) -> &str {
         "google_search"
     }
-    fn spec(&self) -> orchestrator::chat::ToolSpec {
-        orchestrator::chat::ToolSpec {
+    fn spec(&self) -> orchestrator::infra::chat::ToolSpec {
+        orchestrator::infra::chat::ToolSpec {
             name: "google_search".into(),
             description: "x".into(),
             attributes: String::new(),

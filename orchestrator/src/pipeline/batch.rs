@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::db::DbError;
-use crate::trajectory::{SegmentKind, Trajectory};
+use crate::domain::trajectory::{SegmentKind, Trajectory};
+use crate::infra::db::DbError;
 
 /// Advantage statistics of a batch, per stage (over model tokens' sequences).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -37,7 +37,7 @@ impl BatchStats {
             ),
             ("pipeline/staleness".to_string(), self.staleness),
         ];
-        for (k, s) in crate::trajectory::Stage::ALL.iter().enumerate() {
+        for (k, s) in crate::domain::trajectory::Stage::ALL.iter().enumerate() {
             m.push((
                 format!("advantage/mean_abs/{}", s.as_str()),
                 self.mean_abs_advantage[k],
@@ -53,7 +53,7 @@ impl BatchStats {
 
 /// One wire sequence from a trajectory and its stage advantages.
 pub fn sequence(t: &Trajectory, adv: &[f64; 4], group: u32) -> wire::WireSequence {
-    let credit = crate::credit::token_credit(t, adv);
+    let credit = crate::domain::credit::token_credit(t, adv);
     let mut behaviour = Vec::with_capacity(credit.stage.len());
     behaviour.resize(t.prompt_token_ids.len(), 0.0f32);
     for s in &t.segments {
@@ -88,8 +88,8 @@ pub async fn build(
     step: i32,
     judge_model: &str,
 ) -> Result<(wire::Batch, BatchStats), DbError> {
-    let trajs = crate::db::trajectories::list_for_step(pool, run_id, step).await?;
-    let adv = crate::judge::step::load_advantages(pool, run_id, step, judge_model).await?;
+    let trajs = crate::infra::db::trajectories::list_for_step(pool, run_id, step).await?;
+    let adv = crate::pipeline::judging::load_advantages(pool, run_id, step, judge_model).await?;
     Ok(assemble(&trajs, &adv, step))
 }
 

@@ -8,15 +8,14 @@ use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::config::EvalConfig;
-use crate::data::tasks::TaskRow;
-use crate::db::evaluations::{EvalRow, ResultRow};
-use crate::judge::score::{contribution, stage_means};
-use crate::judge::{Judge, Rubric, ScoreMode, TraceView};
-use crate::rollout::{Rollout, RolloutCtx, RolloutError, RolloutSlot, RolloutTask};
+use crate::domain::config::EvalConfig;
+use crate::domain::data::tasks::TaskRow;
+use crate::domain::judge::score::{contribution, stage_means};
+use crate::domain::judge::{Judge, Rubric, ScoreMode, TraceView};
+use crate::infra::db::evaluations::{EvalRow, ResultRow};
+use crate::pipeline::rollout::{Rollout, RolloutCtx, RolloutError, RolloutSlot, RolloutTask};
 
-/// The subset of `data.tasks` kept out of training.
-pub const HELD_OUT: &str = "held-out";
+pub use crate::domain::config::HELD_OUT;
 
 /// The rollout-slot step of every evaluation rollout: sampling seeds depend on (task, sample)
 /// only, so each version and each recipe draws the same seeds (paired comparisons).
@@ -39,8 +38,8 @@ impl EvalTask {
         EvalTask {
             rollout,
             question: row.query.clone(),
-            rubrics: crate::judge::step::persistent_rubrics(&specs),
-            answer: (row.format != crate::chat::AnswerFormat::Long)
+            rubrics: crate::pipeline::judging::persistent_rubrics(&specs),
+            answer: (row.format != crate::infra::chat::AnswerFormat::Long)
                 .then(|| row.answer.clone())
                 .flatten()
                 .filter(|a| !a.trim().is_empty()),
@@ -71,7 +70,7 @@ pub struct EvalRun<'a> {
     pub ctx: &'a RolloutCtx,
     pub judge: &'a dyn Judge,
     /// The run's admission control towards the policy servers, if on.
-    pub gate: Option<std::sync::Arc<crate::rollout::Admission>>,
+    pub gate: Option<std::sync::Arc<crate::pipeline::rollout::Admission>>,
 }
 
 /// Roll out and score one subset. `None` when `cancel` fired before it finished.
@@ -88,7 +87,7 @@ pub async fn evaluate(
         sample_index: 0,
         policy_version: run.version,
     };
-    let rolled = crate::rollout::rollout_batch_gated(
+    let rolled = crate::pipeline::rollout::rollout_batch_gated(
         run.ctx,
         &tasks,
         run.samples,
@@ -206,7 +205,7 @@ async fn score_one(
         exact: task
             .answer
             .as_ref()
-            .map(|g| crate::eval::answer::contains_answer(g, shown)),
+            .map(|g| crate::domain::eval::answer::contains_answer(g, shown)),
         error: r.error.as_ref().map(|e| format!("policy server: {e}")),
     };
     if row.error.is_some() {
@@ -251,7 +250,7 @@ async fn score_one(
             (row, sc.usage.cost_usd)
         }
         Err(e) => {
-            row.error = Some(format!("judge: {}", crate::util::error_chain(&e)));
+            row.error = Some(format!("judge: {}", crate::domain::util::error_chain(&e)));
             (row, 0.0)
         }
     }

@@ -22,10 +22,15 @@
 //! An evaluation is stored whole or not at all; one cut off by a crash is redone on resume, and
 //! one that overlapped a trainer restart is discarded and redone on the restored policy.
 
+pub mod bank;
 pub mod batch;
 pub mod evaluate;
-pub mod schedule;
+pub mod judging;
+pub mod reflection;
+pub mod report;
+pub mod rollout;
 pub mod setup;
+pub mod sft;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -36,13 +41,13 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::bank::Reuse;
-use crate::config::{PipelineConfig, Recipe};
-use crate::db::{self, DbError};
-use crate::judge::Judge;
-use crate::judge::step::{StepError, StepOptions, judge_step};
-use crate::llm::trainer::{TrainReply, TrainerClient, TrainerError};
-use crate::rollout::{Admission, RolloutCtx, RolloutSlot, RolloutTask};
+use crate::domain::bank::Reuse;
+use crate::domain::config::{PipelineConfig, Recipe};
+use crate::domain::judge::Judge;
+use crate::infra::db::{self, DbError};
+use crate::infra::llm::trainer::{TrainReply, TrainerClient, TrainerError};
+use crate::pipeline::judging::{StepError, StepOptions, judge_step};
+use crate::pipeline::rollout::{Admission, RolloutCtx, RolloutSlot, RolloutTask};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -61,12 +66,12 @@ pub enum PipelineError {
     #[error("a pipeline worker stopped unexpectedly: {0}")]
     Worker(String),
     #[error("rubric bank: {0}")]
-    Bank(#[from] crate::bank::BankError),
+    Bank(#[from] crate::domain::bank::BankError),
 }
 
 /// The memory half of the meta-policy recipes.
 pub struct Memory {
-    pub reflector: crate::reflection::Reflector,
+    pub reflector: crate::pipeline::reflection::Reflector,
     /// Curriculum window K.
     pub window: u32,
     /// How long training of step s waits for the reflection job of step s - 1.
@@ -86,7 +91,7 @@ pub struct Pipeline {
     pub questions: Vec<String>,
     /// Fixed evaluation subsets (never trained on).
     pub evals: Vec<evaluate::Subset>,
-    pub eval: crate::config::EvalConfig,
+    pub eval: crate::domain::config::EvalConfig,
     /// Reflection, bank and curriculum (meta-policy and full recipes).
     pub memory: Option<Memory>,
     pub tasks_per_step: usize,
@@ -126,7 +131,7 @@ struct Shared {
 
 impl Shared {
     /// `base` asking for the currently served (published) model name.
-    fn client(&self, base: &crate::llm::LlmClient) -> crate::llm::LlmClient {
+    fn client(&self, base: &crate::infra::llm::LlmClient) -> crate::infra::llm::LlmClient {
         match self.model.read().ok().as_deref().and_then(|m| m.as_deref()) {
             Some(m) => base.with_model(m),
             None => base.clone(),
@@ -260,7 +265,7 @@ impl Pipeline {
             let wait_secs = t_wait.elapsed().as_secs_f64();
             let version = *trained.borrow();
             let slot = self.slot(s);
-            let picks = schedule::tasks_for_step(
+            let picks = crate::domain::schedule::tasks_for_step(
                 self.tasks.len(),
                 self.tasks_per_step,
                 self.seed,
@@ -277,7 +282,7 @@ impl Pipeline {
                 sample_index: 0,
                 policy_version: version,
             };
-            let results = crate::rollout::rollout_batch_gated(
+            let results = crate::pipeline::rollout::rollout_batch_gated(
                 &ctx,
                 &tasks,
                 self.n,
@@ -293,7 +298,7 @@ impl Pipeline {
                 tracing::warn!(step = s, "interrupted: rollouts of this step abandoned");
                 break;
             }
-            let (rollouts, summary) = crate::rollout::summarize(results);
+            let (rollouts, summary) = crate::pipeline::rollout::summarize(results);
             db::pipeline::commit_rollouts(&self.pool, self.run_id, s, &rollouts).await?;
             let secs = t0.elapsed().as_secs_f64();
             let mut m = vec![
@@ -446,10 +451,10 @@ impl Pipeline {
     }
 
     /// The curriculum slot of a step (meta-policy recipes only).
-    fn slot(&self, s: i32) -> Option<schedule::Slot> {
+    fn slot(&self, s: i32) -> Option<crate::domain::schedule::Slot> {
         self.memory
             .as_ref()
-            .map(|m| schedule::windowed(s.max(0) as u32, m.window))
+            .map(|m| crate::domain::schedule::windowed(s.max(0) as u32, m.window))
     }
 
     /// The step's tasks, with `<reference_examples>` injected before the question when the
@@ -457,15 +462,15 @@ impl Pipeline {
     async fn with_memory(
         &self,
         picks: &[usize],
-        slot: Option<schedule::Slot>,
+        slot: Option<crate::domain::schedule::Slot>,
     ) -> Result<(Vec<RolloutTask>, Vec<(String, f64)>), PipelineError> {
         let mut tasks: Vec<RolloutTask> = picks.iter().map(|&i| self.tasks[i].clone()).collect();
         let (Some(mem), Some(slot)) = (&self.memory, slot) else {
             return Ok((tasks, vec![]));
         };
         let mode = match slot.phase {
-            schedule::Phase::New => Reuse::Cross,
-            schedule::Phase::Replay => Reuse::Within,
+            crate::domain::schedule::Phase::New => Reuse::Cross,
+            crate::domain::schedule::Phase::Replay => Reuse::Within,
         };
         let t0 = Instant::now();
         let bank = &mem.reflector.bank;
@@ -493,7 +498,9 @@ impl Pipeline {
         let m = vec![
             (
                 "curriculum/phase".to_string(),
-                f64::from(u8::from(slot.phase == schedule::Phase::Replay)),
+                f64::from(u8::from(
+                    slot.phase == crate::domain::schedule::Phase::Replay,
+                )),
             ),
             ("curriculum/window".to_string(), f64::from(slot.window)),
             ("curriculum/batch".to_string(), f64::from(slot.batch)),
@@ -509,7 +516,7 @@ impl Pipeline {
     /// Start the background reflection job of a judged new-phase step (never awaited here).
     fn launch_reflection(self: &Arc<Self>, s: i32, shared: &Arc<Shared>) {
         let Some(slot) = self.slot(s) else { return };
-        if slot.phase != schedule::Phase::New {
+        if slot.phase != crate::domain::schedule::Phase::New {
             return;
         }
         if shared.jobs.lock().is_ok_and(|g| g.contains_key(&s)) {
@@ -550,7 +557,7 @@ impl Pipeline {
                     // Logged and recorded; the replay of these questions falls back to
                     // cross-episode retrieval.
                     tracing::warn!(step = s, error = %e, "reflection job failed");
-                    let msg = crate::util::error_chain(&e);
+                    let msg = crate::domain::util::error_chain(&e);
                     let _ = db::bank::fail_job(&this.pool, this.run_id, s, &msg).await;
                     let _ = db::metrics::record(
                         &this.pool,
@@ -604,7 +611,7 @@ impl Pipeline {
         }
         let rows = db::bank::for_training(&self.pool, self.run_id, s).await?;
         let first_group = b.seqs.iter().map(|q| q.group_id + 1).max().unwrap_or(0);
-        let refl = crate::reflection::sequences(&rows, first_group);
+        let refl = crate::pipeline::reflection::sequences(&rows, first_group);
         if !rows.is_empty() {
             let lag = rows.iter().map(|r| f64::from(s - r.step)).sum::<f64>() / rows.len() as f64;
             m.push(("reflection/lag_steps".to_string(), lag));
@@ -794,7 +801,7 @@ impl Pipeline {
                 "schedule": {"seed": self.seed, "tasks_per_step": self.tasks_per_step, "next_step": s + 1},
                 "curriculum": self.slot(s + 1).map(|x| serde_json::json!({
                     "window": x.window,
-                    "phase": if x.phase == schedule::Phase::New { "new" } else { "replay" },
+                    "phase": if x.phase == crate::domain::schedule::Phase::New { "new" } else { "replay" },
                     "batch": x.batch,
                     "k": self.memory.as_ref().map(|m| m.window),
                 })),

@@ -11,13 +11,13 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{Pipeline, PipelineError};
-use crate::chat::{ModelTokenizer, Scaffold};
-use crate::config::{Config, Recipe};
-use crate::db;
-use crate::judge::step::StepOptions;
-use crate::llm::trainer::TrainerClient;
-use crate::llm::{LlmClient, Role};
-use crate::rollout::{Admission, RolloutConfig, RolloutCtx, RolloutTask};
+use crate::domain::config::{Config, Recipe};
+use crate::infra::chat::{ModelTokenizer, Scaffold};
+use crate::infra::db;
+use crate::infra::llm::trainer::TrainerClient;
+use crate::infra::llm::{LlmClient, Role};
+use crate::pipeline::judging::StepOptions;
+use crate::pipeline::rollout::{Admission, RolloutConfig, RolloutCtx, RolloutTask};
 
 fn setup(m: impl std::fmt::Display) -> PipelineError {
     PipelineError::Setup(m.to_string())
@@ -32,13 +32,13 @@ pub fn ensure_world(cfg: &Config) -> Result<(), PipelineError> {
     };
     let dir = d.tasks.parent().unwrap_or(Path::new("."));
     if !d.tasks.exists() {
-        let world = crate::data::world::generate(seed, d.world_docs, d.world_tasks);
-        crate::data::world::write(&world, dir)
+        let world = crate::domain::data::world::generate(seed, d.world_docs, d.world_tasks);
+        crate::domain::data::world::write(&world, dir)
             .map_err(|e| setup(format!("writing the world to {}: {e}", dir.display())))?;
         tracing::info!(dir = %dir.display(), docs = world.docs.len(), tasks = world.tasks.len(), "research world generated");
     }
     if !d.index.as_os_str().is_empty() && !d.index.join("meta.json").exists() {
-        use crate::tools::local_search::{LocalIndex, read_corpus};
+        use crate::infra::tools::local_search::{LocalIndex, read_corpus};
         let docs = read_corpus(&dir.join("corpus.jsonl")).map_err(setup)?;
         LocalIndex::build(&docs, Some(&d.index)).map_err(setup)?;
         tracing::info!(index = %d.index.display(), docs = docs.len(), "local index built");
@@ -55,7 +55,7 @@ pub struct Common {
     pub questions: Vec<String>,
     /// The fixed evaluation subsets: `held-out` first, then `eval.sets` in order.
     pub evals: Vec<super::evaluate::Subset>,
-    pub tools: Arc<crate::tools::runner::ToolRunner>,
+    pub tools: Arc<crate::infra::tools::runner::ToolRunner>,
     pub codec: Arc<ModelTokenizer>,
 }
 
@@ -63,12 +63,15 @@ pub struct Common {
 async fn load_tasks(
     pool: &PgPool,
     path: &Path,
-) -> Result<(Vec<crate::data::tasks::TaskRow>, Vec<uuid::Uuid>), PipelineError> {
-    let rows = crate::data::tasks::load(path).map_err(setup)?;
+) -> Result<(Vec<crate::domain::data::tasks::TaskRow>, Vec<uuid::Uuid>), PipelineError> {
+    let rows = crate::domain::data::tasks::load(path).map_err(setup)?;
     if rows.is_empty() {
         return Err(setup(format!("{} holds no tasks", path.display())));
     }
-    let new: Vec<db::tasks::NewTask> = rows.iter().map(crate::data::tasks::to_new_task).collect();
+    let new: Vec<db::tasks::NewTask> = rows
+        .iter()
+        .map(crate::infra::db::tasks::from_task_row)
+        .collect();
     let ids = db::tasks::upsert(pool, &new).await?;
     Ok((rows, ids))
 }
@@ -95,7 +98,7 @@ pub async fn split_tasks(
             rows.len().saturating_sub(min_train),
         )));
     }
-    let held = super::schedule::held_out(rows.len(), k, cfg.experiment.seed);
+    let held = crate::domain::schedule::held_out(rows.len(), k, cfg.experiment.seed);
     let mut evals = Vec::new();
     if !held.is_empty() {
         evals.push(Subset {
@@ -116,7 +119,8 @@ pub async fn split_tasks(
     let train: std::collections::HashSet<uuid::Uuid> = tasks.iter().map(|t| t.task_id).collect();
     for set in &cfg.eval.sets {
         let (rows, ids) = load_tasks(pool, &set.tasks).await?;
-        let picks = super::schedule::held_out(rows.len(), set.size as usize, cfg.experiment.seed);
+        let picks =
+            crate::domain::schedule::held_out(rows.len(), set.size as usize, cfg.experiment.seed);
         let ts = RolloutTask::from_rows(&rows, &ids, system);
         if let Some(&i) = picks.iter().find(|&&i| train.contains(&ids[i])) {
             return Err(setup(format!(
@@ -142,19 +146,20 @@ pub async fn split_tasks(
 pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError> {
     ensure_world(cfg)?;
     let cache = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
-    let tool_setup = crate::tools::setup::ToolSetup {
+    let tool_setup = crate::infra::tools::setup::ToolSetup {
         index: (!cfg.data.index.as_os_str().is_empty()).then(|| cfg.data.index.clone()),
         web: cfg.data.index.as_os_str().is_empty(),
         mcp_urls: vec![],
     };
-    let runner = crate::tools::setup::build(&tool_setup, Some(cache))
+    let runner = crate::infra::tools::setup::build(&tool_setup, Some(cache))
         .await
         .map_err(setup)?;
     let scaffold: Scaffold =
         serde_json::from_value(serde_json::Value::String(cfg.data.scaffold.clone()))
             .map_err(setup)?;
-    let system = crate::chat::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)
-        .map_err(setup)?;
+    let system =
+        crate::infra::prompts::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)
+            .map_err(setup)?;
     let (tasks, questions, evals) = split_tasks(cfg, pool, &system).await?;
     let codec = ModelTokenizer::from_dir(&cfg.data.tokenizer).map_err(setup)?;
     Ok(Common {
@@ -174,7 +179,7 @@ pub async fn pipeline(
     run_id: Uuid,
     recipe: Recipe,
 ) -> Result<Pipeline, PipelineError> {
-    let http = crate::llm::build_http(Duration::from_secs(10)).map_err(setup)?;
+    let http = crate::infra::llm::build_http(Duration::from_secs(10)).map_err(setup)?;
     let client = LlmClient::from_config(
         http.clone(),
         Role::Policy,
@@ -183,7 +188,7 @@ pub async fn pipeline(
         &cfg.health,
     )
     .map_err(setup)?;
-    crate::llm::detect_all(&client, Role::Policy)
+    crate::infra::llm::detect_all(&client, Role::Policy)
         .await
         .map_err(setup)?;
     let admission = (cfg.pipeline.admission_max_waiting > 0).then(|| {
@@ -195,13 +200,14 @@ pub async fn pipeline(
     });
     let trainer = TrainerClient::new(http, &cfg.trainer.url);
     let state = trainer.state().await?;
-    let judge = crate::judge::from_config(cfg).map_err(setup)?;
+    let judge = crate::infra::llm::judge::from_config(cfg).map_err(setup)?;
     let memory = if recipe.reflects() {
-        let embedder = crate::bank::Embedder::from_config(cfg)?;
+        let embedder = crate::pipeline::bank::Embedder::from_config(cfg)?;
         let bank =
-            crate::bank::Bank::load(pool.clone(), run_id, embedder, cfg.reflection.top_k).await?;
+            crate::pipeline::bank::Bank::load(pool.clone(), run_id, embedder, cfg.reflection.top_k)
+                .await?;
         Some(super::Memory {
-            reflector: crate::reflection::Reflector {
+            reflector: crate::pipeline::reflection::Reflector {
                 pool: pool.clone(),
                 run_id,
                 seed: cfg.experiment.seed,
@@ -209,7 +215,7 @@ pub async fn pipeline(
                 codec: common.codec.clone(),
                 judge: judge.clone(),
                 bank: Arc::new(bank),
-                settings: crate::reflection::Settings::from_config(&cfg.reflection),
+                settings: crate::domain::reflection::Settings::from_config(&cfg.reflection),
             },
             window: cfg.reflection.window,
             wait: Duration::from_secs(cfg.reflection.wait_secs),

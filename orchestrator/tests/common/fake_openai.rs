@@ -59,18 +59,18 @@ impl Scripted {
 /// The rollout codec matching the fake's toy tokenizer, so scripted ids and our encoding agree.
 pub struct ToyCodec;
 
-impl orchestrator::rollout::TokenCodec for ToyCodec {
+impl orchestrator::pipeline::rollout::TokenCodec for ToyCodec {
     fn render_prompt(
         &self,
         system: &str,
         user: &str,
-    ) -> Result<String, orchestrator::rollout::CodecError> {
+    ) -> Result<String, orchestrator::pipeline::rollout::CodecError> {
         Ok(format!("<|system|>{system}<|user|>{user}<|assistant|>"))
     }
-    fn encode(&self, text: &str) -> Result<Vec<u32>, orchestrator::rollout::CodecError> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, orchestrator::pipeline::rollout::CodecError> {
         Ok(toy_tokenize(text))
     }
-    fn decode(&self, ids: &[u32]) -> Result<String, orchestrator::rollout::CodecError> {
+    fn decode(&self, ids: &[u32]) -> Result<String, orchestrator::pipeline::rollout::CodecError> {
         Ok(toy_detokenize(ids))
     }
 }
@@ -168,10 +168,10 @@ impl FakeServer {
     /// A client of `role` for this server alone, without retries.
     pub fn client(
         &self,
-        role: orchestrator::llm::Role,
+        role: orchestrator::infra::llm::Role,
         model: &str,
-    ) -> orchestrator::llm::LlmClient {
-        let pool = orchestrator::llm::EndpointPool::new(
+    ) -> orchestrator::infra::llm::LlmClient {
+        let pool = orchestrator::infra::llm::EndpointPool::new(
             role,
             model,
             &[self.url()],
@@ -179,10 +179,10 @@ impl FakeServer {
             Duration::from_secs(5),
             3,
         );
-        orchestrator::llm::LlmClient::new(
-            orchestrator::llm::build_http(Duration::from_secs(2)).unwrap(),
+        orchestrator::infra::llm::LlmClient::new(
+            orchestrator::infra::llm::build_http(Duration::from_secs(2)).unwrap(),
             Arc::new(pool),
-            orchestrator::llm::RetryPolicy::none(),
+            orchestrator::infra::llm::RetryPolicy::none(),
         )
     }
 

@@ -1,7 +1,7 @@
 //! Hand-built trajectory pieces shared by database tests.
 #![allow(dead_code)]
 
-use orchestrator::trajectory::{Segment, SegmentKind, Stage};
+use orchestrator::domain::trajectory::{Segment, SegmentKind, Stage};
 
 /// A stored segment of `text` in the fake's toy tokenisation; model segments get logprobs and
 /// policy version 0.

@@ -1,0 +1,594 @@
+//! The offline lexical judge: deterministic rubric scoring without an LLM. A rubric's key terms
+//! (given, or taken from its title and description) are looked up in the text it judges;
+//! coverage maps to 0/1/2; negatives are inverted by the aggregation like any judge's. Answer
+//! rubrics lose a level when the answer cites ids it never retrieved. Generation contrasts the
+//! group's stronger and weaker rollouts by term frequency; grounding takes terms that recur
+//! across retrieved snippets. Every score it produces is labelled `lexical`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use futures::future::BoxFuture;
+
+use super::{
+    Claim, ClaimVerdict, Finding, Generated, Judge, JudgeError, JudgeKind, NewRubric,
+    ReflectionGrade, Rubric, RubricScore, ScoreMode, Scoring, TraceView, Usage,
+};
+use crate::domain::trajectory::Stage;
+
+/// Words that never make a key term.
+const STOPWORDS: &[&str] = &[
+    "the",
+    "and",
+    "for",
+    "are",
+    "but",
+    "not",
+    "you",
+    "all",
+    "any",
+    "can",
+    "had",
+    "her",
+    "was",
+    "one",
+    "our",
+    "out",
+    "has",
+    "his",
+    "how",
+    "its",
+    "may",
+    "new",
+    "now",
+    "see",
+    "who",
+    "did",
+    "does",
+    "this",
+    "that",
+    "with",
+    "from",
+    "they",
+    "them",
+    "then",
+    "than",
+    "there",
+    "their",
+    "these",
+    "those",
+    "what",
+    "when",
+    "where",
+    "which",
+    "while",
+    "will",
+    "would",
+    "should",
+    "could",
+    "about",
+    "into",
+    "over",
+    "also",
+    "more",
+    "most",
+    "some",
+    "such",
+    "only",
+    "other",
+    "each",
+    "very",
+    "been",
+    "being",
+    "have",
+    "were",
+    "your",
+    "just",
+    "like",
+    "because",
+    "between",
+    "both",
+    "after",
+    "before",
+    "answer",
+    "response",
+    "question",
+    "mentions",
+    "mention",
+    "includes",
+    "include",
+    "explains",
+    "explain",
+    "provides",
+    "provide",
+    "whether",
+    "states",
+    "clearly",
+    "identifies",
+    "describes",
+    "discusses",
+    "report",
+    "stage",
+    "rubric",
+];
+
+/// What a lexical call costs: one attempt, no tokens, no money, no waiting.
+const LOCAL_CALL: Usage = Usage {
+    prompt_tokens: 0,
+    completion_tokens: 0,
+    cost_usd: 0.0,
+    attempts: 1,
+    latency_ms: 0,
+};
+
+/// Lower-cased content tokens of `text` in order (letters/digits runs of ≥ 3 chars, or any run
+/// containing a non-ASCII letter, e.g. CJK), stopwords removed.
+pub fn terms(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .filter(|w| (w.chars().count() >= 3 || !w.is_ascii()) && !STOPWORDS.contains(&w.as_str()))
+        .collect()
+}
+
+/// The key terms of a rubric: its own list, else up to 6 distinct terms of title + description.
+pub fn key_terms(r: &Rubric) -> Vec<String> {
+    if !r.key_terms.is_empty() {
+        return r.key_terms.iter().map(|t| t.to_lowercase()).collect();
+    }
+    let mut seen = BTreeSet::new();
+    terms(&format!("{} {}", r.title, r.description))
+        .into_iter()
+        .filter(|t| seen.insert(t.clone()))
+        .take(6)
+        .collect()
+}
+
+/// The offline judge. `name` is the model label stored with its judgments.
+#[derive(Debug, Clone)]
+pub struct LexicalJudge {
+    name: String,
+}
+
+impl LexicalJudge {
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into() }
+    }
+
+    fn score_sync(&self, trace: &TraceView, rubrics: &[Rubric], mode: ScoreMode) -> Scoring {
+        let fabricated = unknown_cited_ids(trace);
+        let lowered: [String; 4] =
+            std::array::from_fn(|k| trace.text_for(Stage::ALL[k], mode).to_lowercase());
+        let scores = rubrics
+            .iter()
+            .map(|r| {
+                let (mut s, mut why) = score_lowered(r, &lowered[r.stage.index()]);
+                if r.stage == Stage::Answer && !r.negative && !fabricated.is_empty() && s > 0 {
+                    s -= 1;
+                    why.push_str(&format!(
+                        "; lowered one level: cites ids never retrieved ({})",
+                        fabricated.join(", ")
+                    ));
+                }
+                RubricScore {
+                    rubric_id: r.id,
+                    score: s,
+                    justification: why,
+                }
+            })
+            .collect();
+        Scoring {
+            scores,
+            usage: LOCAL_CALL,
+        }
+    }
+
+    fn generate_sync(
+        &self,
+        rollouts: &[TraceView],
+        existing: &[Rubric],
+        stages: &[Stage],
+    ) -> Generated {
+        let mut out = Generated {
+            usage: LOCAL_CALL,
+            ..Generated::default()
+        };
+        if rollouts.len() < 2 {
+            return out;
+        }
+        // Quality signal: the lexical score against the existing Answer rubrics, else how many
+        // answer terms are grounded in the rollout's own snippets.
+        let answer_rubrics: Vec<&Rubric> = existing
+            .iter()
+            .filter(|r| r.stage == Stage::Answer)
+            .collect();
+        let quality: Vec<f64> = rollouts
+            .iter()
+            .map(|t| {
+                if answer_rubrics.is_empty() {
+                    grounded_terms(t) as f64
+                } else {
+                    let answer = t
+                        .text_for(Stage::Answer, ScoreMode::Stagewise)
+                        .to_lowercase();
+                    answer_rubrics
+                        .iter()
+                        .map(|r| {
+                            let (s, _) = score_lowered(r, &answer);
+                            super::score::contribution(s, r.negative) * f64::from(r.weight)
+                        })
+                        .sum()
+                }
+            })
+            .collect();
+        let mut sorted = quality.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[(sorted.len() - 1) / 2];
+        let strong: Vec<usize> = (0..rollouts.len())
+            .filter(|&i| quality[i] > median)
+            .collect();
+        let weak: Vec<usize> = (0..rollouts.len())
+            .filter(|&i| quality[i] <= median)
+            .collect();
+        if strong.is_empty() || weak.is_empty() {
+            return out; // all rollouts alike: no dimension separates them
+        }
+        let covered: BTreeSet<String> = existing.iter().flat_map(key_terms).collect();
+        for &stage in stages {
+            let sets: Vec<BTreeSet<String>> = rollouts
+                .iter()
+                .map(|t| {
+                    terms(&t.stage_text[stage.index()])
+                        .into_iter()
+                        .filter(|w| w.chars().count() >= 4)
+                        .collect()
+                })
+                .collect();
+            let frac = |idx: &[usize], w: &str| {
+                idx.iter().filter(|&&i| sets[i].contains(w)).count() as f64 / idx.len() as f64
+            };
+            let mut gap: BTreeMap<String, f64> = BTreeMap::new();
+            for w in sets.iter().flatten() {
+                if !covered.contains(w) && !gap.contains_key(w) {
+                    gap.insert(w.clone(), frac(&strong, w) - frac(&weak, w));
+                }
+            }
+            let mut ranked: Vec<(String, f64)> = gap.into_iter().collect();
+            // Largest gap first; ties by term for determinism.
+            ranked.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()).then(a.0.cmp(&b.0)));
+            let max_pos = if stage == Stage::Answer { 3 } else { 2 };
+            let (mut pos, mut neg) = (0, 0);
+            for (w, g) in ranked {
+                if g.abs() < 0.5 {
+                    break;
+                }
+                let name = stage.as_str();
+                if g > 0.0 && pos < max_pos {
+                    pos += 1;
+                    out.per_stage[stage.index()].push(NewRubric {
+                        title: format!("{name}: covers `{w}`"),
+                        description: format!(
+                            "The {name} stage addresses `{w}`, which stronger attempts at this task covered and weaker ones did not."
+                        ),
+                        weight: 1.0,
+                        negative: false,
+                        key_terms: vec![w],
+                    });
+                } else if g < 0.0 && neg < 1 {
+                    neg += 1;
+                    out.per_stage[stage.index()].push(NewRubric {
+                        title: format!("{name}: dwells on `{w}`"),
+                        description: format!(
+                            "The {name} stage dwells on `{w}`, which marked the weaker attempts at this task."
+                        ),
+                        weight: 1.0,
+                        negative: true,
+                        key_terms: vec![w],
+                    });
+                }
+                if pos == max_pos && neg == 1 {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    fn ground_sync(&self, question: &str, snippets: &[(String, String)]) -> Generated {
+        let asked: BTreeSet<String> = terms(question).into_iter().collect();
+        // Document frequency of each term across snippets, with the ids that contain it.
+        let mut df: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+        for (id, text) in snippets {
+            let set: BTreeSet<String> = terms(text)
+                .into_iter()
+                .filter(|w| w.chars().count() >= 4 && !asked.contains(w))
+                .collect();
+            for w in set {
+                df.entry(w).or_default().push(id);
+            }
+        }
+        let mut ranked: Vec<(String, Vec<&str>)> =
+            df.into_iter().filter(|(_, ids)| ids.len() >= 2).collect();
+        ranked.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+        let mut out = Generated {
+            usage: LOCAL_CALL,
+            ..Generated::default()
+        };
+        for (i, (w, ids)) in ranked.into_iter().take(5).enumerate() {
+            out.per_stage[Stage::Answer.index()].push(NewRubric {
+                title: format!("reports `{w}`"),
+                description: format!(
+                    "The answer reports what the retrieved sources say about `{w}` (sources {}).",
+                    ids.iter().take(3).copied().collect::<Vec<_>>().join(", ")
+                ),
+                weight: if i < 3 { 2.0 } else { 1.0 },
+                negative: false,
+                key_terms: vec![w],
+            });
+        }
+        out
+    }
+
+    fn claims_sync(
+        &self,
+        claims: &[Claim],
+        snippets: &HashMap<String, String>,
+    ) -> Vec<ClaimVerdict> {
+        claims
+            .iter()
+            .map(|c| {
+                let words = terms(&c.text);
+                if c.ids.is_empty() {
+                    let factual = c.text.chars().any(|ch| ch.is_ascii_digit()) || words.len() >= 8;
+                    return ClaimVerdict {
+                        support: if factual { 0.0 } else { 1.0 },
+                        relevance: 1.0,
+                    };
+                }
+                if c.ids.iter().any(|id| !snippets.contains_key(id)) {
+                    return ClaimVerdict {
+                        support: 0.0,
+                        relevance: 0.0,
+                    };
+                }
+                let source = c
+                    .ids
+                    .iter()
+                    .filter_map(|id| snippets.get(id))
+                    .map(|s| s.to_lowercase())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                let hit = words.iter().filter(|w| source.contains(w.as_str())).count();
+                let cov = if words.is_empty() {
+                    0.0
+                } else {
+                    hit as f64 / words.len() as f64
+                };
+                ClaimVerdict {
+                    support: if cov >= 0.5 {
+                        1.0
+                    } else if cov >= 0.2 {
+                        0.5
+                    } else {
+                        0.0
+                    },
+                    relevance: if hit > 0 { 1.0 } else { 0.0 },
+                }
+            })
+            .collect()
+    }
+}
+
+/// Score one rubric against an already lower-cased text (callers lower a text once for all its
+/// rubrics): coverage of its key terms ≥ 2/3 → 2, ≥ 1/3 → 1, else 0.
+fn score_lowered(r: &Rubric, hay: &str) -> (u8, String) {
+    let keys = key_terms(r);
+    if keys.is_empty() {
+        return (1, "no key terms to look for; neutral score".into());
+    }
+    let (hit, miss): (Vec<&String>, Vec<&String>) =
+        keys.iter().partition(|k| hay.contains(k.as_str()));
+    let cov = hit.len() as f64 / keys.len() as f64;
+    let s = if cov >= 2.0 / 3.0 {
+        2
+    } else if cov >= 1.0 / 3.0 {
+        1
+    } else {
+        0
+    };
+    let list = |v: &[&String]| v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
+    (
+        s,
+        format!(
+            "{}/{} key terms present [{}]; missing [{}]",
+            hit.len(),
+            keys.len(),
+            list(&hit),
+            list(&miss)
+        ),
+    )
+}
+
+/// The lexical proxy of the reflection judge (method.md A.6.2), deterministic and labelled as
+/// lexical wherever it is reported:
+/// - diagnostic accuracy: 0.8 x the share of the evaluator's failed findings (raw score 0; all
+///   findings when none failed) whose title terms the reflection names, + 0.2 x the share of the
+///   reflection's terms that occur in the question, trajectory or findings (nothing invented);
+/// - specificity: 0.7 x coverage of the question's terms (up to 5), + 0.3 x the share of the four
+///   rubric sections present;
+/// - scope: 0.5 if it has 1-4 takeaways, + 0.5 x the share of distinct takeaway lines.
+pub fn grade_reflection(
+    question: &str,
+    trace: &TraceView,
+    findings: &[Finding],
+    candidate: &str,
+) -> ReflectionGrade {
+    let Some(blocks) = crate::domain::reflection::parse(candidate) else {
+        return ReflectionGrade::default();
+    };
+    let text = format!("{}\n{}", blocks.rubrics, blocks.takeaways).to_lowercase();
+    let own: BTreeSet<String> = terms(&text).into_iter().collect();
+    let failed: Vec<&Finding> = findings.iter().filter(|f| f.score < 0.5).collect();
+    let targets: Vec<&Finding> = if failed.is_empty() {
+        findings.iter().collect()
+    } else {
+        failed
+    };
+    let coverage = if targets.is_empty() {
+        1.0
+    } else {
+        targets
+            .iter()
+            .filter(|f| terms(&f.title).iter().any(|t| own.contains(t)))
+            .count() as f64
+            / targets.len() as f64
+    };
+    let mut seen_text = question.to_lowercase();
+    for st in &trace.stage_text {
+        seen_text.push_str(&st.to_lowercase());
+    }
+    for f in findings {
+        seen_text.push_str(&f.title.to_lowercase());
+        seen_text.push_str(&f.justification.to_lowercase());
+    }
+    let grounded = if own.is_empty() {
+        0.0
+    } else {
+        own.iter()
+            .filter(|t| seen_text.contains(t.as_str()))
+            .count() as f64
+            / own.len() as f64
+    };
+    let q_terms: BTreeSet<String> = terms(question).into_iter().collect();
+    let q_cover = if q_terms.is_empty() {
+        0.0
+    } else {
+        let hits = q_terms.iter().filter(|t| own.contains(*t)).count();
+        (hits as f64 / q_terms.len().min(5) as f64).min(1.0)
+    };
+    let sections = [
+        "critical requirement",
+        "analytical approach",
+        "communication",
+        "pitfall",
+    ];
+    let present = sections
+        .iter()
+        .filter(|s| blocks.rubrics.to_lowercase().contains(*s))
+        .count() as f64
+        / sections.len() as f64;
+    let lines: Vec<String> = blocks
+        .takeaways
+        .lines()
+        .map(|l| l.trim().trim_start_matches(['-', '*', ' ']).to_lowercase())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let distinct = lines.iter().collect::<BTreeSet<_>>().len();
+    let scope = if lines.is_empty() {
+        0.0
+    } else {
+        let count_ok = if (1..=4).contains(&lines.len()) {
+            0.5
+        } else {
+            0.0
+        };
+        count_ok + 0.5 * distinct as f64 / lines.len() as f64
+    };
+    ReflectionGrade {
+        diagnostic_accuracy: 0.8 * coverage + 0.2 * grounded,
+        specificity: 0.7 * q_cover + 0.3 * present,
+        scope,
+    }
+}
+
+/// Cited ids of the answer that are not among the trajectory's snippets, sorted.
+fn unknown_cited_ids(trace: &TraceView) -> Vec<String> {
+    let Some(a) = &trace.answer else {
+        return vec![];
+    };
+    let ids: BTreeSet<String> = super::citation::split_claims(a)
+        .into_iter()
+        .flat_map(|c| c.ids)
+        .filter(|id| !trace.snippets.contains_key(id))
+        .collect();
+    ids.into_iter().collect()
+}
+
+/// Distinct answer terms that occur in the trajectory's own snippets.
+fn grounded_terms(t: &TraceView) -> usize {
+    let Some(a) = &t.answer else { return 0 };
+    let source = t
+        .snippets
+        .values()
+        .map(|s| s.to_lowercase())
+        .collect::<Vec<_>>()
+        .join("\n");
+    terms(a)
+        .into_iter()
+        .collect::<BTreeSet<_>>()
+        .iter()
+        .filter(|w| source.contains(w.as_str()))
+        .count()
+}
+
+impl Judge for LexicalJudge {
+    fn model(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> JudgeKind {
+        JudgeKind::Lexical
+    }
+
+    fn generate<'a>(
+        &'a self,
+        _question: &'a str,
+        rollouts: &'a [TraceView],
+        existing: &'a [Rubric],
+        stages: &'a [Stage],
+    ) -> BoxFuture<'a, Result<Generated, JudgeError>> {
+        Box::pin(async move { Ok(self.generate_sync(rollouts, existing, stages)) })
+    }
+
+    fn score<'a>(
+        &'a self,
+        _question: &'a str,
+        trace: &'a TraceView,
+        rubrics: &'a [Rubric],
+        mode: ScoreMode,
+    ) -> BoxFuture<'a, Result<Scoring, JudgeError>> {
+        Box::pin(async move { Ok(self.score_sync(trace, rubrics, mode)) })
+    }
+
+    fn ground<'a>(
+        &'a self,
+        question: &'a str,
+        snippets: &'a [(String, String)],
+    ) -> BoxFuture<'a, Result<Generated, JudgeError>> {
+        Box::pin(async move { Ok(self.ground_sync(question, snippets)) })
+    }
+
+    fn claims<'a>(
+        &'a self,
+        _question: &'a str,
+        claims: &'a [Claim],
+        snippets: &'a HashMap<String, String>,
+    ) -> BoxFuture<'a, Result<(Vec<ClaimVerdict>, Usage), JudgeError>> {
+        Box::pin(async move { Ok((self.claims_sync(claims, snippets), LOCAL_CALL)) })
+    }
+
+    fn reflect<'a>(
+        &'a self,
+        question: &'a str,
+        trace: &'a TraceView,
+        findings: &'a [Finding],
+        candidates: &'a [String],
+    ) -> BoxFuture<'a, Result<(Vec<ReflectionGrade>, Usage), JudgeError>> {
+        Box::pin(async move {
+            let grades = candidates
+                .iter()
+                .map(|c| grade_reflection(question, trace, findings, c))
+                .collect();
+            Ok((grades, LOCAL_CALL))
+        })
+    }
+}

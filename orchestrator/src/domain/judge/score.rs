@@ -1,0 +1,170 @@
+//! From raw 0/1/2 rubric scores to stage scores R in [0, 1]: negative inversion, weighted means,
+//! the documented fallbacks for empty stages and failed calls (method.md A.4.4), and the DR
+//! Tulu / HealthBench points score (method.md B.2).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{Rubric, RubricScore};
+use crate::domain::credit::STAGES;
+
+/// c_r: 2 → 1, 1 → 0.5, 0 → 0 for a positive rubric; inverted for a negative one.
+pub fn contribution(score: u8, negative: bool) -> f64 {
+    let s = f64::from(score.min(2));
+    if negative { (2.0 - s) / 2.0 } else { s / 2.0 }
+}
+
+/// How a trajectory's stage scores were obtained (the `stage_scores.source` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoreSource {
+    /// Every stage had rubrics and was scored.
+    Judged,
+    /// Some stage had no rubric (or the stagewise call failed but the answer was scored): that
+    /// stage took the Answer score R4 (terminal broadcast).
+    Broadcast,
+    /// No score could be obtained: R = 0 everywhere.
+    Failed,
+}
+
+impl ScoreSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScoreSource::Judged => "judged",
+            ScoreSource::Broadcast => "broadcast",
+            ScoreSource::Failed => "failed",
+        }
+    }
+}
+
+/// Weighted mean of contributions per stage; `None` for a stage with no scored rubric.
+pub fn stage_means(rubrics: &[Rubric], scores: &[RubricScore]) -> [Option<f64>; STAGES] {
+    let by_id: HashMap<Uuid, &Rubric> = rubrics.iter().map(|r| (r.id, r)).collect();
+    let mut num = [0.0; STAGES];
+    let mut den = [0.0; STAGES];
+    for s in scores {
+        if let Some(r) = by_id.get(&s.rubric_id) {
+            let w = f64::from(r.weight.abs());
+            num[r.stage.index()] += w * contribution(s.score, r.negative);
+            den[r.stage.index()] += w;
+        }
+    }
+    std::array::from_fn(|k| (den[k] > 0.0).then(|| (num[k] / den[k]).clamp(0.0, 1.0)))
+}
+
+/// Complete a trajectory's stage scores: a stage without rubrics takes R4; without R4 every
+/// stage is 0 (method.md A.4.4, PROPOSED semantics).
+pub fn finalize(means: [Option<f64>; STAGES]) -> ([f64; STAGES], ScoreSource) {
+    match means[STAGES - 1] {
+        None => ([0.0; STAGES], ScoreSource::Failed),
+        Some(r4) => {
+            let source = if means.iter().all(Option::is_some) {
+                ScoreSource::Judged
+            } else {
+                ScoreSource::Broadcast
+            };
+            (std::array::from_fn(|k| means[k].unwrap_or(r4)), source)
+        }
+    }
+}
+
+/// Population variance of each rubric's contributions across a group (for pruning), keyed by
+/// rubric id. Rubrics missing from some trajectory's scores use the trajectories that have them.
+pub fn rubric_variances(rubrics: &[Rubric], group: &[Vec<RubricScore>]) -> HashMap<Uuid, f64> {
+    let neg: HashMap<Uuid, bool> = rubrics.iter().map(|r| (r.id, r.negative)).collect();
+    let mut vals: HashMap<Uuid, Vec<f64>> = HashMap::new();
+    for scores in group {
+        for s in scores {
+            if let Some(&n) = neg.get(&s.rubric_id) {
+                vals.entry(s.rubric_id)
+                    .or_default()
+                    .push(contribution(s.score, n));
+            }
+        }
+    }
+    vals.into_iter()
+        .map(|(id, v)| {
+            let n = v.len() as f64;
+            let mean = v.iter().sum::<f64>() / n;
+            (id, v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n)
+        })
+        .collect()
+}
+
+/// The points score of DR Tulu (method.md B.2) and HealthBench: `Σ w·met / max(Σ_{w>0} w, 1)`
+/// over `(points, met)` pairs with `met` in [0, 1] and negative points for penalties, clipped to
+/// [0, 1]. DR Tulu's code does not clip; we clip so that R stays in [0, 1] (HealthBench's rule).
+pub fn points_score(items: &[(f64, f64)]) -> f64 {
+    let positive: f64 = items.iter().map(|(w, _)| w.max(0.0)).sum();
+    let got: f64 = items.iter().map(|(w, m)| w * m.clamp(0.0, 1.0)).sum();
+    (got / positive.max(1.0)).clamp(0.0, 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::judge::Origin;
+    use crate::domain::trajectory::Stage;
+
+    fn rubric(stage: Stage, weight: f32, negative: bool) -> Rubric {
+        Rubric {
+            id: Uuid::now_v7(),
+            stage,
+            title: String::new(),
+            description: "d".into(),
+            weight,
+            negative,
+            key_terms: vec![],
+            origin: Origin::Generated,
+        }
+    }
+
+    fn score(r: &Rubric, s: u8) -> RubricScore {
+        RubricScore {
+            rubric_id: r.id,
+            score: s,
+            justification: String::new(),
+        }
+    }
+
+    #[test]
+    fn weighted_mean_inverts_negatives() {
+        let a = rubric(Stage::Answer, 3.0, false);
+        let b = rubric(Stage::Answer, 1.0, true);
+        // a fully met (1.0, w 3), b's flaw fully present (0.0, w 1): 3/4.
+        let m = stage_means(&[a.clone(), b.clone()], &[score(&a, 2), score(&b, 2)]);
+        assert_eq!(m[3], Some(0.75));
+        assert_eq!(m[0], None);
+        let (r, src) = finalize(m);
+        assert_eq!(r, [0.75; 4]);
+        assert_eq!(src, ScoreSource::Broadcast);
+    }
+
+    #[test]
+    fn missing_answer_score_zeroes_everything() {
+        let (r, src) = finalize([Some(1.0), Some(1.0), None, None]);
+        assert_eq!(r, [0.0; 4]);
+        assert_eq!(src, ScoreSource::Failed);
+        let (r, src) = finalize([Some(0.5), Some(1.0), Some(0.0), Some(0.25)]);
+        assert_eq!(r, [0.5, 1.0, 0.0, 0.25]);
+        assert_eq!(src, ScoreSource::Judged);
+    }
+
+    #[test]
+    fn variance_uses_contributions() {
+        let a = rubric(Stage::Plan, 1.0, true);
+        let g = vec![vec![score(&a, 0)], vec![score(&a, 2)]];
+        // contributions 1 and 0: variance 0.25.
+        assert_eq!(rubric_variances(std::slice::from_ref(&a), &g)[&a.id], 0.25);
+    }
+
+    #[test]
+    fn points_score_clips_and_floors_denominator() {
+        assert_eq!(points_score(&[(5.0, 1.0), (5.0, 0.0)]), 0.5);
+        assert_eq!(points_score(&[(5.0, 0.0), (-9.0, 1.0)]), 0.0);
+        assert_eq!(points_score(&[(0.5, 1.0)]), 0.5);
+        assert_eq!(points_score(&[]), 0.0);
+    }
+}

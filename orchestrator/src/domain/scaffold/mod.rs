@@ -1,0 +1,55 @@
+//! The four-stage scaffold (Plan, Research, Review, Answer) as the policy writes it: a tolerant
+//! parser for its tags (`parse`), stage spans over model text, and the SFT rejection rules
+//! (`sft`). This module is the only user of quick-xml.
+
+pub mod parse;
+pub mod sft;
+
+pub use parse::{
+    Citation, Element, ParseIssue, Parsed, Plan, Review, SelfRubric, ToolCallTag, canonical_tag,
+    extract_boxed, normalize_tool_name, parse, parse_self_rubric,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Which agent scaffold the policy runs; baselines run on the same engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scaffold {
+    /// Plan, Research, Review, Answer with self-rubrics (default).
+    Rubricem,
+    /// DR Tulu's think / call_tool / answer / cite grammar.
+    Drtulu,
+    /// Plain ReAct.
+    React,
+}
+
+/// The response-format suffix appended to the user query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AnswerFormat {
+    Exact,
+    Short,
+    Long,
+}
+
+impl AnswerFormat {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "exact" | "exact_answer" => Some(Self::Exact),
+            "short" | "short_form" => Some(Self::Short),
+            "long" | "long_form" => Some(Self::Long),
+            _ => None,
+        }
+    }
+}
+
+/// How a tool is advertised to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// Free text listing accepted attributes, e.g. `limit, year (2019-2024), fieldsOfStudy`.
+    #[serde(default)]
+    pub attributes: String,
+}

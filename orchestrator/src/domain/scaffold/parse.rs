@@ -1,0 +1,618 @@
+//! Tolerant parsing of the RubricEM scaffold out of model text that is usually not well-formed
+//! XML: stray `<` and `&`, unclosed tags, text outside any root. A hand-rolled lexer recognises
+//! only the scaffold's tag vocabulary (and its aliases) and treats everything else as text;
+//! quick-xml parses tag attributes and unescapes entities. Nothing here can panic on any input:
+//! every slice index is a char boundary the lexer found itself.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use quick_xml::events::BytesStart;
+use serde::{Deserialize, Serialize};
+
+use crate::domain::trajectory::Stage;
+
+/// Canonical tag names. Aliases map onto these in [`canonical_tag`].
+pub const TAGS: &[&str] = &[
+    "think",
+    "structured_plan",
+    "deep_analysis",
+    "rubric",
+    "research_plan",
+    "call_tool",
+    "state_evaluation",
+    "review",
+    "rubric_review",
+    "writing_plan",
+    "answer",
+    "cite",
+    "tool_output",
+    "snippet",
+    "webpage",
+];
+
+/// The canonical name of a scaffold tag (case-insensitive), including the aliases of the paper's
+/// main text and of teacher outputs: `analysis`, `rubrics`, `rubrics_review`, `scratchpad`,
+/// and `call` as a closer of `call_tool`.
+pub fn canonical_tag(name: &str) -> Option<&'static str> {
+    const ALIASES: &[(&str, &str)] = &[
+        ("analysis", "deep_analysis"),
+        ("rubrics", "rubric"),
+        ("rubrics_review", "rubric_review"),
+        ("scratchpad", "think"),
+        ("call", "call_tool"),
+    ];
+    if let Some(t) = TAGS.iter().find(|t| t.eq_ignore_ascii_case(name)) {
+        return Some(t);
+    }
+    ALIASES
+        .iter()
+        .find(|(a, _)| a.eq_ignore_ascii_case(name))
+        .map(|(_, c)| *c)
+}
+
+/// Tool-name variants teachers and models produce, normalised to the production names.
+pub fn normalize_tool_name(raw: &str) -> String {
+    let k: String = raw
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
+    match k.as_str() {
+        "googlesearch" | "googlewebsearch" | "websearch" | "search" | "google" | "serper" => {
+            "google_search"
+        }
+        "snippetsearch"
+        | "scholarsearch"
+        | "semanticscholar"
+        | "semanticscholarsearch"
+        | "papersearch"
+        | "s2search" => "snippet_search",
+        "browsewebpage" | "browse" | "fetchwebpage" | "openurl" | "fetch" => "browse_webpage",
+        _ => return raw.trim().to_string(),
+    }
+    .to_string()
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Lexeme {
+    Open {
+        name: &'static str,
+        attrs: BTreeMap<String, String>,
+        span: Range<usize>,
+        self_closing: bool,
+    },
+    Close {
+        name: &'static str,
+        span: Range<usize>,
+    },
+}
+
+/// Longest a tag may be (attributes included) before we stop believing it is one.
+const MAX_TAG_LEN: usize = 4096;
+
+fn lex(text: &str) -> Vec<Lexeme> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(off) = memchr_lt(&bytes[i..]) {
+        let start = i + off;
+        i = start + 1;
+        let (closing, name_start) = if bytes.get(start + 1) == Some(&b'/') {
+            (true, start + 2)
+        } else {
+            (false, start + 1)
+        };
+        let mut name_end = name_start;
+        while name_end < bytes.len()
+            && (bytes[name_end].is_ascii_alphanumeric() || bytes[name_end] == b'_')
+        {
+            name_end += 1;
+        }
+        if name_end == name_start || name_end - name_start > 32 {
+            continue;
+        }
+        // name_start..name_end is ASCII, so these are char boundaries.
+        let Some(name) = canonical_tag(&text[name_start..name_end]) else {
+            continue;
+        };
+        // The tag must end at '>' before any other '<' and within MAX_TAG_LEN.
+        let limit = (start + MAX_TAG_LEN).min(bytes.len());
+        let mut j = name_end;
+        let mut quote: Option<u8> = None;
+        let mut end = None;
+        while j < limit {
+            let b = bytes[j];
+            match quote {
+                Some(q) if b == q => quote = None,
+                Some(_) => {}
+                None if b == b'"' || b == b'\'' => quote = Some(b),
+                None if b == b'>' => {
+                    end = Some(j);
+                    break;
+                }
+                None if b == b'<' => break,
+                None => {}
+            }
+            j += 1;
+        }
+        let Some(gt) = end else { continue };
+        // After the name: end of tag, whitespace, or '/'.
+        let after = bytes[name_end];
+        if !(after == b'>' || after == b'/' || after.is_ascii_whitespace()) {
+            continue;
+        }
+        let span = start..gt + 1;
+        i = gt + 1;
+        if closing {
+            out.push(Lexeme::Close { name, span });
+        } else {
+            let inner = &text[name_start..gt];
+            let self_closing = inner.ends_with('/');
+            let inner = inner.strip_suffix('/').unwrap_or(inner);
+            out.push(Lexeme::Open {
+                name,
+                attrs: parse_attrs(inner, name_end - name_start),
+                span,
+                self_closing,
+            });
+        }
+    }
+    out
+}
+
+fn memchr_lt(b: &[u8]) -> Option<usize> {
+    memchr::memchr(b'<', b)
+}
+
+/// Attributes through quick-xml's lenient (HTML-style) attribute parser: unquoted values and
+/// bare names are accepted, duplicates keep the first, values are entity-unescaped when valid.
+fn parse_attrs(content: &str, name_len: usize) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let start = BytesStart::from_content(content, name_len);
+    let mut attrs = start.html_attributes();
+    attrs.with_checks(false);
+    for a in attrs {
+        let Ok(a) = a else { break };
+        let key = String::from_utf8_lossy(a.key.as_ref()).trim().to_string();
+        if key.is_empty() {
+            continue;
+        }
+        let value = match a.unescape_value() {
+            Ok(v) => v.into_owned(),
+            Err(_) => String::from_utf8_lossy(&a.value).into_owned(),
+        };
+        out.entry(key).or_insert(value);
+    }
+    out
+}
+
+/// Entity-unescape text when it is valid XML text; otherwise return it as written.
+pub fn unescape_text(raw: &str) -> String {
+    match quick_xml::escape::unescape(raw) {
+        Ok(s) => s.into_owned(),
+        Err(_) => raw.to_string(),
+    }
+}
+
+/// One element of the tolerant tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Element {
+    pub name: &'static str,
+    pub attrs: BTreeMap<String, String>,
+    /// The opening tag.
+    pub open: Range<usize>,
+    /// Between the opening tag and the closing tag (or the end of text when unclosed).
+    pub content: Range<usize>,
+    /// The closing tag, when there is one.
+    pub close: Option<Range<usize>>,
+    pub depth: usize,
+    /// Index of the parent element in document order.
+    pub parent: Option<usize>,
+}
+
+impl Element {
+    /// Whole element: opening tag through closing tag (or content end).
+    pub fn outer(&self) -> Range<usize> {
+        self.open.start..self.close.as_ref().map_or(self.content.end, |c| c.end)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ParseIssue {
+    /// An element that was still open where its parent closed or the text ended.
+    Unclosed { tag: String, at: usize },
+    /// A closing tag with no matching open element.
+    StrayClose { tag: String, at: usize },
+}
+
+/// Build elements in document order from the lexemes: a closing tag closes the nearest open
+/// element of its name (implicitly closing anything opened after it); stray closers are noted.
+fn build(text: &str, lexemes: Vec<Lexeme>) -> (Vec<Element>, Vec<ParseIssue>) {
+    let mut elems: Vec<Element> = Vec::new();
+    let mut stack: Vec<usize> = Vec::new();
+    let mut issues = Vec::new();
+    for lx in lexemes {
+        match lx {
+            Lexeme::Open {
+                name,
+                attrs,
+                span,
+                self_closing,
+            } => {
+                let idx = elems.len();
+                elems.push(Element {
+                    name,
+                    attrs,
+                    open: span.clone(),
+                    content: span.end..span.end,
+                    close: self_closing.then_some(span.end..span.end),
+                    depth: stack.len(),
+                    parent: stack.last().copied(),
+                });
+                if !self_closing {
+                    stack.push(idx);
+                }
+            }
+            Lexeme::Close { name, span } => {
+                match stack.iter().rposition(|&e| elems[e].name == name) {
+                    Some(pos) => {
+                        for &e in &stack[pos + 1..] {
+                            elems[e].content.end = span.start;
+                            issues.push(ParseIssue::Unclosed {
+                                tag: elems[e].name.into(),
+                                at: elems[e].open.start,
+                            });
+                        }
+                        let e = stack[pos];
+                        elems[e].content.end = span.start;
+                        elems[e].close = Some(span);
+                        stack.truncate(pos);
+                    }
+                    None => issues.push(ParseIssue::StrayClose {
+                        tag: name.into(),
+                        at: span.start,
+                    }),
+                }
+            }
+        }
+    }
+    for &e in &stack {
+        elems[e].content.end = text.len();
+        issues.push(ParseIssue::Unclosed {
+            tag: elems[e].name.into(),
+            at: elems[e].open.start,
+        });
+    }
+    (elems, issues)
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallTag {
+    /// Normalised tool name (`google_search`, `snippet_search`, `browse_webpage`, …).
+    pub name: String,
+    /// Attributes other than `name` (e.g. `limit`, `year`, `fieldsOfStudy`).
+    pub attrs: BTreeMap<String, String>,
+    pub query: String,
+    /// Byte range of the whole `<call_tool …>…</call_tool>` in the model text.
+    pub span: Range<usize>,
+    pub closed: bool,
+}
+
+impl ToolCallTag {
+    /// What the tool runner is asked: the call's query and attributes.
+    pub fn args(&self) -> crate::domain::tool::ToolArgs {
+        crate::domain::tool::ToolArgs {
+            query: self.query.clone(),
+            attrs: self.attrs.clone(),
+        }
+    }
+}
+
+/// The policy's own rubric (`<rubric>` in the plan), split into the three categories.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SelfRubric {
+    pub knowledge: Vec<String>,
+    pub analytical: Vec<String>,
+    pub negative: Vec<String>,
+    /// Items under no recognisable heading.
+    pub other: Vec<String>,
+    pub raw: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub deep_analysis: Option<String>,
+    pub rubric: Option<SelfRubric>,
+    pub research_plan: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Review {
+    pub rubric_review: Option<String>,
+    pub writing_plan: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Citation {
+    pub ids: Vec<String>,
+    pub claim: String,
+    /// Every id resolves to a snippet the trajectory retrieved.
+    pub known: bool,
+    pub unknown_ids: Vec<String>,
+}
+
+/// Everything the scaffold parser extracts from one trajectory's model text.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Parsed {
+    /// Byte ranges of the four stages; they partition `0..len` in stage order (some may be empty).
+    pub stage_spans: [Range<usize>; 4],
+    /// Stages whose marker was found (Plan: `</structured_plan>`, Review: `<review>`, Answer: `<answer>`;
+    /// Research: at least one tool call after the plan).
+    pub stages_present: [bool; 4],
+    pub plan: Option<Plan>,
+    /// Revised plans written during Research (partial `<structured_plan>` blocks).
+    pub plan_revisions: usize,
+    pub tool_calls: Vec<ToolCallTag>,
+    pub state_evaluations: Vec<String>,
+    pub review: Option<Review>,
+    pub answer: Option<String>,
+    pub answer_closed: bool,
+    pub boxed: Option<String>,
+    pub citations: Vec<Citation>,
+    pub issues: Vec<ParseIssue>,
+}
+
+impl Parsed {
+    /// The stage of a byte offset in the model text.
+    pub fn stage_at(&self, offset: usize) -> Stage {
+        for (k, r) in self.stage_spans.iter().enumerate().rev() {
+            if offset >= r.start && !r.is_empty() {
+                return Stage::ALL[k];
+            }
+        }
+        Stage::Plan
+    }
+
+    /// A parse failure as the rollout summaries and evaluations count it: malformed tags, or
+    /// no recognised plan or answer.
+    pub fn failed(&self) -> bool {
+        !self.issues.is_empty() || !self.stages_present[0] || self.answer.is_none()
+    }
+
+    /// A compact JSON summary for `trajectories.parsed` (citations in the form the SQL expects).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+fn content(text: &str, e: &Element) -> String {
+    unescape_text(text[e.content.clone()].trim())
+}
+
+fn first_within<'a>(elems: &'a [Element], parent: usize, name: &str) -> Option<&'a Element> {
+    let outer = elems[parent].outer();
+    elems
+        .iter()
+        .skip(parent + 1)
+        .take_while(|e| e.open.start < outer.end)
+        .find(|e| e.name == name)
+}
+
+/// Split a self-rubric into knowledge / analytical / negative items by its headings.
+pub fn parse_self_rubric(raw: &str) -> SelfRubric {
+    #[derive(Clone, Copy)]
+    enum Cat {
+        Knowledge,
+        Analytical,
+        Negative,
+        Other,
+    }
+    let mut r = SelfRubric {
+        raw: raw.to_string(),
+        ..Default::default()
+    };
+    let mut cat = Cat::Other;
+    for line in raw.lines() {
+        let t = line.trim();
+        if t.is_empty() {
+            continue;
+        }
+        let lower = t.to_lowercase();
+        let bullet = t.starts_with(['-', '*', '•'])
+            || t.chars().next().is_some_and(|c| c.is_ascii_digit()) && t.contains(['.', ')']);
+        let heading = !bullet || lower.ends_with(':');
+        if heading {
+            let new = if lower.contains("knowledge") || lower.contains("checklist") {
+                Some(Cat::Knowledge)
+            } else if lower.contains("analytic") || lower.contains("synthesis") {
+                Some(Cat::Analytical)
+            } else if lower.contains("negative")
+                || lower.contains("pitfall")
+                || lower.contains("avoid")
+            {
+                Some(Cat::Negative)
+            } else {
+                None
+            };
+            if let Some(c) = new {
+                cat = c;
+                // "Heading: item" on one line keeps the item.
+                match t.split_once(':') {
+                    Some((_, rest)) if !rest.trim().is_empty() => {}
+                    _ => continue,
+                }
+            }
+        }
+        let item = t
+            .trim_start_matches(|c: char| {
+                c == '-' || c == '*' || c == '•' || c.is_ascii_digit() || c == '.' || c == ')'
+            })
+            .trim();
+        let item = if heading {
+            item.split_once(':').map_or(item, |(_, rest)| rest.trim())
+        } else {
+            item
+        };
+        if item.is_empty() {
+            continue;
+        }
+        let item = item.to_string();
+        match cat {
+            Cat::Knowledge => r.knowledge.push(item),
+            Cat::Analytical => r.analytical.push(item),
+            Cat::Negative => r.negative.push(item),
+            Cat::Other => r.other.push(item),
+        }
+    }
+    r
+}
+
+/// `\boxed{…}` with balanced braces, the last one in the text.
+pub fn extract_boxed(text: &str) -> Option<String> {
+    let start = text.rfind("\\boxed{")? + "\\boxed{".len();
+    let mut depth = 1usize;
+    for (i, c) in text[start..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(text[start..start + i].trim().to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Parse one trajectory's model text (tool outputs excluded). `known_snippets` are the ids the
+/// trajectory's tool outputs contained, to flag citations that resolve to nothing.
+pub fn parse(text: &str, known_snippets: &dyn Fn(&str) -> bool) -> Parsed {
+    let (elems, issues) = build(text, lex(text));
+    let len = text.len();
+    let mut p = Parsed {
+        issues,
+        ..Default::default()
+    };
+
+    // Answer: the first <answer>.
+    let answer_el = elems.iter().position(|e| e.name == "answer");
+    let b_answer = answer_el.map_or(len, |i| elems[i].open.start);
+    // Review: the last <review> before the answer; its span starts at the last <think> before it.
+    let review_el = elems
+        .iter()
+        .rposition(|e| e.name == "review" && e.open.start < b_answer);
+    let b_review = match review_el {
+        Some(r) => elems
+            .iter()
+            .filter(|e| e.name == "think" && e.open.start < elems[r].open.start)
+            .map(|e| e.open.start)
+            .next_back()
+            .unwrap_or(elems[r].open.start),
+        None => b_answer,
+    };
+    // Plan: through the first closed </structured_plan> that lies before the review boundary.
+    let plan_el = elems.iter().position(|e| e.name == "structured_plan");
+    let plan_end = plan_el
+        .and_then(|i| elems[i].close.as_ref().map(|c| c.end))
+        .filter(|end| *end <= b_review);
+    // Without a plan end, the plan never ended: it extends to the next recognised boundary.
+    let b_plan = plan_end.unwrap_or(b_review);
+    // The review boundary may precede a (late) plan end only when the plan is absent.
+    let b_review = b_review.max(b_plan);
+    p.stage_spans = [
+        0..b_plan,
+        b_plan..b_review,
+        b_review..b_answer,
+        b_answer..len,
+    ];
+
+    if let Some(i) = plan_el {
+        let get = |name| first_within(&elems, i, name).map(|e| content(text, e));
+        p.plan = Some(Plan {
+            deep_analysis: get("deep_analysis"),
+            rubric: first_within(&elems, i, "rubric").map(|e| parse_self_rubric(&content(text, e))),
+            research_plan: get("research_plan"),
+        });
+        p.plan_revisions = elems
+            .iter()
+            .filter(|e| e.name == "structured_plan")
+            .count()
+            .saturating_sub(1);
+    }
+    for e in elems
+        .iter()
+        .filter(|e| e.name == "call_tool" && e.open.start < b_answer)
+    {
+        let mut attrs = e.attrs.clone();
+        let name = attrs
+            .remove("name")
+            .map(|n| normalize_tool_name(&n))
+            .unwrap_or_default();
+        p.tool_calls.push(ToolCallTag {
+            name,
+            attrs,
+            query: content(text, e),
+            span: e.outer(),
+            closed: e.close.is_some(),
+        });
+    }
+    p.state_evaluations = elems
+        .iter()
+        .filter(|e| e.name == "state_evaluation")
+        .map(|e| content(text, e))
+        .collect();
+    if let Some(r) = review_el {
+        p.review = Some(Review {
+            rubric_review: first_within(&elems, r, "rubric_review").map(|e| content(text, e)),
+            writing_plan: first_within(&elems, r, "writing_plan").map(|e| content(text, e)),
+        });
+    }
+    if let Some(a) = answer_el {
+        let ans = &elems[a];
+        p.answer = Some(text[ans.content.clone()].trim().to_string());
+        p.answer_closed = ans.close.is_some();
+        p.boxed = extract_boxed(&text[ans.content.clone()]);
+        let outer = ans.outer();
+        for c in elems
+            .iter()
+            .skip(a + 1)
+            .take_while(|e| e.open.start < outer.end)
+            .filter(|e| e.name == "cite")
+        {
+            let raw_ids = c
+                .attrs
+                .get("id")
+                .or_else(|| c.attrs.get("ids"))
+                .cloned()
+                .unwrap_or_default();
+            let ids: Vec<String> = raw_ids
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+            let unknown_ids: Vec<String> = ids
+                .iter()
+                .filter(|id| !known_snippets(id))
+                .cloned()
+                .collect();
+            p.citations.push(Citation {
+                known: !ids.is_empty() && unknown_ids.is_empty(),
+                ids,
+                claim: content(text, c),
+                unknown_ids,
+            });
+        }
+    }
+    p.stages_present = [
+        plan_end.is_some(),
+        p.tool_calls.iter().any(|t| t.span.start >= b_plan),
+        review_el.is_some(),
+        answer_el.is_some(),
+    ];
+    p
+}

@@ -1,0 +1,189 @@
+//! Which tasks a step rolls out: a deterministic function of (seed, step), so a resumed run
+//! picks exactly the tasks the interrupted one would have, with no generator state to save.
+//! Tasks are visited in epochs; each epoch is a fresh seeded permutation of the whole set.
+//! Recipes with the meta-policy use the windowed curriculum (method.md A.7) on top: windows of
+//! 2K steps, K new batches then their replay in the same order; the position is a function of
+//! the step, so it is part of every checkpoint by construction.
+
+use crate::domain::data::world::Rng;
+
+/// Indices (into the task list) of the `per_step` tasks of `step`.
+pub fn tasks_for_step(num_tasks: usize, per_step: usize, seed: u64, step: u32) -> Vec<usize> {
+    if num_tasks == 0 || per_step == 0 {
+        return Vec::new();
+    }
+    let per_step = per_step.min(num_tasks);
+    let start = step as usize * per_step;
+    (start..start + per_step)
+        .map(|k| {
+            let epoch = k / num_tasks;
+            permutation(num_tasks, seed, epoch as u64)[k % num_tasks]
+        })
+        .collect()
+}
+
+/// The `k` task indices (ascending) held out of training for evaluation: a seeded random pick,
+/// independent of the training permutations, so every recipe of an experiment holds out the
+/// same tasks.
+pub fn held_out(num_tasks: usize, k: usize, seed: u64) -> Vec<usize> {
+    let mut v = permutation(num_tasks, seed ^ 0x5EED_E7A1_0000_0001, u64::MAX);
+    v.truncate(k.min(num_tasks));
+    v.sort_unstable();
+    v
+}
+
+/// The phase of a curriculum step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// A fresh batch: cross-episode retrieval; its trajectories are reflected on.
+    New,
+    /// The replay of the new batch K steps earlier: within-episode retrieval.
+    Replay,
+}
+
+/// Where a step sits in the windowed curriculum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub window: u32,
+    pub phase: Phase,
+    /// Index of the new batch this step rolls out (fed to [`tasks_for_step`]); a replay step
+    /// has the index of the step it replays.
+    pub batch: u32,
+}
+
+/// Windowed curriculum with `k` new batches per window.
+pub fn windowed(step: u32, k: u32) -> Slot {
+    let k = k.max(1);
+    let window = step / (2 * k);
+    let pos = step % (2 * k);
+    if pos < k {
+        Slot {
+            window,
+            phase: Phase::New,
+            batch: window * k + pos,
+        }
+    } else {
+        Slot {
+            window,
+            phase: Phase::Replay,
+            batch: window * k + pos - k,
+        }
+    }
+}
+
+/// A Fisher-Yates permutation of 0..n seeded by (seed, epoch).
+fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
+    let mut rng = Rng::new(seed ^ epoch.wrapping_mul(0xA24B_AED4_963E_E407));
+    let mut v: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = rng.below(i + 1);
+        v.swap(i, j);
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windowed_curriculum_over_two_windows() {
+        let k = 3;
+        let got: Vec<(u32, Phase, u32)> = (0..12)
+            .map(|s| {
+                let x = windowed(s, k);
+                (x.window, x.phase, x.batch)
+            })
+            .collect();
+        use Phase::{New, Replay};
+        assert_eq!(
+            got,
+            vec![
+                (0, New, 0),
+                (0, New, 1),
+                (0, New, 2),
+                (0, Replay, 0),
+                (0, Replay, 1),
+                (0, Replay, 2),
+                (1, New, 3),
+                (1, New, 4),
+                (1, New, 5),
+                (1, Replay, 3),
+                (1, Replay, 4),
+                (1, Replay, 5),
+            ]
+        );
+        // A replay rolls out exactly the tasks of the new step it replays, K steps later.
+        for s in 0..12u32 {
+            let x = windowed(s, k);
+            if x.phase == Replay {
+                let src = windowed(s - k, k);
+                assert_eq!(src.phase, New);
+                assert_eq!(
+                    tasks_for_step(50, 4, 9, x.batch),
+                    tasks_for_step(50, 4, 9, src.batch)
+                );
+            }
+        }
+        // New batches walk the plain schedule without gaps.
+        let news: Vec<u32> = (0..12)
+            .map(|s| windowed(s, k))
+            .filter(|x| x.phase == New)
+            .map(|x| x.batch)
+            .collect();
+        assert_eq!(news, (0..6).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn held_out_is_a_fixed_seeded_pick() {
+        let a = held_out(96, 8, 17);
+        assert_eq!(a.len(), 8);
+        assert!(
+            a.windows(2).all(|w| w[0] < w[1]),
+            "ascending, distinct: {a:?}"
+        );
+        assert!(a.iter().all(|&i| i < 96));
+        assert_eq!(a, held_out(96, 8, 17), "same seed, same subset");
+        assert_ne!(a, held_out(96, 8, 18), "another seed, another subset");
+        assert_ne!(a, (0..8).collect::<Vec<_>>(), "not simply the first tasks");
+        // A larger pick extends the smaller one (same permutation prefix).
+        let b = held_out(96, 12, 17);
+        assert!(a.iter().all(|i| b.contains(i)));
+        assert_eq!(
+            held_out(5, 9, 1),
+            vec![0, 1, 2, 3, 4],
+            "capped at the task count"
+        );
+        assert!(held_out(0, 3, 1).is_empty());
+    }
+
+    #[test]
+    fn epochs_cover_every_task_once_and_repeat_deterministically() {
+        let (n, per) = (10, 4);
+        let mut seen = Vec::new();
+        for s in 0..5 {
+            let t = tasks_for_step(n, per, 3, s);
+            assert_eq!(t.len(), per);
+            assert_eq!(
+                t,
+                tasks_for_step(n, per, 3, s),
+                "same seed and step, same tasks"
+            );
+            seen.extend(t);
+        }
+        // Steps 0..5 cover 20 slots = two whole epochs.
+        let mut first: Vec<usize> = seen[..10].to_vec();
+        first.sort_unstable();
+        assert_eq!(first, (0..10).collect::<Vec<_>>());
+        let mut second: Vec<usize> = seen[10..20].to_vec();
+        second.sort_unstable();
+        assert_eq!(second, (0..10).collect::<Vec<_>>());
+        assert_ne!(tasks_for_step(n, per, 3, 0), tasks_for_step(n, per, 4, 0));
+        assert!(tasks_for_step(0, 4, 1, 0).is_empty());
+        assert_eq!(
+            tasks_for_step(3, 8, 1, 0).len(),
+            3,
+            "capped at the task count"
+        );
+    }
+}

@@ -1,0 +1,78 @@
+//! Small helpers with no better home: hashing, hex encoding, error chains.
+
+use sha2::{Digest, Sha256};
+
+/// SHA-256 as lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut s = String::with_capacity(64);
+    for b in digest {
+        s.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
+        s.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
+    }
+    s
+}
+
+/// An error and all its sources as one line (`outer: inner: root`). A source whose message the
+/// line already contains is skipped (sqlx and others repeat their source in their own message).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// The URL with its password replaced by `***`, for messages and snapshots.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        // Not a URL we can parse: redact anything between ':' and '@' in the authority.
+        Err(_) => match (raw.find("://"), raw.rfind('@')) {
+            (Some(s), Some(at)) if at > s => {
+                let auth = &raw[s + 3..at];
+                match auth.find(':') {
+                    Some(c) => format!("{}{}:***{}", &raw[..s + 3], &auth[..c], &raw[at..]),
+                    None => raw.to_string(),
+                }
+            }
+            _ => raw.to_string(),
+        },
+    }
+}
+
+/// A splitmix64 step over `a ^ b`: derives per-trajectory and per-turn sampling seeds.
+pub fn mix_seed(a: u64, b: u64) -> u64 {
+    let mut z = (a ^ b.rotate_left(29)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A task id as seed material (its random low 64 bits; v7 ids keep a timestamp in the high ones).
+pub fn task_key(task: uuid::Uuid) -> u64 {
+    let b = task.as_bytes();
+    u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sha256_known_vector() {
+        assert_eq!(
+            super::sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

@@ -1,0 +1,347 @@
+//! The trainer service's HTTP API as the pipeline uses it (`trainer serve`): state, train steps
+//! with the compact `wire` batch, checkpoints into a sub-directory, restore, health, and the
+//! queue depth of inference servers for admission control. Lives here because reqwest does.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainerError {
+    /// Connection refused, reset, timed out: the trainer is down or restarting.
+    #[error("trainer at {url} unreachable: {message}")]
+    Unreachable { url: String, message: String },
+    /// 409: a step is running, or the policy is not at the expected version.
+    #[error("trainer at {url} refused ({what}): {message}")]
+    Conflict {
+        url: String,
+        what: &'static str,
+        message: String,
+    },
+    #[error("trainer at {url} answered {status} to {what}: {message}")]
+    Status {
+        url: String,
+        what: &'static str,
+        status: u16,
+        message: String,
+    },
+    #[error("trainer at {url}: unreadable answer to {what}: {message}")]
+    Body {
+        url: String,
+        what: &'static str,
+        message: String,
+    },
+    #[error("train batch could not be encoded: {0}")]
+    Wire(#[from] wire::WireError),
+}
+
+impl TrainerError {
+    /// Worth waiting for the trainer and trying again (after re-synchronising it).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            TrainerError::Unreachable { .. } | TrainerError::Conflict { .. } => true,
+            TrainerError::Status { status, .. } => *status >= 500,
+            TrainerError::Body { .. } | TrainerError::Wire(_) => false,
+        }
+    }
+}
+
+/// `GET /v1/state`, the fields the pipeline reads.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TrainerState {
+    pub policy_version: i64,
+    #[serde(default)]
+    pub session: Option<String>,
+    #[serde(default)]
+    pub mode: String,
+    #[serde(default)]
+    pub training: bool,
+}
+
+/// The parts of a train step's answer the pipeline records.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TrainReply {
+    pub policy_version: i64,
+    pub metrics: serde_json::Map<String, serde_json::Value>,
+    /// Phase A (reflection) step metrics, when the batch carried reflection sequences.
+    #[serde(default)]
+    pub reflection: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    pub published: Option<serde_json::Value>,
+    #[serde(default)]
+    pub decode_seconds: f64,
+}
+
+impl TrainReply {
+    /// The versioned model name the inference servers now serve, when the trainer published.
+    pub fn published_name(&self) -> Option<String> {
+        published_name(self.published.as_ref())
+    }
+
+    pub fn publish_seconds(&self) -> f64 {
+        self.published
+            .as_ref()
+            .and_then(|p| p["seconds"].as_f64())
+            .unwrap_or(0.0)
+    }
+}
+
+/// The adapter name a trainer's `published` answer puts in service: only when every server
+/// loaded it (otherwise clients keep asking for the previous name) and only for LoRA adapters
+/// (full weights replace the served model under its own name).
+fn published_name(published: Option<&serde_json::Value>) -> Option<String> {
+    let p = published?;
+    let failed = p["failed"].as_array().is_some_and(|f| !f.is_empty());
+    let loaded = p["loaded"].as_array().is_some_and(|l| !l.is_empty());
+    let adapter = p["lora"].as_bool().unwrap_or(true);
+    if failed || !loaded || !adapter {
+        return None;
+    }
+    p["name"].as_str().map(str::to_string)
+}
+
+/// What a restore answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Restored {
+    pub policy_version: i64,
+    /// The adapter name the servers now serve the restored policy under (LoRA publishing);
+    /// `None`: ask for the servers' own model name.
+    pub published_name: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TrainerClient {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl TrainerClient {
+    pub fn new(http: reqwest::Client, url: &str) -> Self {
+        Self {
+            http,
+            url: url.trim_end_matches('/').to_string(),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn unreachable(&self, e: &reqwest::Error) -> TrainerError {
+        TrainerError::Unreachable {
+            url: self.url.clone(),
+            message: crate::domain::util::error_chain(e),
+        }
+    }
+
+    async fn answer<T: serde::de::DeserializeOwned>(
+        &self,
+        what: &'static str,
+        resp: reqwest::Response,
+    ) -> Result<T, TrainerError> {
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| self.unreachable(&e))?;
+        if status.is_success() {
+            return serde_json::from_slice(&body).map_err(|e| TrainerError::Body {
+                url: self.url.clone(),
+                what,
+                message: e.to_string(),
+            });
+        }
+        let message = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
+        if status.as_u16() == 409 {
+            return Err(TrainerError::Conflict {
+                url: self.url.clone(),
+                what,
+                message,
+            });
+        }
+        Err(TrainerError::Status {
+            url: self.url.clone(),
+            what,
+            status: status.as_u16(),
+            message,
+        })
+    }
+
+    pub async fn health(&self) -> bool {
+        matches!(
+            self.http
+                .get(format!("{}/health", self.url))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await,
+            Ok(r) if r.status().is_success()
+        )
+    }
+
+    pub async fn state(&self) -> Result<TrainerState, TrainerError> {
+        let resp = self
+            .http
+            .get(format!("{}/v1/state", self.url))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        self.answer("state", resp).await
+    }
+
+    /// One train step; refused unless the policy is at `expect_version`.
+    pub async fn train_step(
+        &self,
+        batch: &wire::Batch,
+        expect_version: i64,
+    ) -> Result<TrainReply, TrainerError> {
+        let body = batch.encode()?;
+        let resp = self
+            .http
+            .post(format!(
+                "{}/v1/train_step?expect_version={expect_version}",
+                self.url
+            ))
+            .header("content-type", "application/octet-stream")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        self.answer("train step", resp).await
+    }
+
+    /// Save weights and optimizer under `--checkpoint-dir/subdir`; returns the checkpoint's path
+    /// relative to the trainer's checkpoint root.
+    pub async fn checkpoint(&self, subdir: &str) -> Result<String, TrainerError> {
+        let resp = self
+            .http
+            .post(format!("{}/v1/checkpoint", self.url))
+            .json(&serde_json::json!({ "subdir": subdir }))
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        let v: serde_json::Value = self.answer("checkpoint", resp).await?;
+        v["relative"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| TrainerError::Body {
+                url: self.url.clone(),
+                what: "checkpoint",
+                message: format!("no relative path in {v}"),
+            })
+    }
+
+    /// Load a checkpoint (relative path) or, with `None`, the model as started; the trainer
+    /// remembers `session` so a later restart can be told apart. A trainer that publishes
+    /// puts the restored weights on its servers before it answers.
+    pub async fn restore(
+        &self,
+        checkpoint: Option<&str>,
+        session: &str,
+    ) -> Result<Restored, TrainerError> {
+        let resp = self
+            .http
+            .post(format!("{}/v1/restore", self.url))
+            .json(&serde_json::json!({ "checkpoint": checkpoint, "session": session }))
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        let v: serde_json::Value = self.answer("restore", resp).await?;
+        let policy_version = v["policy_version"]
+            .as_i64()
+            .ok_or_else(|| TrainerError::Body {
+                url: self.url.clone(),
+                what: "restore",
+                message: format!("no policy_version in {v}"),
+            })?;
+        Ok(Restored {
+            policy_version,
+            published_name: published_name(v.get("published")),
+        })
+    }
+}
+
+/// Requests waiting in an inference server's queue, from its Prometheus `/metrics` (vLLM
+/// `vllm:num_requests_waiting`, SGLang `sglang:num_queue_reqs`, TGI `tgi_queue_size`; summed
+/// over label sets). `None` when the server exposes none of them or cannot be reached.
+pub async fn queue_depth(http: &reqwest::Client, base_url: &str) -> Option<f64> {
+    let text = http
+        .get(format!("{}/metrics", base_url.trim_end_matches('/')))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    parse_queue_depth(&text)
+}
+
+pub fn parse_queue_depth(text: &str) -> Option<f64> {
+    const NAMES: [&str; 3] = [
+        "vllm:num_requests_waiting",
+        "sglang:num_queue_reqs",
+        "tgi_queue_size",
+    ];
+    let mut total = None;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(name) = NAMES.iter().find(|n| {
+            line.strip_prefix(**n)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        }) else {
+            continue;
+        };
+        let rest = &line[name.len()..];
+        let value = match rest.rfind('}') {
+            Some(i) => &rest[i + 1..],
+            None => rest,
+        };
+        if let Some(v) = value
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            *total.get_or_insert(0.0) += v;
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_depth_from_each_server_kind() {
+        let vllm = "# HELP x\nvllm:num_requests_waiting{model_name=\"a\"} 3.0\nvllm:num_requests_waiting{model_name=\"b\"} 2\nvllm:num_requests_running 9\n";
+        assert_eq!(parse_queue_depth(vllm), Some(5.0));
+        assert_eq!(parse_queue_depth("sglang:num_queue_reqs 7\n"), Some(7.0));
+        assert_eq!(parse_queue_depth("tgi_queue_size 1\n"), Some(1.0));
+        assert_eq!(parse_queue_depth("vllm:num_requests_running 4\n"), None);
+        assert_eq!(
+            parse_queue_depth("vllm:num_requests_waiting_extra 4\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn only_a_fully_loaded_adapter_changes_the_served_name() {
+        let p = |v: serde_json::Value| published_name(Some(&v));
+        let ok =
+            serde_json::json!({"name": "policy-v3", "loaded": ["u"], "failed": [], "lora": true});
+        assert_eq!(p(ok.clone()), Some("policy-v3".into()));
+        let mut full = ok.clone();
+        full["lora"] = false.into();
+        assert_eq!(p(full), None, "full weights keep the server's own name");
+        let mut failed = ok.clone();
+        failed["failed"] = serde_json::json!([["u2", "HTTP 500"]]);
+        assert_eq!(p(failed), None);
+        let mut none = ok;
+        none["loaded"] = serde_json::json!([]);
+        assert_eq!(p(none), None);
+        assert_eq!(published_name(None), None);
+    }
+}

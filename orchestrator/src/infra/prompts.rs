@@ -1,0 +1,242 @@
+//! The prompts door: prompts are data under `prompts/`, embedded at build time and rendered
+//! with minijinja. This is the only module that builds a minijinja `Environment` (clippy's
+//! `disallowed-methods` enforces it): [`environment`] is the strict one every prompt renders
+//! with (a misspelt variable is an error, never empty text), [`chat_template_environment`] the
+//! bare one `chat::template` configures like transformers' Jinja. It selects and renders; it
+//! holds no prompt prose.
+
+use minijinja::Environment;
+
+use crate::domain::bank::{BankError, Retrieved};
+use crate::infra::chat::TemplateError;
+
+pub use crate::domain::scaffold::{AnswerFormat, Scaffold, ToolSpec};
+
+const RUBRICEM: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/agent/rubricem.jinja"
+));
+const DRTULU: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/agent/drtulu.jinja"
+));
+const REACT: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/agent/react.jinja"
+));
+const FORMAT_EXACT: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/agent/format_exact.txt"
+));
+const FORMAT_SHORT: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/agent/format_short.txt"
+));
+const FORMAT_LONG: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/agent/format_long.txt"
+));
+
+/// The system prompt for a scaffold with its tools and call budget.
+pub fn system_prompt(
+    scaffold: Scaffold,
+    tools: &[ToolSpec],
+    max_tool_calls: u32,
+) -> Result<String, TemplateError> {
+    let source = match scaffold {
+        Scaffold::Rubricem => RUBRICEM,
+        Scaffold::Drtulu => DRTULU,
+        Scaffold::React => REACT,
+    };
+    let env = environment();
+    let tmpl = env
+        .template_from_str(source)
+        .map_err(|e| TemplateError::Compile(e.to_string()))?;
+    tmpl.render(minijinja::context! { tools => tools, max_tool_calls => max_tool_calls })
+        .map(|s| s.trim_end().to_string())
+        .map_err(|e| TemplateError::Render(e.to_string()))
+}
+
+/// The user turn: the query followed by its answer-format instruction.
+pub fn user_message(query: &str, format: AnswerFormat) -> String {
+    let suffix = match format {
+        AnswerFormat::Exact => FORMAT_EXACT,
+        AnswerFormat::Short => FORMAT_SHORT,
+        AnswerFormat::Long => FORMAT_LONG,
+    };
+    format!("{}\n\n{}", query.trim(), suffix.trim())
+}
+
+/// The environment every prompt renders with: strict undefined (a missing or misspelt variable
+/// is an error), `trim_blocks` and `lstrip_blocks`.
+#[allow(clippy::disallowed_methods)] // the door itself
+pub fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    env
+}
+
+/// A bare environment for a model's own chat template, which `chat::template` configures like
+/// transformers' Jinja (lenient undefined, Python string methods).
+#[allow(clippy::disallowed_methods)] // the door itself
+pub fn chat_template_environment() -> Environment<'static> {
+    Environment::new()
+}
+
+/// Render `source` (one of the embedded prompts) with [`environment`].
+pub fn render(source: &str, ctx: minijinja::Value) -> Result<String, minijinja::Error> {
+    environment().render_str(source, ctx)
+}
+
+const REFLECTION_SYSTEM: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/reflection/system.txt"
+));
+const REFLECTION_USER: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/reflection/user.jinja"
+));
+
+/// The reflection meta-policy's system and user messages for one trajectory.
+pub fn reflection_prompt(
+    question: &str,
+    trajectory: &str,
+) -> Result<(String, String), minijinja::Error> {
+    let user = render(
+        REFLECTION_USER,
+        minijinja::context! { question => question.trim(), trajectory => trajectory },
+    )?;
+    Ok((
+        REFLECTION_SYSTEM.trim().to_string(),
+        user.trim().to_string(),
+    ))
+}
+
+const BANK_WITHIN: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/reflection/within.jinja"
+));
+const BANK_CROSS: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/reflection/cross.jinja"
+));
+
+/// Rendering retrieved bank items (method.md A.6.5) lives with the other prompts.
+impl Retrieved {
+    /// The `<reference_examples>` block, or "" for nothing.
+    pub fn render(&self) -> Result<String, BankError> {
+        let (name, src, ctx) = match self {
+            Retrieved::Nothing => return Ok(String::new()),
+            Retrieved::Cross(v) if v.is_empty() => return Ok(String::new()),
+            Retrieved::Within(it) => (
+                "within",
+                BANK_WITHIN,
+                minijinja::context! { rubrics => it.rubrics.trim(), takeaways => it.takeaways.trim() },
+            ),
+            Retrieved::Cross(v) => {
+                let items: Vec<_> = v
+                    .iter()
+                    .map(|(it, _)| {
+                        minijinja::context! {
+                            question => it.question.trim(),
+                            rubrics => it.rubrics.trim(),
+                            takeaways => it.takeaways.trim(),
+                        }
+                    })
+                    .collect();
+                ("cross", BANK_CROSS, minijinja::context! { items => items })
+            }
+        };
+        render(src, ctx)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| BankError::Prompt {
+                name,
+                message: e.to_string(),
+            })
+    }
+
+    /// The user message with the block and a blank line prepended (unchanged when nothing was
+    /// retrieved).
+    pub fn inject(&self, user: &str) -> Result<String, BankError> {
+        let block = self.render()?;
+        Ok(if block.is_empty() {
+            user.to_string()
+        } else {
+            format!("{block}\n\n{user}")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools() -> Vec<ToolSpec> {
+        vec![
+            ToolSpec {
+                name: "google_search".into(),
+                description: "web search.".into(),
+                attributes: "gl, hl".into(),
+            },
+            ToolSpec {
+                name: "snippet_search".into(),
+                description: "paper snippets.".into(),
+                attributes: String::new(),
+            },
+        ]
+    }
+
+    #[test]
+    fn rubricem_prompt_carries_the_grammar() {
+        let p = system_prompt(Scaffold::Rubricem, &tools(), 10).unwrap();
+        for tag in [
+            "<think>",
+            "<structured_plan>",
+            "<deep_analysis>",
+            "<rubric>",
+            "<research_plan>",
+            "<call_tool",
+            "<state_evaluation>",
+            "<review>",
+            "<rubric_review>",
+            "<writing_plan>",
+            "<answer>",
+            "<cite id=",
+            "Knowledge checklist",
+            "Analytical criteria",
+            "Negative constraints",
+            "at most 10 tool calls",
+            "- google_search: web search. Attributes: gl, hl.",
+            "- snippet_search: paper snippets.",
+        ] {
+            assert!(p.contains(tag), "missing {tag:?} in:\n{p}");
+        }
+        assert!(!p.contains("{{") && !p.contains("{%"));
+    }
+
+    #[test]
+    fn baselines_render() {
+        for s in [Scaffold::Drtulu, Scaffold::React] {
+            let p = system_prompt(s, &tools(), 5).unwrap();
+            assert!(
+                p.contains("<call_tool") && p.contains("<answer>") && p.contains("5"),
+                "{p}"
+            );
+            assert!(!p.contains("<structured_plan>"));
+        }
+    }
+
+    #[test]
+    fn format_suffixes_differ() {
+        let e = user_message(" Q? ", AnswerFormat::Exact);
+        assert!(e.starts_with("Q?\n\n") && e.contains("\\boxed{}"));
+        assert_ne!(
+            user_message("Q", AnswerFormat::Short),
+            user_message("Q", AnswerFormat::Long)
+        );
+        assert_eq!(AnswerFormat::parse("long_form"), Some(AnswerFormat::Long));
+        assert_eq!(AnswerFormat::parse("essay"), None);
+    }
+}

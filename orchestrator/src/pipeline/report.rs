@@ -1,0 +1,476 @@
+//! `orchestrator report RUN|EXPERIMENT`: a markdown report from the step metrics and
+//! evaluations in Postgres, with PNG and SVG plots (plotters): reward per stage over steps,
+//! recipes side by side, their scores on the fixed evaluation subsets per policy version, and
+//! the time breakdown of each step. The judge kind is stated on top (an offline lexical judge
+//! is labelled as such). PNG text uses a system TrueType font when one is found; without one
+//! the PNGs carry no labels (the SVGs always do).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::infra::db::{self, DbError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("{0} is neither a run nor an experiment")]
+    NotFound(Uuid),
+    #[error("writing {path}: {message}")]
+    Write { path: PathBuf, message: String },
+    #[error("plotting {what}: {message}")]
+    Plot { what: String, message: String },
+}
+
+const STAGES: [&str; 4] = ["plan", "research", "review", "answer"];
+const TIMES: [&str; 5] = [
+    "time/rollout_s",
+    "time/judge_s",
+    "time/train_s",
+    "time/publish_s",
+    "time/train_idle_s",
+];
+
+type Series = Vec<(f64, f64)>;
+
+struct RunData {
+    row: db::runs::RunRow,
+    judge: String,
+    steps_total: u64,
+    rewards: [Series; 4],
+    times: [Series; 5],
+    evals: Vec<db::evaluations::EvalRow>,
+}
+
+fn font_registered() -> bool {
+    static DONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DONE.get_or_init(|| {
+        const CANDIDATES: [&str; 3] = [
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/TTF/DejaVuSans.ttf",
+            "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        ];
+        for p in CANDIDATES {
+            if let Ok(bytes) = std::fs::read(p) {
+                let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, leaked).is_ok() {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+}
+
+fn plot_err(what: &str) -> impl Fn(String) -> ReportError + '_ {
+    move |message| ReportError::Plot {
+        what: what.to_string(),
+        message,
+    }
+}
+
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    (x_label, y_label): (&str, &str),
+    series: &[(String, Series)],
+) -> Result<(), String> {
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let xs = series.iter().flat_map(|(_, s)| s.iter().map(|p| p.0));
+    let ys = series.iter().flat_map(|(_, s)| s.iter().map(|p| p.1));
+    let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+    let (y0, y1) = ys.fold((f64::MAX, f64::MIN), |(a, b), y| (a.min(y), b.max(y)));
+    let (x0, x1) = if x0 > x1 {
+        (0.0, 1.0)
+    } else {
+        (x0, x1.max(x0 + 1.0))
+    };
+    let (y0, y1) = if y0 > y1 {
+        (0.0, 1.0)
+    } else {
+        let pad = ((y1 - y0) * 0.05).max(1e-3);
+        (y0 - pad, y1 + pad)
+    };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, (name, s)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(s.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// Write `name.png` and `name.svg` over steps; returns the PNG file name.
+fn plot(
+    dir: &Path,
+    name: &str,
+    title: &str,
+    y_label: &str,
+    series: &[(String, Series)],
+) -> Result<String, ReportError> {
+    plot_xy(dir, name, title, ("step", y_label), series)
+}
+
+fn plot_xy(
+    dir: &Path,
+    name: &str,
+    title: &str,
+    labels: (&str, &str),
+    series: &[(String, Series)],
+) -> Result<String, ReportError> {
+    font_registered();
+    let png = dir.join(format!("{name}.png"));
+    let svg = dir.join(format!("{name}.svg"));
+    draw(
+        BitMapBackend::new(&png, (900, 520)).into_drawing_area(),
+        title,
+        labels,
+        series,
+    )
+    .map_err(plot_err(name))?;
+    draw(
+        SVGBackend::new(&svg, (900, 520)).into_drawing_area(),
+        title,
+        labels,
+        series,
+    )
+    .map_err(plot_err(name))?;
+    Ok(format!("{name}.png"))
+}
+
+async fn series(pool: &PgPool, run: Uuid, name: &str) -> Result<Series, DbError> {
+    Ok(db::metrics::fetch(pool, run, name)
+        .await?
+        .into_iter()
+        .map(|(s, v)| (f64::from(s), v))
+        .collect())
+}
+
+fn mean(s: &[(f64, f64)]) -> f64 {
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    s.iter().map(|p| p.1).sum::<f64>() / s.len() as f64
+}
+
+fn head_tail(s: &Series) -> (f64, f64) {
+    let k = s.len().min(3);
+    (mean(&s[..k]), mean(&s[s.len() - k..]))
+}
+
+/// Per subset: `subset vA → vB: a → b` over the run's first and last evaluated versions.
+fn eval_span(evals: &[db::evaluations::EvalRow]) -> String {
+    let subsets: std::collections::BTreeSet<&str> =
+        evals.iter().map(|e| e.subset.as_str()).collect();
+    let parts: Vec<String> = subsets
+        .into_iter()
+        .filter_map(|s| {
+            let mut es = evals.iter().filter(|e| e.subset == s);
+            let first = es.next()?;
+            let last = es.next_back().unwrap_or(first);
+            Some(format!(
+                "`{s}` v{} → v{}: {} → {}",
+                first.policy_version,
+                last.policy_version,
+                opt(first.score),
+                opt(last.score)
+            ))
+        })
+        .collect();
+    if parts.is_empty() {
+        "–".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+fn opt(x: Option<f64>) -> String {
+    x.map_or("–".into(), |v| format!("{v:.4}"))
+}
+
+/// Scores on the fixed evaluation subsets: per subset, a table of runs by policy version and a
+/// plot of the score over versions, recipes side by side.
+fn evaluation_section(md: &mut String, dir: &Path, data: &[RunData]) -> Result<(), ReportError> {
+    let subsets: std::collections::BTreeSet<&str> = data
+        .iter()
+        .flat_map(|d| d.evals.iter().map(|e| e.subset.as_str()))
+        .collect();
+    let _ = writeln!(md, "## Evaluation on fixed subsets\n");
+    if subsets.is_empty() {
+        let _ = writeln!(
+            md,
+            "No evaluation recorded (set `eval.held_out` or `eval.sets` to evaluate each policy).\n"
+        );
+        return Ok(());
+    }
+    let _ = writeln!(
+        md,
+        "Each policy version (= steps trained) rolled out once per task and sample without bank \
+         injection; score = mean persistent-rubric Answer score (judge named per row), exact = \
+         share of answers containing the known short answer (– where no task has one).\n"
+    );
+    for subset in subsets {
+        let rows: Vec<(&RunData, Vec<&db::evaluations::EvalRow>)> = data
+            .iter()
+            .map(|d| (d, d.evals.iter().filter(|e| e.subset == subset).collect()))
+            .collect();
+        let versions: std::collections::BTreeSet<i32> = rows
+            .iter()
+            .flat_map(|(_, es)| es.iter().map(|e| e.policy_version))
+            .collect();
+        let tasks = rows
+            .iter()
+            .flat_map(|(_, es)| es.iter().map(|e| e.tasks))
+            .max()
+            .unwrap_or(0);
+        let head: Vec<String> = versions.iter().map(|v| format!("v{v}")).collect();
+        let _ = writeln!(
+            md,
+            "### `{subset}` ({tasks} tasks): score (exact) by policy version\n\n| run | recipe | judge | {} | judged / failed (last) |\n|---|---|---|{}---|",
+            head.join(" | "),
+            "---|".repeat(versions.len())
+        );
+        for (d, es) in &rows {
+            if es.is_empty() {
+                continue;
+            }
+            let cells: Vec<String> = versions
+                .iter()
+                .map(|v| {
+                    es.iter()
+                        .find(|e| e.policy_version == *v)
+                        .map_or(String::new(), |e| {
+                            format!("{} ({})", opt(e.score), opt(e.exact))
+                        })
+                })
+                .collect();
+            let (judge, last) = match es.last() {
+                Some(e) => (
+                    e.judge_model.as_str(),
+                    format!("{} / {}", e.judged, e.failed),
+                ),
+                None => ("", String::new()),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | `{judge}` | {} | {last} |",
+                d.row.name,
+                d.row.recipe,
+                cells.join(" | ")
+            );
+        }
+        let series: Vec<(String, Series)> = rows
+            .iter()
+            .filter(|(_, es)| !es.is_empty())
+            .map(|(d, es)| {
+                (
+                    d.row.name.clone(),
+                    es.iter()
+                        .filter_map(|e| e.score.map(|s| (f64::from(e.policy_version), s)))
+                        .collect(),
+                )
+            })
+            .collect();
+        let name = format!(
+            "eval_{}",
+            subset.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        );
+        let f = plot_xy(
+            dir,
+            &name,
+            &format!("Evaluation on `{subset}` by recipe"),
+            ("policy version (steps trained)", "score"),
+            &series,
+        )?;
+        let _ = writeln!(md, "\n![eval {subset}]({f}) ([svg]({name}.svg))\n");
+    }
+    Ok(())
+}
+
+/// Write the report for a run or an experiment into `out/<id>/report.md`.
+pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, ReportError> {
+    let runs = match db::runs::get_run(pool, target).await? {
+        Some(r) => vec![r],
+        None => db::runs::list_for_experiment(pool, target).await?,
+    };
+    if runs.is_empty() {
+        return Err(ReportError::NotFound(target));
+    }
+    let dir = out.join(target.to_string());
+    std::fs::create_dir_all(&dir).map_err(|e| ReportError::Write {
+        path: dir.clone(),
+        message: e.to_string(),
+    })?;
+    let mut data = Vec::new();
+    for row in runs {
+        let cfg = db::runs::config_of(pool, row.id).await?.unwrap_or_default();
+        let judge = format!(
+            "{} judge `{}`",
+            cfg["judge"]["kind"].as_str().unwrap_or("?"),
+            cfg["judge"]["model"].as_str().unwrap_or("?")
+        );
+        let steps_total = cfg["experiment"]["steps"].as_u64().unwrap_or(0);
+        let mut rewards: [Series; 4] = Default::default();
+        for (k, st) in STAGES.iter().enumerate() {
+            rewards[k] = series(pool, row.id, &format!("reward/{st}")).await?;
+        }
+        let mut times: [Series; 5] = Default::default();
+        for (k, t) in TIMES.iter().enumerate() {
+            times[k] = series(pool, row.id, t).await?;
+        }
+        let evals = db::evaluations::for_run(pool, row.id).await?;
+        data.push(RunData {
+            row,
+            judge,
+            steps_total,
+            rewards,
+            times,
+            evals,
+        });
+    }
+    let mut md = String::new();
+    let _ = writeln!(md, "# Report for {target}\n");
+    let judges: std::collections::BTreeSet<&str> = data.iter().map(|d| d.judge.as_str()).collect();
+    let judges: Vec<&str> = judges.into_iter().collect();
+    let _ = writeln!(md, "Judge: {}.", judges.join(", "));
+    if judges.iter().any(|j| j.starts_with("lexical")) {
+        let _ = writeln!(
+            md,
+            "**The lexical judge is the offline, deterministic term-matching judge, not an LLM: its rewards measure key-term coverage only.**"
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n## Recipes side by side\n\n| run | recipe | status | steps | answer reward first 3 → last 3 | plan | research | review | answer (last 3) | evaluation score, first → last version |\n|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for d in &data {
+        let (a0, a1) = head_tail(&d.rewards[3]);
+        let last: Vec<String> = d
+            .rewards
+            .iter()
+            .map(|s| format!("{:.4}", head_tail(s).1))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {}/{} | {a0:.4} → {a1:.4} | {} | {} |",
+            d.row.name,
+            d.row.recipe,
+            d.row.status,
+            d.rewards[3].len(),
+            d.steps_total,
+            last.join(" | "),
+            eval_span(&d.evals)
+        );
+    }
+    let side: Vec<(String, Series)> = data
+        .iter()
+        .map(|d| (d.row.name.clone(), d.rewards[3].clone()))
+        .collect();
+    let f = plot(
+        &dir,
+        "recipes_answer_reward",
+        "Answer-stage reward by recipe",
+        "R answer",
+        &side,
+    )?;
+    let _ = writeln!(md, "\n![recipes]({f}) ([svg](recipes_answer_reward.svg))\n");
+    evaluation_section(&mut md, &dir, &data)?;
+    let _ = writeln!(
+        md,
+        "## Time per step (mean seconds)\n\n| run | rollout | judge | train | publish | trainer idle |\n|---|---|---|---|---|---|"
+    );
+    for d in &data {
+        let m: Vec<String> = d.times.iter().map(|s| format!("{:.2}", mean(s))).collect();
+        let _ = writeln!(md, "| {} | {} |", d.row.name, m.join(" | "));
+    }
+    for d in &data {
+        let name = d
+            .row
+            .name
+            .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+        let _ = writeln!(
+            md,
+            "\n## Run {} ({}, {})\n",
+            d.row.name, d.row.recipe, d.row.id
+        );
+        let rs: Vec<(String, Series)> = STAGES
+            .iter()
+            .zip(&d.rewards)
+            .map(|(s, v)| (s.to_string(), v.clone()))
+            .collect();
+        let f = plot(
+            &dir,
+            &format!("{name}_reward_per_stage"),
+            &format!("{}: reward per stage", d.row.name),
+            "R stage",
+            &rs,
+        )?;
+        let _ = writeln!(md, "![reward per stage]({f})\n");
+        let ts: Vec<(String, Series)> = TIMES
+            .iter()
+            .zip(&d.times)
+            .map(|(s, v)| (s.trim_start_matches("time/").to_string(), v.clone()))
+            .collect();
+        let f = plot(
+            &dir,
+            &format!("{name}_time_per_step"),
+            &format!("{}: time per step", d.row.name),
+            "seconds",
+            &ts,
+        )?;
+        let _ = writeln!(md, "![time per step]({f})\n");
+        let _ = writeln!(
+            md,
+            "| step | plan | research | review | answer | rollout s | judge s | train s |\n|---|---|---|---|---|---|---|---|"
+        );
+        for (step, _) in &d.rewards[3] {
+            let at = |s: &Series| {
+                s.iter()
+                    .find(|p| p.0 == *step)
+                    .map_or("".to_string(), |p| format!("{:.4}", p.1))
+            };
+            let _ = writeln!(
+                md,
+                "| {step} | {} | {} | {} | {} | {} | {} | {} |",
+                at(&d.rewards[0]),
+                at(&d.rewards[1]),
+                at(&d.rewards[2]),
+                at(&d.rewards[3]),
+                at(&d.times[0]),
+                at(&d.times[1]),
+                at(&d.times[2]),
+            );
+        }
+    }
+    let path = dir.join("report.md");
+    std::fs::write(&path, md).map_err(|e| ReportError::Write {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(path)
+}

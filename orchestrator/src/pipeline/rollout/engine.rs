@@ -1,0 +1,481 @@
+//! One trajectory, token-in/token-out: generate until `</call_tool>` or `</answer>`, run the
+//! tool, append its output tokens (no loss), continue; at most `max_tool_calls` calls and a token
+//! budget; a forced final-answer turn when a budget runs out or the model stops without
+//! answering. Afterwards every model token gets exactly one stage (method.md A.2.4) and the
+//! trajectory is split into segments of one kind and one stage.
+//!
+//! Finish reasons (stored in `trajectories.finish_reason`):
+//! - `answer`: the model closed `</answer>` on its own;
+//! - `forced_answer`: it closed `</answer>` in the forced final turn;
+//! - `length`: the token budget ran out before a closed answer (e.g. a tag never closed);
+//! - `error`: the policy server failed after retries (what was generated is kept).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::codec::{CodecError, TokenCodec};
+use crate::domain::scaffold::{self, Parsed};
+use crate::domain::trajectory::{Segment, SegmentKind, Trajectory};
+use crate::infra::llm::{CompletionRequest, FinishReason, LlmClient, LlmError};
+use crate::infra::tools::runner::{ToolResult, ToolRunner};
+
+pub use crate::domain::util::{mix_seed, task_key};
+
+/// Stop strings: a turn ends right after a tool call or the answer.
+pub const STOPS: &[&str] = &["</call_tool>", "</call>", "</answer>"];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutConfig {
+    pub max_tool_calls: u32,
+    /// Budget for everything after the prompt (model and tool tokens), as in DR Tulu.
+    pub max_tokens: u32,
+    /// Part of `max_tokens` held back for a forced final answer.
+    pub forced_answer_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: Option<u64>,
+}
+
+impl RolloutConfig {
+    /// The rollout settings of an experiment, sampling seeded by `seed`; an eighth of the token
+    /// budget (16..=2048) is held back for a forced answer.
+    pub fn from_config(cfg: &crate::domain::config::RolloutConfig, seed: u64) -> Self {
+        Self {
+            max_tool_calls: cfg.max_tool_calls,
+            max_tokens: cfg.max_tokens,
+            forced_answer_tokens: (cfg.max_tokens / 8).clamp(16, 2048),
+            temperature: cfg.temperature,
+            top_p: cfg.top_p,
+            seed: Some(seed),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    #[error("rollout cancelled")]
+    Cancelled,
+}
+
+/// What to roll out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutTask {
+    pub task_id: Uuid,
+    pub system: String,
+    pub user: String,
+}
+
+impl RolloutTask {
+    /// The task rows of a task file with their database ids, under one system prompt.
+    pub fn from_rows(
+        rows: &[crate::domain::data::tasks::TaskRow],
+        ids: &[Uuid],
+        system: &str,
+    ) -> Vec<RolloutTask> {
+        rows.iter()
+            .zip(ids)
+            .map(|(t, id)| RolloutTask {
+                task_id: *id,
+                system: system.to_string(),
+                user: crate::infra::prompts::user_message(&t.query, t.format),
+            })
+            .collect()
+    }
+}
+
+/// Where the trajectory belongs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RolloutSlot {
+    pub run_id: Uuid,
+    pub step: i32,
+    pub sample_index: i32,
+    pub policy_version: i32,
+}
+
+pub use crate::domain::rollout::{ExecutedCall, Rollout};
+
+#[derive(Debug, Clone)]
+struct Piece {
+    kind: SegmentKind,
+    ids: Vec<u32>,
+    logprobs: Option<Vec<f32>>,
+    text: String,
+}
+
+/// The growing trajectory: the token context sent to the server, the pieces in order, and the
+/// length of the text the scaffold parser sees (model and injected text; tool outputs excluded).
+struct Transcript {
+    context: Vec<u32>,
+    pieces: Vec<Piece>,
+    parse_len: usize,
+}
+
+impl Transcript {
+    /// Append a piece; returns its start offset in the parsed text.
+    fn push(&mut self, p: Piece) -> usize {
+        let start = self.parse_len;
+        self.context.extend_from_slice(&p.ids);
+        if p.kind != SegmentKind::ToolOutput {
+            self.parse_len += p.text.len();
+        }
+        self.pieces.push(p);
+        start
+    }
+}
+
+/// Everything a rollout needs.
+#[derive(Clone)]
+pub struct RolloutCtx {
+    pub client: LlmClient,
+    pub codec: Arc<dyn TokenCodec>,
+    pub tools: Arc<ToolRunner>,
+    pub cfg: RolloutConfig,
+}
+
+impl std::fmt::Debug for RolloutCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RolloutCtx")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Turn {
+    Answered,
+    Tool,
+    Stopped,
+    Length,
+}
+
+impl RolloutCtx {
+    async fn generate(
+        &self,
+        session: &str,
+        context: &[u32],
+        max_tokens: u32,
+        seed: Option<u64>,
+    ) -> Result<(Piece, FinishReason, String), LlmError> {
+        let mut req =
+            CompletionRequest::new(self.client.model(), context.to_vec(), max_tokens.max(1));
+        req.temperature = self.cfg.temperature;
+        req.top_p = self.cfg.top_p;
+        // One seed per (trajectory, turn): the n samples of a group must differ, and a rerun of
+        // the same step must reproduce them.
+        req.seed = seed.map(|s| mix_seed(s, context.len() as u64));
+        req.stop = STOPS.iter().map(|s| s.to_string()).collect();
+        let (comp, _timing) = self.client.complete(session, &req).await?;
+        let endpoint = comp.endpoint.clone();
+        let choice = comp
+            .choices
+            .into_iter()
+            .next()
+            .ok_or_else(|| LlmError::InvalidBody {
+                endpoint: endpoint.clone(),
+                reason: "no choice".into(),
+                excerpt: String::new(),
+            })?;
+        Ok((
+            Piece {
+                kind: SegmentKind::Model,
+                ids: choice.token_ids,
+                logprobs: Some(choice.logprobs),
+                text: choice.text,
+            },
+            choice.finish_reason,
+            endpoint,
+        ))
+    }
+
+    fn inject(&self, text: &str) -> Result<Piece, CodecError> {
+        Ok(Piece {
+            kind: SegmentKind::Injected,
+            ids: self.codec.encode(text)?,
+            logprobs: None,
+            text: text.to_string(),
+        })
+    }
+
+    /// Run one trajectory to the end. Policy-server failures end it with finish reason `error`
+    /// (what was generated is kept and returned); only codec failures are errors.
+    pub async fn run(
+        &self,
+        task: &RolloutTask,
+        slot: RolloutSlot,
+    ) -> Result<Rollout, RolloutError> {
+        let started = Instant::now();
+        let id = Uuid::now_v7();
+        let session = id.to_string();
+        let traj_seed = self.cfg.seed.map(|s| {
+            let task = task_key(task.task_id);
+            let slot_key = ((slot.step as u64) << 32) | slot.sample_index as u32 as u64;
+            mix_seed(mix_seed(s, task), slot_key)
+        });
+        let prompt_text = self.codec.render_prompt(&task.system, &task.user)?;
+        let prompt_ids = self.codec.encode(&prompt_text)?;
+        let mut tr = Transcript {
+            context: prompt_ids.clone(),
+            pieces: Vec::new(),
+            parse_len: 0,
+        };
+        let mut calls: Vec<ToolResult> = Vec::new();
+        let mut call_offsets: Vec<usize> = Vec::new(); // model-text offsets of executed calls
+        let mut server = String::new();
+        let mut error = None;
+        let mut turns = 0u32;
+        let mut gen_ms = 0u128;
+        let mut tool_ms = 0u128;
+        let budget = self.cfg.max_tokens;
+        let normal_budget = budget.saturating_sub(self.cfg.forced_answer_tokens).max(1);
+        let mut forced = false;
+        let mut finish = "length";
+
+        loop {
+            let used = (tr.context.len() - prompt_ids.len()) as u32;
+            let cap = if forced { budget } else { normal_budget };
+            if used >= cap {
+                if forced {
+                    break;
+                }
+                // Normal budget exhausted: force the answer with the reserve.
+                forced = true;
+                tr.push(self.inject("\n<answer>\n")?);
+                continue;
+            }
+            let t0 = Instant::now();
+            let (piece, fr, endpoint) = match self
+                .generate(&session, &tr.context, cap - used, traj_seed)
+                .await
+            {
+                Ok(x) => x,
+                Err(e) => {
+                    error = Some(e.to_string());
+                    finish = "error";
+                    break;
+                }
+            };
+            gen_ms += t0.elapsed().as_millis();
+            // A server that returns more than asked must not break the budget.
+            let (piece, fr) = if piece.ids.len() > (cap - used) as usize {
+                let keep = (cap - used) as usize;
+                let ids = piece.ids[..keep].to_vec();
+                let logprobs = piece.logprobs.map(|l| l[..keep.min(l.len())].to_vec());
+                let text = self.codec.decode(&ids)?;
+                (
+                    Piece {
+                        kind: SegmentKind::Model,
+                        ids,
+                        logprobs,
+                        text,
+                    },
+                    FinishReason::Length,
+                )
+            } else {
+                (piece, fr)
+            };
+            turns += 1;
+            server = endpoint;
+            let turn_text = piece.text.clone();
+            let piece_start = tr.push(piece);
+            let trimmed = turn_text.trim_end();
+            let kind = if trimmed.ends_with("</answer>") {
+                Turn::Answered
+            } else if fr == FinishReason::Stop
+                && (trimmed.ends_with("</call_tool>") || trimmed.ends_with("</call>"))
+            {
+                Turn::Tool
+            } else if fr == FinishReason::Length {
+                Turn::Length
+            } else {
+                Turn::Stopped
+            };
+            match kind {
+                Turn::Answered => {
+                    finish = if forced { "forced_answer" } else { "answer" };
+                    break;
+                }
+                Turn::Length => {
+                    if forced {
+                        break;
+                    }
+                    continue; // the budget check above forces the answer
+                }
+                Turn::Stopped => {
+                    if forced {
+                        break;
+                    }
+                    forced = true;
+                    tr.push(self.inject("\n<answer>\n")?);
+                }
+                Turn::Tool => {
+                    if forced {
+                        break;
+                    }
+                    let parsed_turn = scaffold::parse(&turn_text, &|_| true);
+                    let Some(call) = parsed_turn.tool_calls.last().cloned() else {
+                        forced = true;
+                        tr.push(self.inject("\n<answer>\n")?);
+                        continue;
+                    };
+                    let output = if calls.len() as u32 >= self.cfg.max_tool_calls {
+                        forced = true;
+                        format!(
+                            "\n<tool_output>\nError: the budget of {} tool calls is used up. Write your review and final answer now.\n</tool_output>\n",
+                            self.cfg.max_tool_calls
+                        )
+                    } else {
+                        let t1 = Instant::now();
+                        let res = self.tools.run(&call.name, call.args()).await;
+                        tool_ms += t1.elapsed().as_millis();
+                        let text = format!("\n{}\n", res.output_text);
+                        call_offsets.push(piece_start + call.span.start);
+                        calls.push(res);
+                        text
+                    };
+                    let ids = self.codec.encode(&output)?;
+                    tr.push(Piece {
+                        kind: SegmentKind::ToolOutput,
+                        ids,
+                        logprobs: None,
+                        text: output,
+                    });
+                }
+            }
+        }
+
+        // Stage spans over model + injected text (tool outputs excluded), then split pieces.
+        let pieces = tr.pieces;
+        let parse_text: String = pieces
+            .iter()
+            .filter(|p| p.kind != SegmentKind::ToolOutput)
+            .map(|p| p.text.as_str())
+            .collect();
+        let known: std::collections::HashSet<String> = calls
+            .iter()
+            .flat_map(|c| c.snippets.iter().map(|s| s.id.clone()))
+            .collect();
+        let parsed = scaffold::parse(&parse_text, &|id| known.contains(id));
+        let mut segments = Vec::new();
+        let mut offset = 0usize;
+        for p in &pieces {
+            match p.kind {
+                SegmentKind::Model => {
+                    segments.extend(self.split_by_stage(
+                        p,
+                        offset,
+                        &parsed,
+                        slot.policy_version,
+                    )?);
+                }
+                SegmentKind::ToolOutput | SegmentKind::Injected => segments.push(Segment {
+                    kind: p.kind,
+                    stage: None,
+                    token_ids: p.ids.clone(),
+                    logprobs: None,
+                    text: p.text.clone(),
+                    policy_version: None,
+                }),
+            }
+            if p.kind != SegmentKind::ToolOutput {
+                offset += p.text.len();
+            }
+        }
+        let executed: Vec<ExecutedCall> = calls
+            .into_iter()
+            .zip(call_offsets)
+            .map(|(result, off)| ExecutedCall {
+                result,
+                stage: parsed.stage_at(off),
+            })
+            .collect();
+        let mut parsed_json = parsed.to_json();
+        parsed_json["turns"] = json!(turns);
+        let trajectory = Trajectory {
+            id,
+            run_id: slot.run_id,
+            step: slot.step,
+            task_id: task.task_id,
+            sample_index: slot.sample_index,
+            policy_version: slot.policy_version,
+            server,
+            server_version: None,
+            prompt_token_ids: prompt_ids,
+            segments,
+            finish_reason: finish.to_string(),
+            parsed: parsed_json,
+            timings: json!({
+                "total_ms": started.elapsed().as_millis() as u64,
+                "generate_ms": gen_ms as u64,
+                "tools_ms": tool_ms as u64,
+            }),
+        };
+        Ok(Rollout {
+            trajectory,
+            parsed,
+            calls: executed,
+            error,
+        })
+    }
+
+    /// Split one model piece at the stage boundaries that fall inside it. The token at which a
+    /// boundary falls is found by binary search on decoded-prefix length, so token ids are never
+    /// re-tokenised: every id keeps its logprob and lands in exactly one segment.
+    fn split_by_stage(
+        &self,
+        p: &Piece,
+        start: usize,
+        parsed: &Parsed,
+        policy_version: i32,
+    ) -> Result<Vec<Segment>, CodecError> {
+        let end = start + p.text.len();
+        let mut cuts: Vec<usize> = vec![0];
+        for span in parsed.stage_spans.iter().skip(1) {
+            let b = span.start;
+            if b > start && b < end {
+                let rel = b - start;
+                // Smallest i such that decode(ids[..i]) reaches the boundary.
+                let (mut lo, mut hi) = (0usize, p.ids.len());
+                while lo < hi {
+                    let mid = (lo + hi) / 2;
+                    if self.codec.decode(&p.ids[..mid])?.len() >= rel {
+                        hi = mid
+                    } else {
+                        lo = mid + 1
+                    }
+                }
+                if lo > *cuts.last().unwrap_or(&0) && lo < p.ids.len() {
+                    cuts.push(lo);
+                }
+            }
+        }
+        cuts.push(p.ids.len());
+        let logprobs = p.logprobs.clone().unwrap_or_default();
+        let mut out = Vec::new();
+        for w in cuts.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if a == b {
+                continue;
+            }
+            let prefix = if a == 0 {
+                0
+            } else {
+                self.codec.decode(&p.ids[..a])?.len()
+            };
+            let stage = parsed.stage_at(start + prefix);
+            let text = self.codec.decode(&p.ids[a..b])?;
+            out.push(Segment {
+                kind: SegmentKind::Model,
+                stage: Some(stage),
+                token_ids: p.ids[a..b].to_vec(),
+                logprobs: Some(logprobs.get(a..b).map(<[f32]>::to_vec).unwrap_or_default()),
+                text,
+                policy_version: Some(policy_version),
+            });
+        }
+        Ok(out)
+    }
+}

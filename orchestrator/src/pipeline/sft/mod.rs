@@ -1,0 +1,264 @@
+//! SFT data construction (method.md A.3): scaffold trajectories written as ChatML JSONL for
+//! `trainer sft`. The offline teacher follows the research world's known evidence chains: it
+//! plans with a self-rubric built from what the question needs, searches the real local index
+//! hop by hop, evaluates its state after each result, reviews the checklist against the
+//! retrieved snippet ids and answers with `<cite>` spans over sentences of the retrieved
+//! snippets. Every trajectory passes the A.3 rejection rules (`scaffold::sft::check`) or is
+//! dropped with the rule it broke; a task whose evidence the index does not return is dropped
+//! as `evidence_not_found`. Rows: `messages` (system, user, assistant = the whole trace) and
+//! `segments` (model text vs tool output, so tool spans carry no loss). `teacher` writes the
+//! same rows with a teacher model behind an OpenAI-compatible endpoint, for any task file.
+
+pub mod teacher;
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::domain::data::world::WorldTask;
+use crate::infra::chat::AnswerFormat;
+use crate::infra::tools::local_search::CorpusDoc;
+use crate::infra::tools::runner::{ToolArgs, ToolRunner};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SftSegment {
+    pub kind: &'static str,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SftMessage {
+    pub role: &'static str,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SftRow {
+    pub id: String,
+    pub messages: Vec<SftMessage>,
+    pub segments: Vec<SftSegment>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SftStats {
+    pub tasks: usize,
+    pub written: usize,
+    /// Rejections by rule name.
+    pub rejected: BTreeMap<String, usize>,
+}
+
+fn sentence_with<'a>(text: &'a str, terms: &[String]) -> Option<&'a str> {
+    text.split_inclusive(". ")
+        .map(str::trim)
+        .find(|s| terms.iter().all(|t| s.contains(t.as_str())))
+}
+
+fn format_of(t: &WorldTask) -> AnswerFormat {
+    match t.answer_format.as_str() {
+        "exact" => AnswerFormat::Exact,
+        "short" => AnswerFormat::Short,
+        _ => AnswerFormat::Long,
+    }
+}
+
+/// One offline teacher trajectory; `Err(rule)` when it must be rejected.
+pub async fn teach(
+    task: &WorldTask,
+    docs: &HashMap<String, CorpusDoc>,
+    tools: &ToolRunner,
+    tool: &str,
+    system: &str,
+    max_tool_calls: u32,
+) -> Result<SftRow, String> {
+    let hops: Vec<&crate::domain::data::world::WorldRubric> = {
+        // One search per distinct evidence document, in chain order.
+        let mut seen = Vec::new();
+        let mut v = Vec::new();
+        for r in &task.rubrics {
+            if let Some(e) = r.evidence.first()
+                && !seen.contains(e)
+            {
+                seen.push(e.clone());
+                v.push(r);
+            }
+        }
+        v
+    };
+    if hops.is_empty() || hops.len() as u32 > max_tool_calls {
+        return Err("too_many_hops".into());
+    }
+    // The plan is written before searching, so it names what is needed, never the answer.
+    let checklist: String = task
+        .rubrics
+        .iter()
+        .map(|r| {
+            format!(
+                "- The {} in the chain, stated with a snippet that supports it.\n",
+                r.title
+            )
+        })
+        .collect();
+    let mut segments = Vec::new();
+    let mut rounds_text: Vec<String> = Vec::new();
+    let mut found: Vec<(String, String, String)> = Vec::new(); // (rubric title, snippet id, sentence)
+    let plan_steps: String = hops
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            if i == 0 {
+                let title = docs
+                    .get(&r.evidence[0])
+                    .map(|d| d.title.as_str())
+                    .unwrap_or("");
+                format!("1. Search for {title} to establish the {}.\n", r.title)
+            } else {
+                format!(
+                    "{}. Search for the {} found in step {i} to establish the {}.\n",
+                    i + 1,
+                    hops[i - 1].title,
+                    r.title
+                )
+            }
+        })
+        .collect();
+    for (h, r) in hops.iter().enumerate() {
+        let Some(doc) = docs.get(&r.evidence[0]) else {
+            return Err("evidence_not_found".into());
+        };
+        let query = doc.title.clone();
+        let mut text = String::new();
+        if h == 0 {
+            text.push_str(&format!(
+                "<think>\nThe question needs {} linked facts; each must come from a search.\n</think>\n\
+                 <structured_plan>\n<deep_analysis>\nThe question asks: {}\nIt needs a chain of {} searches; no step can be guessed.\n</deep_analysis>\n\
+                 <rubric>\nKnowledge checklist:\n{checklist}Analytical criteria:\n- Connect each fact to the next link of the chain.\n\
+                 Negative constraints:\n- Do not state a fact that no retrieved snippet supports.\n</rubric>\n\
+                 <research_plan>\n{plan_steps}</research_plan>\n</structured_plan>\n",
+                task.rubrics.len(),
+                task.query,
+                hops.len()
+            ));
+        } else {
+            let (t, _, sentence) = &found[found.len() - 1];
+            text.push_str(&format!(
+                "<think>\nThe last result gives the {t}.\n</think>\n<state_evaluation>\nCovered: {sentence} Missing: the {}. Continue searching.\n</state_evaluation>\n",
+                r.title
+            ));
+        }
+        text.push_str(&format!("<call_tool name=\"{tool}\">{query}</call_tool>"));
+        let res = tools
+            .run(
+                tool,
+                ToolArgs {
+                    query,
+                    attrs: BTreeMap::new(),
+                },
+            )
+            .await;
+        if res.error.is_some() {
+            return Err("tool_error".into());
+        }
+        // Every rubric that this document supports, from the snippet that carries it.
+        for rr in task
+            .rubrics
+            .iter()
+            .filter(|x| x.evidence.first() == r.evidence.first())
+        {
+            let hit = res.snippets.iter().find_map(|s| {
+                sentence_with(&s.text, &rr.key_terms).map(|sent| (s.id.clone(), sent.to_string()))
+            });
+            match hit {
+                Some((id, sent)) => found.push((rr.title.clone(), id, sent)),
+                None => return Err("evidence_not_found".into()),
+            }
+        }
+        rounds_text.push(text.clone());
+        segments.push(SftSegment {
+            kind: "model",
+            text,
+        });
+        segments.push(SftSegment {
+            kind: "tool_output",
+            text: format!("\n{}\n", res.output_text),
+        });
+    }
+    let review: String = found
+        .iter()
+        .map(|(t, id, _)| format!("- {t}: supported by snippet {id}.\n"))
+        .collect();
+    let claims: Vec<String> = found
+        .iter()
+        .map(|(_, id, sent)| format!("<cite id=\"{id}\">{sent}</cite>"))
+        .collect();
+    let boxed = if format_of(task) == AnswerFormat::Exact {
+        format!("\nThe answer is \\boxed{{{}}}.", task.answer)
+    } else {
+        String::new()
+    };
+    let last = format!(
+        "<think>\nEvery checklist item now has evidence.\n</think>\n<state_evaluation>\nAll {} checklist items are covered by retrieved snippets.\n</state_evaluation>\n\
+         <review>\n<rubric_review>\n{review}</rubric_review>\n<writing_plan>\nState each link of the chain in order, each with its snippet.\n</writing_plan>\n</review>\n\
+         <answer>\n{}{boxed}\n</answer>",
+        found.len(),
+        claims.join("\n")
+    );
+    rounds_text.push(last.clone());
+    segments.push(SftSegment {
+        kind: "model",
+        text: last,
+    });
+    let rounds: Vec<crate::domain::scaffold::sft::Round<'_>> = rounds_text
+        .iter()
+        .map(|t| crate::domain::scaffold::sft::Round {
+            text: t,
+            tool_error: false,
+        })
+        .collect();
+    if let Some(rule) = crate::domain::scaffold::sft::check(&rounds).first() {
+        return Err(rule.name().to_string());
+    }
+    let user = crate::infra::prompts::user_message(&task.query, format_of(task));
+    let assistant: String = segments.iter().map(|s| s.text.as_str()).collect();
+    Ok(SftRow {
+        id: task.id.clone(),
+        messages: vec![
+            SftMessage {
+                role: "system",
+                content: system.to_string(),
+            },
+            SftMessage {
+                role: "user",
+                content: user,
+            },
+            SftMessage {
+                role: "assistant",
+                content: assistant,
+            },
+        ],
+        segments,
+    })
+}
+
+/// Teach every task; returns the kept rows and the counts.
+pub async fn offline(
+    tasks: &[WorldTask],
+    docs: &HashMap<String, CorpusDoc>,
+    tools: &ToolRunner,
+    tool: &str,
+    system: &str,
+    max_tool_calls: u32,
+) -> (Vec<SftRow>, SftStats) {
+    let mut stats = SftStats {
+        tasks: tasks.len(),
+        ..Default::default()
+    };
+    let mut rows = Vec::new();
+    for t in tasks {
+        match teach(t, docs, tools, tool, system, max_tool_calls).await {
+            Ok(r) => rows.push(r),
+            Err(rule) => *stats.rejected.entry(rule).or_default() += 1,
+        }
+    }
+    stats.written = rows.len();
+    (rows, stats)
+}

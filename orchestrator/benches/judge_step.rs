@@ -6,6 +6,7 @@
 //!
 //! Needs DATABASE_URL (a server where it may create the database `rubricem_bench_judge`).
 //! Run: cargo bench -p orchestrator --bench judge_step [-- TASKS N LATENCY_MS CONCURRENCY]
+#![allow(clippy::disallowed_methods)] // reads Postgres directly to check what the product stored
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -5,6 +5,7 @@
 //!
 //! Needs DATABASE_URL (a server where it may create the database `rubricem_bench`).
 //! Run: cargo bench -p orchestrator --bench persist_step [-- TRAJECTORIES TOKENS REPEATS]
+#![allow(clippy::disallowed_methods)] // reads Postgres directly to check what the product stored
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

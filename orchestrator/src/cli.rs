@@ -168,7 +168,7 @@ pub struct RolloutArgs {
     pub mcp: Vec<String>,
     /// Agent scaffold: rubricem, drtulu or react.
     #[arg(long, env = "ORCH_SCAFFOLD", default_value = "rubricem")]
-    pub scaffold: String,
+    pub scaffold: crate::domain::scaffold::Scaffold,
     /// Trajectories in flight at once.
     #[arg(long, env = "ORCH_MAX_INFLIGHT", default_value_t = 256)]
     pub max_inflight: usize,

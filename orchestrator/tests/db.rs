@@ -1,6 +1,7 @@
 //! The Postgres store on real Postgres: migrations verified, trajectories round-tripped through
 //! binary COPY, bulk upserts, and the analysis queries of scripts/sql on fixture rows.
 //! Each test gets a fresh database from `#[sqlx::test]` (needs DATABASE_URL).
+#![allow(clippy::disallowed_methods)] // reads Postgres directly to check what the product stored
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

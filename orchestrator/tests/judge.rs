@@ -3,6 +3,7 @@
 //! tokens and cost; garbage, partial JSON, missing indices, 429s and timeouts retried; a dead
 //! judge or one unscorable trajectory handled by the documented fallbacks with nothing lost;
 //! re-judging without duplicates; the DR Tulu recipe's composite rewards; `orchestrator judge`.
+#![allow(clippy::disallowed_methods)] // reads Postgres directly to check what the product stored
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -8,6 +8,8 @@
 //! not counted. The test prints the figures the layering is judged by (circles, upward
 //! imports, largest file, the commands' largest file); run it with `--nocapture` to read them.
 
+#![allow(clippy::expect_used)] // a test file: its helpers panic with a message on unreadable sources
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 

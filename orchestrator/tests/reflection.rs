@@ -3,6 +3,7 @@
 //! group advantages, the best valid candidate in the bank, judge-call accounting, the bank
 //! reloaded from Postgres equal to the one in memory (resume), hash and cosine retrieval that
 //! excludes the task itself, the deferred-batch assignment, and a failed job recorded.
+#![allow(clippy::disallowed_methods)] // reads Postgres directly to check what the product stored
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
 mod common;

@@ -1,6 +1,7 @@
 //! Rollouts end to end against the loopback fake (scripted multi-turn outputs with tool calls)
 //! and real Postgres: token ids exact, stage spans and masks exact, tool cache hit on rerun, and
 //! the documented finish reasons for models that never close a tag, stop early, or overuse tools.
+#![allow(clippy::disallowed_methods)] // reads Postgres directly to check what the product stored
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
 mod common;

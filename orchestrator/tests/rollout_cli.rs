@@ -1,6 +1,7 @@
 //! `orchestrator rollout` end to end: a task file from the research world, a local BM25 index, a
 //! real tokenizer directory (byte-level, with ids that match the fake server's), the scripted
 //! fake policy server, and Postgres; checks the summary and what was stored.
+#![allow(clippy::disallowed_methods)] // reads Postgres directly to check what the product stored
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
 mod common;
@@ -110,7 +111,7 @@ async fn rollout_command_stores_and_summarises(pool: sqlx::PgPool) {
         index: Some(idx_dir),
         web_tools: false,
         mcp: vec![],
-        scaffold: "rubricem".into(),
+        scaffold: orchestrator::domain::scaffold::Scaffold::Rubricem,
         // One at a time: the fake's scripted replies are a single queue.
         max_inflight: 1,
         reuse: orchestrator::domain::bank::Reuse::None,

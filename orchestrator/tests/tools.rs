@@ -1,6 +1,7 @@
 //! The tool layer: Serper and Semantic Scholar clients against loopback fakes (attributes
 //! forwarded, keys from the environment), local search as a stand-in, the runner's limits,
 //! timeouts and error output, and the Postgres result cache (hit on rerun).
+#![allow(clippy::disallowed_methods)] // reads Postgres directly to check what the product stored
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
 use std::collections::BTreeMap;

@@ -6,6 +6,7 @@ pub mod config;
 pub mod credit;
 pub mod data;
 pub mod eval;
+pub mod jsonl;
 pub mod judge;
 pub mod reflection;
 pub mod rollout;

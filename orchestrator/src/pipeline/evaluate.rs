@@ -256,6 +256,108 @@ async fn score_one(
     }
 }
 
+/// When evaluations run within a run: after the step that made a due version.
+use std::time::Instant;
+
+use super::{Pipeline, PipelineError, Shared};
+use crate::infra::db;
+
+impl Pipeline {
+    /// Evaluate the policy of `version` (which the trainer holds and the servers serve) on every
+    /// subset not yet evaluated at that version, if the version is due; the time spent is the
+    /// metric `time/eval_s` of the step that made the version. A cancelled evaluation stores
+    /// nothing.
+    pub(super) async fn evaluate_due(
+        &self,
+        version: i32,
+        shared: &Shared,
+        cancel: &CancellationToken,
+    ) -> Result<(), PipelineError> {
+        if self.evals.is_empty() || !due(version.max(0) as u32, self.steps, &self.eval) {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let done = self.evaluate_subsets(version, shared, cancel).await?;
+        if done && version > 0 {
+            let m = [("time/eval_s".to_string(), t0.elapsed().as_secs_f64())];
+            db::metrics::record(&self.pool, self.run_id, version - 1, &m).await?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::evaluate_due`]'s work: true when some subset was evaluated now.
+    pub(super) async fn evaluate_subsets(
+        &self,
+        version: i32,
+        shared: &Shared,
+        cancel: &CancellationToken,
+    ) -> Result<bool, PipelineError> {
+        let mut done = false;
+        let run = self.run_id.to_string();
+        for subset in &self.evals {
+            if db::evaluations::exists(&self.pool, self.run_id, version, &subset.name).await? {
+                continue;
+            }
+            tracing::info!(
+                version,
+                subset = %subset.name,
+                tasks = subset.tasks.len(),
+                samples = self.eval.n,
+                "evaluating"
+            );
+            loop {
+                let mut ctx = self.rollout_ctx(shared);
+                if let Some(t) = self.eval.temperature {
+                    ctx.cfg.temperature = t;
+                }
+                let er = EvalRun {
+                    run_id: self.run_id,
+                    version,
+                    samples: self.eval.n,
+                    max_inflight: self.cfg.max_inflight as usize,
+                    ctx: &ctx,
+                    judge: self.judge.as_ref(),
+                    gate: self.admission.clone(),
+                };
+                let Some((row, results)) = evaluate(&er, subset, cancel).await else {
+                    tracing::warn!(version, subset = %subset.name, "evaluation interrupted; it reruns on resume");
+                    return Ok(false);
+                };
+                // A trainer that restarted meanwhile served other weights: redo on the restored
+                // policy.
+                match self.trainer.state().await {
+                    Ok(st)
+                        if st.session.as_deref() == Some(run.as_str())
+                            && st.policy_version == i64::from(version) =>
+                    {
+                        db::evaluations::record(&self.pool, &row, &results).await?;
+                        done = true;
+                        tracing::info!(
+                            version,
+                            subset = %subset.name,
+                            score = ?row.score,
+                            exact = ?row.exact,
+                            judged = row.judged,
+                            failed = row.failed,
+                            "evaluated"
+                        );
+                        break;
+                    }
+                    other => {
+                        tracing::warn!(version, subset = %subset.name, trainer = ?other.map(|s| (s.session, s.policy_version)), "the trainer changed during the evaluation; redoing it");
+                        self.wait_for_trainer(cancel).await?;
+                        self.sync_trainer(version, shared, cancel).await?;
+                        if cancel.is_cancelled() {
+                            return Ok(false);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(done)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 //! rubrics, buffers, judgments, stage scores, rewards, the call log and step metrics in one
 //! transaction (re-judging a step overwrites, never duplicates).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use futures::future::join_all;
@@ -408,28 +408,4 @@ fn credit(
     }
 }
 
-/// Map trajectory ids to their per-stage advantages for a step (the batch builder's input).
-pub async fn load_advantages(
-    pool: &PgPool,
-    run_id: Uuid,
-    step: i32,
-    judge_model: &str,
-) -> Result<HashMap<Uuid, [f64; STAGES]>, DbError> {
-    let rows: Vec<(Uuid, i16, Option<f32>)> = sqlx::query_as(
-        "SELECT s.trajectory_id, s.stage, s.advantage FROM stage_scores s
-         JOIN trajectories t ON t.id = s.trajectory_id
-         WHERE t.run_id = $1 AND t.step = $2 AND s.judge_model = $3",
-    )
-    .bind(run_id)
-    .bind(step)
-    .bind(judge_model)
-    .fetch_all(pool)
-    .await?;
-    let mut out: HashMap<Uuid, [f64; STAGES]> = HashMap::new();
-    for (t, k, a) in rows {
-        if let Some(slot) = out.entry(t).or_default().get_mut(k as usize) {
-            *slot = f64::from(a.unwrap_or(0.0));
-        }
-    }
-    Ok(out)
-}
+pub use crate::infra::db::judging::load_advantages;

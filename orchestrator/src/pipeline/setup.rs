@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::{Pipeline, PipelineError};
 use crate::domain::config::{Config, Recipe};
-use crate::infra::chat::{ModelTokenizer, Scaffold};
+use crate::infra::chat::ModelTokenizer;
 use crate::infra::db;
 use crate::infra::llm::trainer::TrainerClient;
 use crate::infra::llm::{LlmClient, Role};
@@ -154,9 +154,7 @@ pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError
     let runner = crate::infra::tools::setup::build(&tool_setup, Some(cache))
         .await
         .map_err(setup)?;
-    let scaffold: Scaffold =
-        serde_json::from_value(serde_json::Value::String(cfg.data.scaffold.clone()))
-            .map_err(setup)?;
+    let scaffold = cfg.data.scaffold;
     let system =
         crate::infra::prompts::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)
             .map_err(setup)?;

@@ -77,14 +77,8 @@ impl Recipe {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JudgeKind {
-    /// An LLM judge behind an OpenAI-compatible chat endpoint.
-    Llm,
-    /// The deterministic offline lexical judge (labelled as such in every report).
-    Lexical,
-}
+/// Which judge scores a run (`judge.kind`): one type with the judge's own.
+pub use crate::domain::judge::JudgeKind;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -259,8 +253,8 @@ pub struct DataConfig {
     pub world_seed: Option<u64>,
     pub world_docs: usize,
     pub world_tasks: usize,
-    /// Agent scaffold: rubricem, drtulu or react.
-    pub scaffold: String,
+    /// Agent scaffold: rubricem, drtulu or react (parsed once, here).
+    pub scaffold: crate::domain::scaffold::Scaffold,
 }
 
 impl Default for DataConfig {
@@ -272,7 +266,7 @@ impl Default for DataConfig {
             world_seed: None,
             world_docs: 400,
             world_tasks: 96,
-            scaffold: "rubricem".into(),
+            scaffold: crate::domain::scaffold::Scaffold::Rubricem,
         }
     }
 }
@@ -683,12 +677,6 @@ impl Config {
             "reflection.window",
             r.window,
             "1..=1000",
-        )?;
-        check(
-            ["rubricem", "drtulu", "react"].contains(&self.data.scaffold.as_str()),
-            "data.scaffold",
-            format!("{:?}", self.data.scaffold),
-            "rubricem, drtulu, react",
         )?;
         check(
             (4..=10_000_000).contains(&self.data.world_docs),

@@ -141,16 +141,13 @@ pub fn load(path: &Path) -> Result<Vec<TaskRow>, TaskError> {
         .unwrap_or("tasks")
         .to_string();
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let row = serde_json::from_str::<serde_json::Value>(line)
+    for (line, value) in crate::domain::jsonl::rows::<serde_json::Value>(&text) {
+        let row = value
             .map_err(|e| e.to_string())
             .and_then(|v| parse_row(&v, &source))
             .map_err(|message| TaskError::Row {
                 path: path.into(),
-                line: i + 1,
+                line,
                 message,
             })?;
         out.push(row);

@@ -114,7 +114,9 @@ pub struct Usage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JudgeKind {
+    /// An LLM judge behind an OpenAI-compatible chat endpoint.
     Llm,
+    /// The deterministic offline lexical judge (labelled as such in every report).
     Lexical,
 }
 

@@ -24,6 +24,34 @@ pub enum Scaffold {
     React,
 }
 
+impl Scaffold {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scaffold::Rubricem => "rubricem",
+            Scaffold::Drtulu => "drtulu",
+            Scaffold::React => "react",
+        }
+    }
+}
+
+impl std::str::FromStr for Scaffold {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "rubricem" => Ok(Scaffold::Rubricem),
+            "drtulu" => Ok(Scaffold::Drtulu),
+            "react" => Ok(Scaffold::React),
+            _ => Err(format!("{s:?}; allowed: rubricem, drtulu, react")),
+        }
+    }
+}
+
+impl std::fmt::Display for Scaffold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The response-format suffix appended to the user query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -272,3 +272,15 @@ pub async fn count_for_step(pool: &PgPool, run_id: Uuid, step: i32) -> Result<i6
             .await?,
     )
 }
+
+/// The steps of a run that hold trajectories, in order.
+pub async fn steps_of_run(pool: &PgPool, run_id: Uuid) -> Result<Vec<i32>, DbError> {
+    Ok(
+        sqlx::query_scalar(
+            "SELECT DISTINCT step FROM trajectories WHERE run_id = $1 ORDER BY step",
+        )
+        .bind(run_id)
+        .fetch_all(pool)
+        .await?,
+    )
+}

@@ -15,6 +15,7 @@ use super::types::*;
 use crate::domain::config::{EndpointPoolConfig, HealthConfig, RetryConfig};
 
 /// Build the process's HTTP client. Every request also carries its own timeout.
+#[allow(clippy::disallowed_methods)] // the HTTP-client door (clippy.toml)
 pub fn build_http(connect_timeout: Duration) -> Result<reqwest::Client, LlmError> {
     reqwest::Client::builder()
         .connect_timeout(connect_timeout)
@@ -31,6 +32,7 @@ pub fn build_http(connect_timeout: Duration) -> Result<reqwest::Client, LlmError
 
 /// A client for fetching arbitrary web pages: every host name resolves through the SSRF guard,
 /// every redirect hop is checked (IP literals never reach a resolver), and redirects are capped.
+#[allow(clippy::disallowed_methods)] // the HTTP-client door (clippy.toml)
 pub fn build_guarded_http(
     guard: Arc<crate::infra::tools::ssrf::AddressGuard>,
     connect_timeout: Duration,

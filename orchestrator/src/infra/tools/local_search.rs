@@ -3,7 +3,6 @@
 //! (lowercase, stop words, Snowball stemming), which is what BEIR's Elasticsearch BM25 baseline
 //! does too. Offline, it can stand in for `google_search` and `snippet_search`.
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -120,20 +119,19 @@ pub fn read_corpus(path: &Path) -> Result<Vec<CorpusDoc>, IndexError> {
         message: e.to_string(),
     })?;
     let mut docs = Vec::new();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| IndexError::Corpus {
-            path: path.into(),
-            message: e.to_string(),
-        })?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let d: CorpusDoc = serde_json::from_str(&line).map_err(|e| IndexError::Row {
-            path: path.into(),
-            line: i + 1,
-            message: e.to_string(),
-        })?;
-        docs.push(d);
+    for (line, d) in crate::domain::jsonl::read_rows::<CorpusDoc, _>(std::io::BufReader::new(file))
+    {
+        docs.push(d.map_err(|e| match e {
+            crate::domain::jsonl::LineError::Io(e) => IndexError::Corpus {
+                path: path.into(),
+                message: e.to_string(),
+            },
+            crate::domain::jsonl::LineError::Json(e) => IndexError::Row {
+                path: path.into(),
+                line,
+                message: e.to_string(),
+            },
+        })?);
     }
     Ok(docs)
 }

@@ -1,0 +1,357 @@
+//! The three workers of a run (rollout, judging, training) joined by bounded channels, and what
+//! they share: the rollout context with memory injection, the batch a judged step becomes, the
+//! progress line.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{Pipeline, PipelineError, Shared, batch};
+use crate::domain::bank::Reuse;
+use crate::infra::db::{self};
+use crate::pipeline::judging::judge_step;
+use crate::pipeline::rollout::{RolloutCtx, RolloutSlot, RolloutTask};
+
+impl Pipeline {
+    pub(super) fn rollout_ctx(&self, shared: &Shared) -> RolloutCtx {
+        let mut ctx = self.rollout.clone();
+        ctx.client = shared.client(&ctx.client);
+        ctx
+    }
+
+    pub(super) async fn rollout_worker(
+        self: Arc<Self>,
+        first: i32,
+        mut trained: watch::Receiver<i32>,
+        judge_tx: mpsc::Sender<i32>,
+        shared: Arc<Shared>,
+        cancel: CancellationToken,
+    ) -> Result<(), PipelineError> {
+        let k = self.cfg.max_staleness as i32;
+        for s in first..self.steps as i32 {
+            // Staleness bound: steps up to s - 1 - k must be trained before s is rolled out.
+            let t_wait = Instant::now();
+            let ok = tokio::select! {
+                _ = cancel.cancelled() => false,
+                r = trained.wait_for(|v| *v >= s - k) => r.is_ok(),
+            };
+            if !ok {
+                break;
+            }
+            let wait_secs = t_wait.elapsed().as_secs_f64();
+            let version = *trained.borrow();
+            let slot = self.slot(s);
+            let picks = crate::domain::schedule::tasks_for_step(
+                self.tasks.len(),
+                self.tasks_per_step,
+                self.seed,
+                slot.map_or(s as u32, |x| x.batch),
+            );
+            let (tasks, memory_metrics) = self.with_memory(&picks, slot).await?;
+            let ids: Vec<Uuid> = tasks.iter().map(|t| t.task_id).collect();
+            db::pipeline::restart_step(&self.pool, self.run_id, s, version, &ids).await?;
+            let t0 = Instant::now();
+            let ctx = self.rollout_ctx(&shared);
+            let slot = RolloutSlot {
+                run_id: self.run_id,
+                step: s,
+                sample_index: 0,
+                policy_version: version,
+            };
+            let results = crate::pipeline::rollout::rollout_batch_gated(
+                &ctx,
+                &tasks,
+                self.n,
+                slot,
+                self.cfg.max_inflight as usize,
+                &cancel,
+                None,
+                self.admission.clone(),
+            )
+            .await;
+            if cancel.is_cancelled() {
+                db::runs::set_step_status(&self.pool, self.run_id, s, "abandoned").await?;
+                tracing::warn!(step = s, "interrupted: rollouts of this step abandoned");
+                break;
+            }
+            let (rollouts, summary) = crate::pipeline::rollout::summarize(results);
+            db::pipeline::commit_rollouts(&self.pool, self.run_id, s, &rollouts).await?;
+            let secs = t0.elapsed().as_secs_f64();
+            let mut m = vec![
+                ("time/rollout_s".to_string(), secs),
+                ("time/rollout_wait_s".to_string(), wait_secs),
+                (
+                    "rollout/trajectories".to_string(),
+                    summary.trajectories as f64,
+                ),
+                (
+                    "rollout/model_tokens".to_string(),
+                    summary.model_tokens as f64,
+                ),
+                (
+                    "rollout/tokens_per_s".to_string(),
+                    summary.model_tokens as f64 / secs.max(1e-9),
+                ),
+                (
+                    "rollout/parse_failures".to_string(),
+                    summary.parse_failures as f64,
+                ),
+                ("rollout/policy_version".to_string(), f64::from(version)),
+            ];
+            m.extend(memory_metrics);
+            if let Some(a) = &self.admission {
+                m.push((
+                    "rollout/admission_held_s".to_string(),
+                    a.take_held().as_secs_f64(),
+                ));
+            }
+            for (reason, c) in &summary.finish_reasons {
+                m.push((format!("rollout/finish/{reason}"), *c as f64));
+            }
+            let mut per_stage = std::collections::BTreeMap::<String, usize>::new();
+            for ((stage, _tool), c) in &summary.tool_calls {
+                *per_stage.entry(stage.clone()).or_default() += c;
+            }
+            for (stage, c) in per_stage {
+                m.push((format!("rollout/tool_calls/{stage}"), c as f64));
+            }
+            db::metrics::record(&self.pool, self.run_id, s, &m).await?;
+            if judge_tx.send(s).await.is_err() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn judge_worker(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<i32>,
+        tx: mpsc::Sender<Prepared>,
+        shared: Arc<Shared>,
+    ) -> Result<(), PipelineError> {
+        while let Some(s) = rx.recv().await {
+            let t0 = Instant::now();
+            if !db::pipeline::is_judged(&self.pool, self.run_id, s, self.judge.model()).await? {
+                judge_step(
+                    &self.pool,
+                    self.judge.as_ref(),
+                    &self.judge_opts,
+                    self.run_id,
+                    s,
+                )
+                .await
+                .map_err(|source| PipelineError::Judge { step: s, source })?;
+            }
+            db::runs::set_step_status(&self.pool, self.run_id, s, "training").await?;
+            let judge_secs = t0.elapsed().as_secs_f64();
+            self.launch_reflection(s, &shared);
+            // Strictly sequential (max_staleness 0): the step's reflection job runs now, alone,
+            // instead of beside the next step's rollouts and this step's training.
+            let inline = if self.cfg.max_staleness == 0 {
+                self.await_reflection(s, &shared).await
+            } else {
+                0.0
+            };
+            let t1 = Instant::now();
+            let waited = self.await_reflection(s - 1, &shared).await;
+            let (batch, stats, mut m) = self.build_batch(s, true).await?;
+            m.extend(stats.metrics());
+            m.push(("time/judge_s".into(), judge_secs));
+            m.push(("time/reflection_wait_s".into(), waited));
+            m.push(("time/reflection_inline_s".into(), inline));
+            m.push(("time/prepare_s".into(), t1.elapsed().as_secs_f64()));
+            db::metrics::record(&self.pool, self.run_id, s, &m).await?;
+            // A cancelled run still trains what is judged, unless the train worker is gone.
+            if tx.send(Prepared { step: s, batch }).await.is_err() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn train_worker(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<Prepared>,
+        trained: watch::Sender<i32>,
+        shared: Arc<Shared>,
+        progress: indicatif::ProgressBar,
+        cancel: CancellationToken,
+    ) -> Result<(), PipelineError> {
+        let mut idle = Instant::now();
+        while let Some(p) = rx.recv().await {
+            let idle_secs = idle.elapsed().as_secs_f64();
+            let s = p.step;
+            let t0 = Instant::now();
+            let reply = self
+                .train_with_recovery(s, &p.batch, &shared, &cancel)
+                .await?;
+            let train_secs = t0.elapsed().as_secs_f64();
+            let mut m = vec![
+                ("time/train_s".to_string(), train_secs),
+                ("time/train_idle_s".to_string(), idle_secs),
+                ("time/publish_s".to_string(), reply.publish_seconds()),
+                (
+                    "train/policy_version".to_string(),
+                    reply.policy_version as f64,
+                ),
+            ];
+            for (k, v) in &reply.metrics {
+                if let Some(x) = v.as_f64().filter(|x| x.is_finite()) {
+                    m.push((format!("train/{k}"), x));
+                }
+            }
+            for (k, v) in reply.reflection.iter().flatten() {
+                if let Some(x) = v.as_f64().filter(|x| x.is_finite()) {
+                    m.push((format!("train/reflection/{k}"), x));
+                }
+            }
+            db::metrics::record(&self.pool, self.run_id, s, &m).await?;
+            if let Some(name) = reply.published_name()
+                && let Ok(mut g) = shared.model.write()
+            {
+                *g = Some(name);
+            }
+            db::runs::set_step_status(&self.pool, self.run_id, s, "completed").await?;
+            let due = self.cfg.checkpoint_every > 0
+                && (((s + 1) as u32).is_multiple_of(self.cfg.checkpoint_every)
+                    || s + 1 == self.steps as i32);
+            if due {
+                self.checkpoint(s).await?;
+            }
+            let _ = trained.send(s + 1);
+            self.evaluate_due(s + 1, &shared, &cancel).await?;
+            self.show(&progress, s).await;
+            idle = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// The curriculum slot of a step (meta-policy recipes only).
+    pub(super) fn slot(&self, s: i32) -> Option<crate::domain::schedule::Slot> {
+        self.memory
+            .as_ref()
+            .map(|m| crate::domain::schedule::windowed(s.max(0) as u32, m.window))
+    }
+
+    /// The step's tasks, with `<reference_examples>` injected before the question when the
+    /// recipe has memory (cross-episode on new steps, within-episode on replays), and metrics.
+    pub(super) async fn with_memory(
+        &self,
+        picks: &[usize],
+        slot: Option<crate::domain::schedule::Slot>,
+    ) -> Result<(Vec<RolloutTask>, Vec<(String, f64)>), PipelineError> {
+        let mut tasks: Vec<RolloutTask> = picks.iter().map(|&i| self.tasks[i].clone()).collect();
+        let (Some(mem), Some(slot)) = (&self.memory, slot) else {
+            return Ok((tasks, vec![]));
+        };
+        let mode = match slot.phase {
+            crate::domain::schedule::Phase::New => Reuse::Cross,
+            crate::domain::schedule::Phase::Replay => Reuse::Within,
+        };
+        let t0 = Instant::now();
+        let bank = &mem.reflector.bank;
+        let queries: Vec<(Uuid, &str)> = tasks
+            .iter()
+            .zip(picks)
+            .map(|(t, &i)| (t.task_id, self.questions[i].as_str()))
+            .collect();
+        let found = bank.retrieve_many(&queries, mode).await?;
+        let (mut within, mut cross, mut fallback) = (0usize, 0usize, 0usize);
+        for (t, got) in tasks.iter_mut().zip(found) {
+            match got.mode() {
+                Reuse::Within => within += 1,
+                Reuse::Cross => {
+                    cross += 1;
+                    if mode == Reuse::Within {
+                        fallback += 1;
+                    }
+                }
+                Reuse::None => {}
+            }
+            t.user = got.inject(&t.user)?;
+        }
+        let n = tasks.len().max(1) as f64;
+        let m = vec![
+            (
+                "curriculum/phase".to_string(),
+                f64::from(u8::from(
+                    slot.phase == crate::domain::schedule::Phase::Replay,
+                )),
+            ),
+            ("curriculum/window".to_string(), f64::from(slot.window)),
+            ("curriculum/batch".to_string(), f64::from(slot.batch)),
+            ("bank/items".to_string(), bank.len() as f64),
+            ("bank/injected_within".to_string(), within as f64 / n),
+            ("bank/injected_cross".to_string(), cross as f64 / n),
+            ("bank/within_fallbacks".to_string(), fallback as f64),
+            ("time/retrieval_s".to_string(), t0.elapsed().as_secs_f64()),
+        ];
+        Ok((tasks, m))
+    }
+
+    /// A step's train batch: the deferred reflection candidates (Phase A) then its trajectories.
+    /// `fresh` (first build) assigns every finished, untrained candidate to this step; a replay
+    /// reads the assignment back, so the bytes match the first build.
+    pub(super) async fn build_batch(
+        &self,
+        s: i32,
+        fresh: bool,
+    ) -> Result<(wire::Batch, batch::BatchStats, Vec<(String, f64)>), PipelineError> {
+        let (mut b, stats) = batch::build(&self.pool, self.run_id, s, self.judge.model()).await?;
+        let mut m = Vec::new();
+        if self.memory.is_none() {
+            return Ok((b, stats, m));
+        }
+        if fresh {
+            db::bank::assign_for_training(&self.pool, self.run_id, s).await?;
+        }
+        let rows = db::bank::for_training(&self.pool, self.run_id, s).await?;
+        let first_group = b.seqs.iter().map(|q| q.group_id + 1).max().unwrap_or(0);
+        let refl = crate::pipeline::reflection::sequences(&rows, first_group);
+        if !rows.is_empty() {
+            let lag = rows.iter().map(|r| f64::from(s - r.step)).sum::<f64>() / rows.len() as f64;
+            m.push(("reflection/lag_steps".to_string(), lag));
+        }
+        m.push(("batch/reflection_sequences".to_string(), refl.len() as f64));
+        let mut seqs = refl;
+        seqs.append(&mut b.seqs);
+        b.seqs = seqs;
+        Ok((b, stats, m))
+    }
+
+    pub(super) async fn show(&self, progress: &indicatif::ProgressBar, s: i32) {
+        let get =
+            |name: &'static str| async move { sqlx_value(&self.pool, self.run_id, s, name).await };
+        let reward = get("reward/answer").await;
+        let (r, j, t) = (
+            get("time/rollout_s").await,
+            get("time/judge_s").await,
+            get("time/train_s").await,
+        );
+        progress.set_position((s + 1) as u64);
+        progress.set_message(format!(
+            "step {s}: reward {:.3} | rollout {:.1}s judge {:.1}s train {:.1}s",
+            reward.unwrap_or(f64::NAN),
+            r.unwrap_or(0.0),
+            j.unwrap_or(0.0),
+            t.unwrap_or(0.0)
+        ));
+    }
+}
+
+/// A judged step's batch on its way to the trainer.
+pub(super) struct Prepared {
+    pub(super) step: i32,
+    pub(super) batch: wire::Batch,
+}
+
+async fn sqlx_value(pool: &PgPool, run: Uuid, step: i32, name: &str) -> Option<f64> {
+    db::metrics::value(pool, run, step, name)
+        .await
+        .ok()
+        .flatten()
+}

@@ -4,6 +4,8 @@
 use serde_json::{Value, json};
 
 /// Render `messages` (role, content) through the template.
+// The trainer's one minijinja environment: this is its door (clippy.toml).
+#[allow(clippy::disallowed_methods)]
 pub fn render(
     template: &str,
     messages: &[(&str, &str)],

@@ -5,6 +5,8 @@
 pub mod bench;
 pub mod chat;
 pub mod checkpoint;
+pub mod cli;
+pub mod config;
 pub mod error;
 pub mod loss;
 pub mod model;

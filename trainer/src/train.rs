@@ -96,24 +96,8 @@ impl Default for TrainConfig {
     }
 }
 
-/// What a step reports.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct StepMetrics {
-    pub loss: f64,
-    pub tokens: i64,
-    pub sequences: usize,
-    pub micro_batches: usize,
-    pub grad_norm: f64,
-    pub lr: f64,
-    pub clip_fraction: f64,
-    pub kl: f64,
-    pub entropy: f64,
-    pub ratio_mean: f64,
-    pub tis_mean: f64,
-    pub tis_min: f64,
-    pub tis_max: f64,
-    pub seconds: f64,
-}
+/// What a step reports (the train-step reply's `metrics` and `reflection`).
+pub use wire::StepMetrics;
 
 /// Per-token targets and weights of one micro-batch, [B, T-1] each.
 struct Micro {

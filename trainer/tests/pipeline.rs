@@ -2,6 +2,7 @@
 //! the orchestrator process is SIGKILLed mid-run and resumed, and the trainer is killed and
 //! restarted mid-run; in both cases every step completes exactly once, with consistent row
 //! counts and policy versions, and the trainer ends at the run's last version.
+#![allow(clippy::disallowed_methods)] // reads Postgres directly to check what the product stored
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -89,8 +90,8 @@ async fn start_trainer(model: &Path, ckpt: &Path, addr: &str) -> (Trainer, Strin
 }
 
 fn write_world(dir: &Path) {
-    let world = orchestrator::data::world::generate(23, 60, 12);
-    orchestrator::data::world::write(&world, dir).unwrap();
+    let world = orchestrator::domain::data::world::generate(23, 60, 12);
+    orchestrator::domain::data::world::write(&world, dir).unwrap();
 }
 
 /// The run configuration as a TOML file over the smoke preset.
@@ -149,7 +150,7 @@ every = 2
 
 fn db_url(pool: &PgPool) -> String {
     let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| orchestrator::config::DEFAULT_DATABASE_URL.to_string());
+        .unwrap_or_else(|_| orchestrator::domain::config::DEFAULT_DATABASE_URL.to_string());
     let name = pool.connect_options().get_database().unwrap().to_string();
     let mut u = url::Url::parse(&base).unwrap();
     u.set_path(&name);
@@ -429,7 +430,7 @@ where
     }
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn sigkill_mid_step_then_resume_loses_and_duplicates_nothing(pool: PgPool) {
     let tmp = tempfile::tempdir().unwrap();
     let world = tmp.path().join("world");
@@ -527,9 +528,9 @@ async fn full_recipe_run(
 ) -> (
     Uuid,
     orchestrator::pipeline::Pipeline,
-    orchestrator::config::Config,
+    orchestrator::domain::config::Config,
 ) {
-    use orchestrator::config::{Config, Overrides};
+    use orchestrator::domain::config::{Config, Overrides};
     let cfg = Config::load(
         "smoke",
         &Overrides {
@@ -538,12 +539,13 @@ async fn full_recipe_run(
         },
     )
     .unwrap();
-    let exp = orchestrator::db::runs::create_experiment(pool, "t", "smoke", &cfg.snapshot())
+    let exp = orchestrator::infra::db::runs::create_experiment(pool, "t", "smoke", &cfg.snapshot())
         .await
         .unwrap();
-    let run = orchestrator::db::runs::create_run(pool, exp, "full", "full", &cfg.snapshot(), 9)
-        .await
-        .unwrap();
+    let run =
+        orchestrator::infra::db::runs::create_run(pool, exp, "full", "full", &cfg.snapshot(), 9)
+            .await
+            .unwrap();
     let p = full_recipe_pipeline(pool, &cfg, run).await;
     (run, p, cfg)
 }
@@ -551,7 +553,7 @@ async fn full_recipe_run(
 /// The in-process pipeline of an existing `full` run (a fresh start or a resume).
 async fn full_recipe_pipeline(
     pool: &PgPool,
-    cfg: &orchestrator::config::Config,
+    cfg: &orchestrator::domain::config::Config,
     run: Uuid,
 ) -> orchestrator::pipeline::Pipeline {
     let common = orchestrator::pipeline::setup::common(cfg, pool)
@@ -562,7 +564,7 @@ async fn full_recipe_pipeline(
         pool,
         &common,
         run,
-        orchestrator::config::Recipe::Full,
+        orchestrator::domain::config::Recipe::Full,
     )
     .await
     .unwrap()
@@ -585,7 +587,7 @@ async fn run_to_end(
     .unwrap()
 }
 
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn trainer_killed_and_restarted_mid_run_the_run_completes(pool: PgPool) {
     let tmp = tempfile::tempdir().unwrap();
     let world = tmp.path().join("world");
@@ -628,7 +630,7 @@ async fn trainer_killed_and_restarted_mid_run_the_run_completes(pool: PgPool) {
 /// `max_staleness = 0` is strictly sequential: every step rolls out on the policy trained on all
 /// steps before it, and a step's reflection job finishes (inline, timed) before the next step's
 /// rollout starts, instead of running beside it.
-#[sqlx::test(migrator = "orchestrator::db::MIGRATOR")]
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollout(pool: PgPool) {
     let tmp = tempfile::tempdir().unwrap();
     let world = tmp.path().join("world");

@@ -110,19 +110,19 @@ async fn start(
     }
 }
 
-fn orchestrator_client(url: &str) -> orchestrator::llm::LlmClient {
-    let pool = orchestrator::llm::EndpointPool::new(
-        orchestrator::llm::Role::Policy,
+fn orchestrator_client(url: &str) -> orchestrator::infra::llm::LlmClient {
+    let pool = orchestrator::infra::llm::EndpointPool::new(
+        orchestrator::infra::llm::Role::Policy,
         "policy",
         &[url.to_string()],
         64,
         Duration::from_secs(60),
         3,
     );
-    orchestrator::llm::LlmClient::new(
-        orchestrator::llm::build_http(Duration::from_secs(5)).unwrap(),
+    orchestrator::infra::llm::LlmClient::new(
+        orchestrator::infra::llm::build_http(Duration::from_secs(5)).unwrap(),
         Arc::new(pool),
-        orchestrator::llm::RetryPolicy::none(),
+        orchestrator::infra::llm::RetryPolicy::none(),
     )
 }
 
@@ -139,9 +139,10 @@ async fn generation_through_the_orchestrator_client_matches_the_forward_pass() {
     let dir = model_dir(tmp.path());
     let s = start(&dir, Some(lora()), None, false, None).await;
     let client = orchestrator_client(&s.url);
-    let features = orchestrator::llm::detect_all(&client, orchestrator::llm::Role::Policy)
-        .await
-        .unwrap();
+    let features =
+        orchestrator::infra::llm::detect_all(&client, orchestrator::infra::llm::Role::Policy)
+            .await
+            .unwrap();
     let f = &features[0];
     assert!(f.tokenize && f.token_id_prompts && f.return_token_ids && f.logprobs);
     assert!(f.models.contains(&"policy".to_string()));
@@ -155,7 +156,7 @@ async fn generation_through_the_orchestrator_client_matches_the_forward_pass() {
         .await
         .unwrap();
     assert!(!prompt.is_empty());
-    let mut req = orchestrator::llm::CompletionRequest::new("policy", prompt.clone(), 24);
+    let mut req = orchestrator::infra::llm::CompletionRequest::new("policy", prompt.clone(), 24);
     req.seed = Some(7);
     req.n = 3;
     let (c, _) = client.complete("s1", &req).await.unwrap();
@@ -178,7 +179,7 @@ async fn generation_through_the_orchestrator_client_matches_the_forward_pass() {
     let (again, _) = client.complete("s2", &req).await.unwrap();
     assert_eq!(again.choices[0].token_ids, c.choices[0].token_ids);
     // Greedy decoding follows the argmax of the forward pass.
-    let mut greedy = orchestrator::llm::CompletionRequest::new("policy", prompt.clone(), 5);
+    let mut greedy = orchestrator::infra::llm::CompletionRequest::new("policy", prompt.clone(), 5);
     greedy.temperature = 0.0;
     let (g, _) = client.complete("s3", &greedy).await.unwrap();
     {

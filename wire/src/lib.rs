@@ -14,6 +14,18 @@
 //! A train step applies the reflection sequences (phase 1, the meta-policy's deferred batch,
 //! method.md A.6.3) as their own optimizer step first (Phase A), then the task sequences
 //! (Phase B).
+//!
+//! The rest of the trainer HTTP API is JSON, typed in [`api`] (replies, requests, the error
+//! body); [`PolicyVersion`] is the policy version both sides count in.
+
+pub mod api;
+mod policy_version;
+
+pub use api::{
+    CheckpointReply, CheckpointRequest, DryRunReply, ErrorBody, ErrorDetail, Published,
+    RestoreReply, RestoreRequest, StateReply, StepMetrics, TrainMode, TrainReply,
+};
+pub use policy_version::PolicyVersion;
 
 pub const MAGIC: &[u8; 8] = b"RBEMBAT1";
 const HEADER: usize = 8 + 4 + 4 + 4;

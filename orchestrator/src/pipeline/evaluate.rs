@@ -328,7 +328,7 @@ impl Pipeline {
                 match self.trainer.state().await {
                     Ok(st)
                         if st.session.as_deref() == Some(run.as_str())
-                            && st.policy_version == i64::from(version) =>
+                            && st.policy_version == wire::PolicyVersion::from(version) =>
                     {
                         db::evaluations::record(&self.pool, &row, &results).await?;
                         done = true;

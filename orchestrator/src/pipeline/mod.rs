@@ -107,7 +107,7 @@ pub struct Pipeline {
     pub judge_opts: StepOptions,
     pub trainer: TrainerClient,
     /// `lora` or `full`, as the trainer reported it.
-    pub trainer_mode: String,
+    pub trainer_mode: wire::api::TrainMode,
 }
 
 /// What a run did this time.

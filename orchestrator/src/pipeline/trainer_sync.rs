@@ -20,7 +20,7 @@ impl Pipeline {
             &db::pipeline::CheckpointRow {
                 step: s,
                 policy_version: s + 1,
-                kind: if self.trainer_mode == "lora" {
+                kind: if self.trainer_mode == wire::api::TrainMode::Lora {
                     "lora".into()
                 } else {
                     "full".into()
@@ -101,7 +101,8 @@ impl Pipeline {
                 }
                 Err(e) => return Err(e.into()),
             };
-            if st.session.as_deref() == Some(run.as_str()) && st.policy_version == i64::from(target)
+            if st.session.as_deref() == Some(run.as_str())
+                && st.policy_version == wire::PolicyVersion::from(target)
             {
                 return Ok(());
             }
@@ -113,7 +114,7 @@ impl Pipeline {
             tracing::info!(
                 run = %run,
                 trainer_session = ?st.session,
-                trainer_version = st.policy_version,
+                trainer_version = %st.policy_version,
                 target,
                 checkpoint = ?ck.as_ref().map(|c| &c.path),
                 "restoring the trainer"
@@ -134,11 +135,13 @@ impl Pipeline {
             // the trainer publishes LoRA, then each replayed step's; else their plain name.
             let mut served = restored.published_name;
             let mut failed = None;
-            for r in restored.policy_version as i32..target {
+            for r in restored.policy_version.get() as i32..target {
                 let (b, _, _) = self.build_batch(r, false).await?;
                 match self.trainer.train_step(&b, i64::from(r)).await {
                     Ok(reply) => {
-                        if let Some(name) = reply.published_name() {
+                        if let Some(name) =
+                            crate::infra::llm::trainer::published_name(reply.published.as_ref())
+                        {
                             served = Some(name);
                         }
                         shared

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::{Pipeline, PipelineError, Shared, batch};
 use crate::domain::bank::Reuse;
 use crate::infra::db::{self};
+use crate::infra::llm::trainer::{named_metrics, publish_seconds, published_name};
 use crate::pipeline::judging::judge_step;
 use crate::pipeline::rollout::{RolloutCtx, RolloutSlot, RolloutTask};
 
@@ -193,24 +194,20 @@ impl Pipeline {
             let mut m = vec![
                 ("time/train_s".to_string(), train_secs),
                 ("time/train_idle_s".to_string(), idle_secs),
-                ("time/publish_s".to_string(), reply.publish_seconds()),
+                ("time/publish_s".to_string(), publish_seconds(&reply)),
                 (
                     "train/policy_version".to_string(),
-                    reply.policy_version as f64,
+                    reply.policy_version.get() as f64,
                 ),
             ];
-            for (k, v) in &reply.metrics {
-                if let Some(x) = v.as_f64().filter(|x| x.is_finite()) {
-                    m.push((format!("train/{k}"), x));
-                }
+            for (k, x) in named_metrics(&reply.metrics) {
+                m.push((format!("train/{k}"), x));
             }
-            for (k, v) in reply.reflection.iter().flatten() {
-                if let Some(x) = v.as_f64().filter(|x| x.is_finite()) {
-                    m.push((format!("train/reflection/{k}"), x));
-                }
+            for (k, x) in reply.reflection.iter().flat_map(named_metrics) {
+                m.push((format!("train/reflection/{k}"), x));
             }
             db::metrics::record(&self.pool, self.run_id, s, &m).await?;
-            if let Some(name) = reply.published_name()
+            if let Some(name) = published_name(reply.published.as_ref())
                 && let Ok(mut g) = shared.model.write()
             {
                 *g = Some(name);

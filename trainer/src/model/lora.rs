@@ -1,115 +1,14 @@
-//! LoRA configuration and the PEFT adapter format (`adapter_model.safetensors` +
-//! `adapter_config.json`) that PEFT and vLLM load unchanged.
+//! LoRA adapters as files: the PEFT adapter format (`adapter_model.safetensors` +
+//! `adapter_config.json`) that PEFT and vLLM load unchanged, written from and attached to a
+//! model. The layer itself and its config live in `linear` (re-exported here).
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
 use tch::{Device, Kind};
 
-use super::qwen3::{Lora, Qwen3};
+pub use super::linear::{Lora, LoraConfig, LoraTarget};
+use super::qwen3::Qwen3;
 use crate::error::{Result, TrainerError};
-
-/// Which projections carry adapters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum LoraTarget {
-    #[serde(rename = "q_proj")]
-    Q,
-    #[serde(rename = "k_proj")]
-    K,
-    #[serde(rename = "v_proj")]
-    V,
-    #[serde(rename = "o_proj")]
-    O,
-    #[serde(rename = "gate_proj")]
-    Gate,
-    #[serde(rename = "up_proj")]
-    Up,
-    #[serde(rename = "down_proj")]
-    Down,
-}
-
-impl LoraTarget {
-    pub const ALL: [LoraTarget; 7] = [
-        Self::Q,
-        Self::K,
-        Self::V,
-        Self::O,
-        Self::Gate,
-        Self::Up,
-        Self::Down,
-    ];
-    pub fn module(self) -> &'static str {
-        match self {
-            Self::Q => "q_proj",
-            Self::K => "k_proj",
-            Self::V => "v_proj",
-            Self::O => "o_proj",
-            Self::Gate => "gate_proj",
-            Self::Up => "up_proj",
-            Self::Down => "down_proj",
-        }
-    }
-    pub fn parse(s: &str) -> Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|t| t.module() == s || t.module().trim_end_matches("_proj") == s)
-            .ok_or_else(|| {
-                TrainerError::Config(format!(
-                    "LoRA target {s:?}; allowed: q, k, v, o, gate, up, down (or *_proj)"
-                ))
-            })
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LoraConfig {
-    pub r: i64,
-    pub alpha: f64,
-    #[serde(default)]
-    pub dropout: f64,
-    pub targets: Vec<LoraTarget>,
-}
-
-impl Default for LoraConfig {
-    fn default() -> Self {
-        Self {
-            r: 16,
-            alpha: 32.0,
-            dropout: 0.0,
-            targets: LoraTarget::ALL.to_vec(),
-        }
-    }
-}
-
-impl LoraConfig {
-    pub fn scale(&self) -> f64 {
-        self.alpha / self.r as f64
-    }
-    pub fn validate(&self) -> Result<()> {
-        if !(1..=1024).contains(&self.r) {
-            return Err(TrainerError::Config(format!(
-                "lora r = {}; allowed: 1..=1024",
-                self.r
-            )));
-        }
-        if self.alpha.is_nan() || self.alpha <= 0.0 {
-            return Err(TrainerError::Config(format!(
-                "lora alpha = {}; it must be > 0",
-                self.alpha
-            )));
-        }
-        if !(0.0..1.0).contains(&self.dropout) {
-            return Err(TrainerError::Config(format!(
-                "lora dropout = {}; allowed: [0, 1)",
-                self.dropout
-            )));
-        }
-        if self.targets.is_empty() {
-            return Err(TrainerError::Config("lora targets are empty".into()));
-        }
-        Ok(())
-    }
-}
 
 /// Write the model's adapters in PEFT format (f32 tensors; vLLM casts on load).
 pub fn save_adapter(model: &Qwen3, cfg: &LoraConfig, base_id: &str, dir: &Path) -> Result<()> {

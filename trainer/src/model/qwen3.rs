@@ -1,4 +1,4 @@
-//! The Qwen3 decoder: RMSNorm, rotate-half RoPE, grouped-query attention through
+//! The Qwen3 decoder: RMSNorm, rotate-half RoPE (`rope`), grouped-query attention through
 //! scaled_dot_product_attention with per-head q_norm/k_norm, SwiGLU MLP, tied or untied
 //! embeddings. One struct per Hugging Face module, fields named like the HF tensors, so a name
 //! from `model.safetensors.index.json` leads to its field. The model is immutable in forward;
@@ -9,78 +9,10 @@ use std::collections::BTreeMap;
 use tch::{Device, Kind, Tensor};
 
 use super::config::Qwen3Config;
-use super::lora::{LoraConfig, LoraTarget};
+use super::kv_cache::{KvCache, LayerKv};
+use super::linear::{Fwd, Lora, LoraConfig, LoraTarget, Proj};
+use super::rope::Rope;
 use crate::error::{Result, TrainerError};
-
-/// How a forward pass runs.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Fwd {
-    /// Apply the LoRA adapters (false = the reference policy, the frozen base).
-    pub lora: bool,
-    /// Training mode (LoRA dropout active).
-    pub train: bool,
-}
-
-impl Fwd {
-    pub const POLICY: Fwd = Fwd {
-        lora: true,
-        train: false,
-    };
-    pub const REFERENCE: Fwd = Fwd {
-        lora: false,
-        train: false,
-    };
-    pub const TRAIN: Fwd = Fwd {
-        lora: true,
-        train: true,
-    };
-}
-
-/// A LoRA pair on one projection: `y += dropout(x) Aᵀ Bᵀ · alpha/r`.
-#[derive(Debug)]
-pub struct Lora {
-    pub a: Tensor,
-    pub b: Tensor,
-    pub scale: f64,
-    pub dropout: f64,
-}
-
-/// A bias-free (or biased) linear layer with an optional LoRA adapter.
-#[derive(Debug)]
-pub struct Proj {
-    pub weight: Tensor,
-    pub bias: Option<Tensor>,
-    pub lora: Option<Lora>,
-}
-
-impl Proj {
-    pub fn forward(&self, xs: &Tensor, f: Fwd) -> Tensor {
-        let y = xs.linear(&self.weight, self.bias.as_ref());
-        match (&self.lora, f.lora) {
-            (Some(l), true) => {
-                let x = xs.to_kind(l.a.kind());
-                let x = if f.train && l.dropout > 0.0 {
-                    x.dropout(l.dropout, true)
-                } else {
-                    x
-                };
-                let delta = x.linear::<Tensor>(&l.a, None).linear::<Tensor>(&l.b, None) * l.scale;
-                y + delta.to_kind(xs.kind())
-            }
-            _ => y,
-        }
-    }
-
-    /// Fold the adapter into the weight (W += s·B·A) and drop it.
-    pub fn merge(&mut self) {
-        if let Some(l) = self.lora.take() {
-            tch::no_grad(|| {
-                let delta = (l.b.matmul(&l.a) * l.scale).to_kind(self.weight.kind());
-                let _ = self.weight.f_add_(&delta);
-            });
-        }
-    }
-}
 
 /// Qwen3RMSNorm: normalise in f32, scale by the weight in the input's dtype.
 pub fn rms_norm(xs: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
@@ -89,121 +21,6 @@ pub fn rms_norm(xs: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let var = x.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
     let x = x * (var + eps).rsqrt();
     weight * x.to_kind(kind)
-}
-
-/// Precomputed rotary tables (f32), rotate-half layout as in Hugging Face.
-#[derive(Debug)]
-pub struct Rope {
-    cos: Tensor,
-    sin: Tensor,
-}
-
-impl Rope {
-    pub fn new(cfg: &Qwen3Config, device: Device) -> Self {
-        let d = cfg.head_dim();
-        let theta = cfg.theta();
-        // As transformers: inv_freq = 1 / theta^(arange(0, d, 2) / d), in f32.
-        let exps = Tensor::arange_start_step(0, d, 2, (Kind::Int64, device)).to_kind(Kind::Float)
-            / d as f64;
-        let inv = Tensor::from(theta as f32)
-            .to_device(device)
-            .pow(&exps)
-            .reciprocal();
-        let pos = Tensor::arange(cfg.max_position_embeddings, (Kind::Float, device));
-        let freqs = pos.outer(&inv);
-        let emb = Tensor::cat(&[&freqs, &freqs], -1);
-        Self {
-            cos: emb.cos(),
-            sin: emb.sin(),
-        }
-    }
-
-    /// x: [B, heads, T, d]; positions start at `pos`.
-    pub fn apply(&self, x: &Tensor, pos: i64) -> Tensor {
-        let (t, d) = (x.size()[2], x.size()[3]);
-        let cos = self.cos.narrow(0, pos, t).to_kind(x.kind());
-        let sin = self.sin.narrow(0, pos, t).to_kind(x.kind());
-        let half = d / 2;
-        let rot = Tensor::cat(&[-x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1);
-        x * cos + rot * sin
-    }
-
-    /// x: [B, heads, 1, d]; row i is at position `pos[i]`.
-    pub fn apply_rows(&self, x: &Tensor, pos: &Tensor) -> Tensor {
-        let d = x.size()[3];
-        let b = x.size()[0];
-        let cos = self
-            .cos
-            .index_select(0, pos)
-            .to_kind(x.kind())
-            .view([b, 1, 1, d]);
-        let sin = self
-            .sin
-            .index_select(0, pos)
-            .to_kind(x.kind())
-            .view([b, 1, 1, d]);
-        let half = d / 2;
-        let rot = Tensor::cat(&[-x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1);
-        x * cos + rot * sin
-    }
-}
-
-/// One layer's cached keys and values, [B, kv_heads, T, d].
-#[derive(Debug, Default)]
-pub struct LayerKv {
-    k: Option<Tensor>,
-    v: Option<Tensor>,
-}
-
-impl LayerKv {
-    fn append(&mut self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
-        let k = match &self.k {
-            Some(p) => Tensor::cat(&[p, k], 2),
-            None => k.shallow_clone(),
-        };
-        let v = match &self.v {
-            Some(p) => Tensor::cat(&[p, v], 2),
-            None => v.shallow_clone(),
-        };
-        self.k = Some(k.shallow_clone());
-        self.v = Some(v.shallow_clone());
-        (k, v)
-    }
-
-    pub fn seq_len(&self) -> i64 {
-        self.k.as_ref().map_or(0, |k| k.size()[2])
-    }
-}
-
-/// The caller-owned KV cache: one entry per layer.
-#[derive(Debug, Default)]
-pub struct KvCache {
-    pub layers: Vec<LayerKv>,
-}
-
-impl KvCache {
-    pub fn new(n_layers: usize) -> Self {
-        Self {
-            layers: (0..n_layers).map(|_| LayerKv::default()).collect(),
-        }
-    }
-    pub fn seq_len(&self) -> i64 {
-        self.layers.first().map_or(0, LayerKv::seq_len)
-    }
-
-    /// An independent copy (samples of one prompt share its prefill).
-    pub fn deep_copy(&self) -> Self {
-        Self {
-            layers: self
-                .layers
-                .iter()
-                .map(|l| LayerKv {
-                    k: l.k.as_ref().map(Tensor::copy),
-                    v: l.v.as_ref().map(Tensor::copy),
-                })
-                .collect(),
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -516,26 +333,13 @@ impl Qwen3 {
         lcfg.validate()?;
         let _guard = super::rng_lock();
         tch::manual_seed(seed);
-        let (r, scale, dropout) = (lcfg.r, lcfg.scale(), lcfg.dropout);
         let device = self.device;
         for (_, target, proj) in self.projections_mut() {
             if !lcfg.targets.contains(&target) {
                 continue;
             }
             let size = proj.weight.size();
-            let (d_out, d_in) = (size[0], size[1]);
-            // kaiming_uniform_(a=sqrt(5)) on [r, d_in]: bound = 1/sqrt(d_in).
-            let bound = 1.0 / (d_in as f64).sqrt();
-            let a = (Tensor::rand([r, d_in], (Kind::Float, Device::Cpu)) * (2.0 * bound) - bound)
-                .to_device(device)
-                .set_requires_grad(true);
-            let b = Tensor::zeros([d_out, r], (Kind::Float, device)).set_requires_grad(true);
-            proj.lora = Some(Lora {
-                a,
-                b,
-                scale,
-                dropout,
-            });
+            proj.lora = Some(Lora::init(size[0], size[1], lcfg, device));
         }
         Ok(())
     }

@@ -7,8 +7,10 @@
 //! `/tokenize`, `/detokenize`, `/v1/load_lora_adapter`), and vLLM's disk weight-transfer API
 //! (see `weights`), so one `trainer serve` can be the policy server a trainer publishes to.
 //! A restore publishes the restored weights, so servers never keep serving the replaced policy.
-//! Binds to loopback unless told otherwise.
+//! Binds to loopback unless told otherwise. The trainer routes answer with the `wire` crate's
+//! typed replies (`wire::api`); every refusal on every route is an `ApiError`.
 
+mod error;
 pub mod generate;
 pub mod load;
 mod openai;
@@ -19,20 +21,26 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::{Deserialize, Serialize};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
+use wire::{
+    CheckpointReply, CheckpointRequest, DryRunReply, RestoreReply, RestoreRequest, StateReply,
+    TrainMode, TrainReply,
+};
 
 use crate::checkpoint::{self, CheckpointState};
 use crate::error::{Result, TrainerError};
 use crate::model::lora::{self, LoraConfig};
 use crate::publish::{Published, Publisher};
-use crate::train::{Sequence, StepMetrics, Trainer};
+use crate::train::{Sequence, StepMetrics, TrainConfig, Trainer};
+
+pub use error::{ApiError, ApiResult};
 
 /// The served policy. Behind a mutex (tch tensors are `Send` but not `Sync`): the generation
 /// worker holds it for one token round, a train step for the whole step.
@@ -81,29 +89,13 @@ pub struct AppState {
     updating: AtomicBool,
 }
 
-/// What a train step returns.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TrainResponse {
-    pub policy_version: i64,
-    /// Phase B: the task sequences (all zero when the batch held only reflections).
-    pub metrics: StepMetrics,
-    /// Phase A: the reflection sequences' own optimizer step, when the batch carried any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reflection: Option<StepMetrics>,
-    pub checkpoint: Option<PathBuf>,
-    pub published: Option<Published>,
-    /// Seconds to decode the batch body.
-    pub decode_seconds: f64,
-}
-
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (
-        status,
-        axum::Json(
-            serde_json::json!({"error": {"message": message.into(), "code": status.as_u16()}}),
-        ),
-    )
-        .into_response()
+/// A JSON request body that may be empty (then the default).
+fn optional_json<T: DeserializeOwned + Default>(body: &[u8]) -> ApiResult<T> {
+    if body.is_empty() {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("bad request body: {e}")))
 }
 
 /// Write the policy where the publisher's servers read it: its adapter, or its full weights.
@@ -258,127 +250,86 @@ type StepOutcome = (
 
 async fn train_step(
     State(s): State<Arc<AppState>>,
-    axum::extract::Query(q): axum::extract::Query<TrainQuery>,
+    Query(q): Query<TrainQuery>,
     body: Bytes,
-) -> Response {
+) -> ApiResult<Response> {
     // A real step holds the training lock from here on; a dry run never takes it.
     let _guard = if q.dry_run {
         None
     } else {
-        match s.training.try_lock() {
-            Ok(g) => Some(g),
-            Err(_) => {
-                return error(
-                    StatusCode::CONFLICT,
-                    "a train step is already running; send the next batch when it returns",
-                );
-            }
-        }
+        Some(s.training.try_lock().map_err(|_| {
+            ApiError::conflict(
+                "a train step is already running; send the next batch when it returns",
+            )
+        })?)
     };
     let t0 = std::time::Instant::now();
-    let batch = match wire::Batch::decode(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("train batch rejected: {e}"),
-            );
-        }
-    };
+    let batch = wire::Batch::decode(&body)
+        .map_err(|e| ApiError::bad_request(format!("train batch rejected: {e}")))?;
     let rl = batch.rl;
     let (reflection, seqs) = to_sequences(batch);
     if !rl && !reflection.is_empty() {
-        return error(
-            StatusCode::BAD_REQUEST,
+        return Err(ApiError::bad_request(
             "reflection (phase 1) sequences need an RL batch (flags bit 0)",
-        );
+        ));
     }
     if q.dry_run {
-        let vocab = match s.policy.lock() {
-            Ok(p) => p.trainer.model.cfg.vocab_size,
-            Err(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "policy lock poisoned"),
-        };
-        if let Some(e) = reflection
-            .iter()
-            .chain(&seqs)
-            .enumerate()
-            .find_map(|(i, sq)| sq.validate(i, vocab, rl).err())
-        {
-            return error(StatusCode::BAD_REQUEST, e.to_string());
-        }
-        return axum::Json(serde_json::json!({
-            "sequences": seqs.len() + reflection.len(),
-            "reflection_sequences": reflection.len(),
-            "tokens": seqs.iter().chain(&reflection).map(|x| x.tokens.len()).sum::<usize>(),
-            "decode_seconds": t0.elapsed().as_secs_f64(),
-        }))
-        .into_response();
+        return dry_run(&s, rl, &reflection, &seqs, t0).map(|r| Json(r).into_response());
     }
     let decode_seconds = t0.elapsed().as_secs_f64();
     if let Some(want) = q.expect_version {
         let have = s.policy.lock().map(|p| p.version).unwrap_or(-1);
         if have != want {
-            return error(
-                StatusCode::CONFLICT,
-                format!("expect_version = {want}, but the policy is at version {have}"),
-            );
+            return Err(ApiError::conflict(format!(
+                "expect_version = {want}, but the policy is at version {have}"
+            )));
         }
     }
     let state = s.clone();
-    let done = tokio::task::spawn_blocking(move || -> Result<StepOutcome> {
-        let (metrics, refl_metrics, version, publish_dir) = {
-            let mut p = state
-                .policy
-                .lock()
-                .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
-            // Phase A (the meta-policy's deferred batch) is its own optimizer step, before
-            // Phase B; together they are one policy version.
-            let ma = if reflection.is_empty() {
-                None
+    let (metrics, reflection, version, checkpoint, publish_dir) =
+        tokio::task::spawn_blocking(move || -> Result<StepOutcome> {
+            let (metrics, refl_metrics, version, publish_dir) = {
+                let mut p = state
+                    .policy
+                    .lock()
+                    .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+                // Phase A (the meta-policy's deferred batch) is its own optimizer step, before
+                // Phase B; together they are one policy version.
+                let ma = if reflection.is_empty() {
+                    None
+                } else {
+                    Some(p.trainer.rl_step(&reflection)?)
+                };
+                let m = match (rl, seqs.is_empty(), &ma) {
+                    (true, true, Some(_)) => StepMetrics::default(),
+                    (true, _, _) => p.trainer.rl_step(&seqs)?,
+                    (false, _, _) => p.trainer.sft_step(&seqs)?,
+                };
+                p.version += 1;
+                let version = p.version;
+                // Write the new version for the servers while holding the lock (weights are
+                // stable).
+                let dir = match &state.publisher {
+                    Some(publ) => {
+                        let dir = publ.blocking_lock().dir_of(version);
+                        write_version_dir(&p, &dir)?;
+                        Some(dir)
+                    }
+                    None => None,
+                };
+                (m, ma, version, dir)
+            };
+            let ckpt = if state.cfg.checkpoint_every > 0
+                && (version as u64).is_multiple_of(state.cfg.checkpoint_every)
+            {
+                state.checkpoint_blocking(None)?
             } else {
-                Some(p.trainer.rl_step(&reflection)?)
+                None
             };
-            let m = match (rl, seqs.is_empty(), &ma) {
-                (true, true, Some(_)) => StepMetrics::default(),
-                (true, _, _) => p.trainer.rl_step(&seqs)?,
-                (false, _, _) => p.trainer.sft_step(&seqs)?,
-            };
-            p.version += 1;
-            let version = p.version;
-            // Write the new version for the servers while holding the lock (weights are stable).
-            let dir = match &state.publisher {
-                Some(publ) => {
-                    let dir = publ.blocking_lock().dir_of(version);
-                    write_version_dir(&p, &dir)?;
-                    Some(dir)
-                }
-                None => None,
-            };
-            (m, ma, version, dir)
-        };
-        let ckpt = if state.cfg.checkpoint_every > 0
-            && (version as u64).is_multiple_of(state.cfg.checkpoint_every)
-        {
-            state.checkpoint_blocking(None)?
-        } else {
-            None
-        };
-        Ok((metrics, refl_metrics, version, ckpt, publish_dir))
-    })
-    .await;
-    let (metrics, reflection, version, checkpoint, publish_dir) = match done {
-        Ok(Ok(x)) => x,
-        Ok(Err(e @ TrainerError::Batch(_))) => {
-            return error(StatusCode::BAD_REQUEST, e.to_string());
-        }
-        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-        Err(e) => {
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("train step panicked: {e}"),
-            );
-        }
-    };
+            Ok((metrics, refl_metrics, version, ckpt, publish_dir))
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("train step panicked: {e}")))??;
     let published = match (&s.publisher, publish_dir) {
         (Some(p), Some(_)) => {
             let mut p = p.lock().await;
@@ -394,135 +345,125 @@ async fn train_step(
         seconds = metrics.seconds,
         "train step"
     );
-    axum::Json(TrainResponse {
-        policy_version: version,
+    Ok(Json(TrainReply {
+        policy_version: version.into(),
         metrics,
         reflection,
         checkpoint,
         published,
         decode_seconds,
     })
-    .into_response()
+    .into_response())
 }
 
-#[derive(Debug, Default, Deserialize)]
-struct CheckpointRequest {
-    /// A sub-directory of `--checkpoint-dir` (one plain name, e.g. a run id).
-    #[serde(default)]
-    subdir: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct RestoreRequest {
-    /// A checkpoint directory relative to `--checkpoint-dir` (as `POST /v1/checkpoint`
-    /// returned it); absent: the model directory as loaded at start (version 0).
-    #[serde(default)]
-    checkpoint: Option<String>,
-    /// The client session the restored weights now belong to.
-    #[serde(default)]
-    session: Option<String>,
+/// `?dry_run=true`: validate the decoded batch against the model, train nothing.
+fn dry_run(
+    s: &AppState,
+    rl: bool,
+    reflection: &[Sequence],
+    seqs: &[Sequence],
+    t0: std::time::Instant,
+) -> ApiResult<DryRunReply> {
+    let vocab = s
+        .policy
+        .lock()
+        .map_err(|_| ApiError::poisoned())?
+        .trainer
+        .model
+        .cfg
+        .vocab_size;
+    if let Some(e) = reflection
+        .iter()
+        .chain(seqs)
+        .enumerate()
+        .find_map(|(i, sq)| sq.validate(i, vocab, rl).err())
+    {
+        return Err(ApiError::bad_request(e.to_string()));
+    }
+    Ok(DryRunReply {
+        sequences: seqs.len() + reflection.len(),
+        reflection_sequences: reflection.len(),
+        tokens: seqs.iter().chain(reflection).map(|x| x.tokens.len()).sum(),
+        decode_seconds: t0.elapsed().as_secs_f64(),
+    })
 }
 
 /// A path under the checkpoint root given by a client: relative, made of plain names only.
-fn relative_path(raw: &str, what: &str) -> std::result::Result<PathBuf, String> {
+fn relative_path(raw: &str, what: &str) -> ApiResult<PathBuf> {
     use std::path::Component;
     let p = PathBuf::from(raw);
     if raw.is_empty()
         || raw.len() > 512
         || !p.components().all(|c| matches!(c, Component::Normal(_)))
     {
-        return Err(format!(
+        return Err(ApiError::bad_request(format!(
             "{what} = {raw:?}; allowed: a relative path of plain names under --checkpoint-dir (no '..', no leading '/', at most 512 bytes)"
-        ));
+        )));
     }
     Ok(p)
 }
 
-async fn save_checkpoint(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
-    let req: CheckpointRequest = if body.is_empty() {
-        CheckpointRequest::default()
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(r) => r,
-            Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad request body: {e}")),
-        }
-    };
-    let sub = match req.subdir.as_deref().map(|d| relative_path(d, "subdir")) {
-        Some(Ok(p)) => Some(p.display().to_string()),
-        Some(Err(m)) => return error(StatusCode::BAD_REQUEST, m),
+const NO_CHECKPOINT_DIR: &str = "no checkpoint directory configured (start with --checkpoint-dir)";
+
+async fn save_checkpoint(
+    State(s): State<Arc<AppState>>,
+    body: Bytes,
+) -> ApiResult<Json<CheckpointReply>> {
+    let req: CheckpointRequest = optional_json(&body)?;
+    let sub = match req.subdir.as_deref() {
+        Some(d) => Some(relative_path(d, "subdir")?.display().to_string()),
         None => None,
     };
     let Ok(_guard) = s.training.try_lock() else {
-        return error(StatusCode::CONFLICT, "a train step is running");
+        return Err(ApiError::conflict("a train step is running"));
     };
     let st = s.clone();
     let version = s.policy.lock().map(|p| p.version).unwrap_or(-1);
-    match tokio::task::spawn_blocking(move || st.checkpoint_blocking(sub.as_deref())).await {
-        Ok(Ok(Some(dir))) => {
-            let rel = s
-                .cfg
-                .checkpoint_dir
-                .as_ref()
-                .and_then(|root| dir.strip_prefix(root).ok())
-                .map(|p| p.display().to_string());
-            axum::Json(serde_json::json!({
-                "checkpoint": dir,
-                "relative": rel,
-                "policy_version": version,
-            }))
-            .into_response()
-        }
-        Ok(Ok(None)) => error(
-            StatusCode::BAD_REQUEST,
-            "no checkpoint directory configured (start with --checkpoint-dir)",
-        ),
-        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
+    let dir = tokio::task::spawn_blocking(move || st.checkpoint_blocking(sub.as_deref()))
+        .await??
+        .ok_or_else(|| ApiError::bad_request(NO_CHECKPOINT_DIR))?;
+    let relative = s
+        .cfg
+        .checkpoint_dir
+        .as_ref()
+        .and_then(|root| dir.strip_prefix(root).ok())
+        .map(|p| p.display().to_string());
+    Ok(Json(CheckpointReply {
+        checkpoint: dir,
+        relative,
+        policy_version: version.into(),
+    }))
 }
 
 /// Replace the policy by a checkpoint (or by the model as loaded at start) and set the session.
-async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
-    let req: RestoreRequest = if body.is_empty() {
-        RestoreRequest::default()
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(r) => r,
-            Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad request body: {e}")),
-        }
-    };
+async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<RestoreReply>> {
+    let req: RestoreRequest = optional_json(&body)?;
     let Some(opts) = s.load_opts.get().cloned() else {
-        return error(
-            StatusCode::NOT_IMPLEMENTED,
-            "this trainer was started without restore support",
-        );
+        return Err(ApiError::NotImplemented(
+            "this trainer was started without restore support".into(),
+        ));
     };
     let ck = match req.checkpoint.as_deref() {
         None => None,
         Some(raw) => {
             let Some(root) = &s.cfg.checkpoint_dir else {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "no checkpoint directory configured (start with --checkpoint-dir)",
-                );
+                return Err(ApiError::bad_request(NO_CHECKPOINT_DIR));
             };
-            match relative_path(raw, "checkpoint") {
-                Ok(p) if root.join(&p).join("state.json").exists() => Some(root.join(p)),
-                Ok(p) => {
-                    return error(
-                        StatusCode::NOT_FOUND,
-                        format!("checkpoint {} holds no state.json", root.join(p).display()),
-                    );
-                }
-                Err(m) => return error(StatusCode::BAD_REQUEST, m),
+            let dir = root.join(relative_path(raw, "checkpoint")?);
+            if !dir.join("state.json").exists() {
+                return Err(ApiError::not_found(format!(
+                    "checkpoint {} holds no state.json",
+                    dir.display()
+                )));
             }
+            Some(dir)
         }
     };
     let Ok(_guard) = s.training.try_lock() else {
-        return error(StatusCode::CONFLICT, "a train step is running");
+        return Err(ApiError::conflict("a train step is running"));
     };
     let st = s.clone();
-    let done = tokio::task::spawn_blocking(move || -> Result<i64> {
+    let version = tokio::task::spawn_blocking(move || -> Result<i64> {
         let fresh = load::build_policy(&opts, ck.as_deref())?;
         let version = fresh.version;
         let mut p = st
@@ -532,12 +473,7 @@ async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
         *p = fresh;
         Ok(version)
     })
-    .await;
-    let version = match done {
-        Ok(Ok(version)) => version,
-        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    };
+    .await??;
     if let Ok(mut sess) = s.session.lock() {
         sess.clone_from(&req.session);
     }
@@ -546,19 +482,15 @@ async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
         a.clear();
     }
     let published = match &s.publisher {
-        Some(publ) => match publish_restored(&s, publ, version).await {
-            Ok(p) => Some(p),
-            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-        },
+        Some(publ) => Some(publish_restored(&s, publ, version).await?),
         None => None,
     };
     tracing::info!(version, session = ?req.session, checkpoint = ?req.checkpoint, "policy restored");
-    axum::Json(serde_json::json!({
-        "policy_version": version,
-        "session": req.session,
-        "published": published,
+    Ok(Json(RestoreReply {
+        policy_version: version.into(),
+        session: req.session,
+        published,
     }))
-    .into_response()
 }
 
 /// Put a restored policy on the inference servers: retire every version the old policy had
@@ -586,23 +518,28 @@ async fn publish_restored(
     Ok(r)
 }
 
-async fn get_state(State(s): State<Arc<AppState>>) -> Response {
+async fn get_state(
+    State(s): State<Arc<AppState>>,
+) -> ApiResult<Json<StateReply<LoraConfig, TrainConfig>>> {
     let Ok(p) = s.policy.lock() else {
-        return error(StatusCode::INTERNAL_SERVER_ERROR, "policy lock poisoned");
+        return Err(ApiError::poisoned());
     };
-    axum::Json(serde_json::json!({
-        "policy_version": p.version,
-        "optimizer_step": p.trainer.opt.step,
-        "mode": if p.lora.is_some() { "lora" } else { "full" },
-        "lora": p.lora,
-        "base": p.base,
-        "training": s.training.try_lock().is_err(),
-        "served_names": s.served_names(),
-        "session": s.session(),
-        "device": format!("{:?}", p.trainer.model.device),
-        "train_config": p.trainer.cfg,
+    Ok(Json(StateReply {
+        policy_version: p.version.into(),
+        optimizer_step: p.trainer.opt.step,
+        mode: if p.lora.is_some() {
+            TrainMode::Lora
+        } else {
+            TrainMode::Full
+        },
+        lora: p.lora.clone(),
+        base: p.base.clone(),
+        training: s.training.try_lock().is_err(),
+        served_names: s.served_names(),
+        session: s.session(),
+        device: format!("{:?}", p.trainer.model.device),
+        train_config: p.trainer.cfg.clone(),
     }))
-    .into_response()
 }
 
 async fn metrics(State(s): State<Arc<AppState>>) -> String {

@@ -10,15 +10,13 @@ use std::sync::Arc;
 use axum::Json;
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::generate::{GenJob, GenParams, Sample};
-use super::{AppState, error};
+use super::{ApiError, ApiResult, AppState};
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -114,45 +112,20 @@ struct ChatBody {
 
 const MAX_N: usize = 64;
 
-/// A request the API refuses, with its status.
-#[derive(Debug)]
-struct ApiError {
-    status: StatusCode,
-    message: String,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        error(self.status, self.message)
-    }
-}
-
-fn check_model(s: &AppState, model: &str) -> Result<(), ApiError> {
+fn check_model(s: &AppState, model: &str) -> ApiResult<()> {
     let names = s.served_names();
     if names.iter().any(|n| n == model) {
         Ok(())
     } else {
-        Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!(
-                "model `{model}` is not served; served: {}",
-                names.join(", ")
-            ),
-        ))
+        Err(ApiError::not_found(format!(
+            "model `{model}` is not served; served: {}",
+            names.join(", ")
+        )))
     }
 }
 
-fn check_params(s: &AppState, prompt_len: usize, p: &GenParams) -> Result<(), ApiError> {
-    let bad = |m: String| Err(ApiError::new(StatusCode::BAD_REQUEST, m));
+fn check_params(s: &AppState, prompt_len: usize, p: &GenParams) -> ApiResult<()> {
+    let bad = |m: String| Err(ApiError::BadRequest(m));
     if p.n == 0 || p.n > MAX_N {
         return bad(format!("n = {} is out of range; allowed: 1..={MAX_N}", p.n));
     }
@@ -175,7 +148,7 @@ fn check_params(s: &AppState, prompt_len: usize, p: &GenParams) -> Result<(), Ap
 }
 
 /// Check the request against the limits, then generate.
-async fn run(s: &AppState, prompt: Vec<u32>, params: GenParams) -> Result<Vec<Sample>, ApiError> {
+async fn run(s: &AppState, prompt: Vec<u32>, params: GenParams) -> ApiResult<Vec<Sample>> {
     check_params(s, prompt.len(), &params)?;
     let vocab = s
         .policy
@@ -183,10 +156,9 @@ async fn run(s: &AppState, prompt: Vec<u32>, params: GenParams) -> Result<Vec<Sa
         .map(|p| p.trainer.model.cfg.vocab_size)
         .unwrap_or(0);
     if let Some(t) = prompt.iter().find(|&&t| i64::from(t) >= vocab) {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("token id {t} is out of range; the vocabulary has {vocab} ids"),
-        ));
+        return Err(ApiError::bad_request(format!(
+            "token id {t} is out of range; the vocabulary has {vocab} ids"
+        )));
     }
     let (tx, rx) = oneshot::channel();
     s.gen_tx
@@ -196,44 +168,40 @@ async fn run(s: &AppState, prompt: Vec<u32>, params: GenParams) -> Result<Vec<Sa
             reply: tx,
         })
         .await
-        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "generation worker stopped"))?;
+        .map_err(|_| worker_stopped())?;
     match rx.await {
         Ok(Ok(samples)) => Ok(samples),
-        Ok(Err(e)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
-        Err(_) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "generation worker stopped",
-        )),
+        Ok(Err(e)) => Err(ApiError::Internal(e)),
+        Err(_) => Err(worker_stopped()),
     }
 }
 
-fn encode(s: &AppState, text: &str, special: bool) -> Result<Vec<u32>, ApiError> {
+fn worker_stopped() -> ApiError {
+    ApiError::Unavailable("generation worker stopped".into())
+}
+
+fn encode(s: &AppState, text: &str, special: bool) -> ApiResult<Vec<u32>> {
     s.tokenizer
         .encode(text, special)
         .map(|e| e.get_ids().to_vec())
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("cannot tokenize: {e}")))
+        .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e}")))
 }
 
-async fn completions(State(s): State<Arc<AppState>>, Json(b): Json<CompletionBody>) -> Response {
-    if let Err(r) = check_model(&s, &b.model) {
-        return r.into_response();
-    }
+async fn completions(
+    State(s): State<Arc<AppState>>,
+    Json(b): Json<CompletionBody>,
+) -> ApiResult<Json<Value>> {
+    check_model(&s, &b.model)?;
     let prompt = match b.prompt {
         Prompt::Ids(ids) => ids,
         Prompt::Batch(mut v) if v.len() == 1 => v.remove(0),
         Prompt::Batch(v) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "{} prompts in one request; send one prompt per request",
-                    v.len()
-                ),
-            );
+            return Err(ApiError::bad_request(format!(
+                "{} prompts in one request; send one prompt per request",
+                v.len()
+            )));
         }
-        Prompt::Text(t) => match encode(&s, &t, false) {
-            Ok(ids) => ids,
-            Err(r) => return r.into_response(),
-        },
+        Prompt::Text(t) => encode(&s, &t, false)?,
     };
     let params = GenParams {
         max_tokens: b.max_tokens,
@@ -247,10 +215,7 @@ async fn completions(State(s): State<Arc<AppState>>, Json(b): Json<CompletionBod
         ignore_eos: b.ignore_eos,
     };
     let n_prompt = prompt.len();
-    let samples = match run(&s, prompt, params).await {
-        Ok(x) => x,
-        Err(r) => return r.into_response(),
-    };
+    let samples = run(&s, prompt, params).await?;
     let mut completion_tokens = 0;
     let choices: Vec<Value> = samples
         .into_iter()
@@ -281,21 +246,19 @@ async fn completions(State(s): State<Arc<AppState>>, Json(b): Json<CompletionBod
             c
         })
         .collect();
-    Json(json!({
+    Ok(Json(json!({
         "id": format!("cmpl-{}", s.stats.generated_tokens.load(std::sync::atomic::Ordering::Relaxed)),
         "object": "text_completion",
         "model": b.model,
         "choices": choices,
         "usage": {"prompt_tokens": n_prompt, "completion_tokens": completion_tokens,
                   "total_tokens": n_prompt + completion_tokens},
-    }))
-    .into_response()
+    })))
 }
 
-fn render_chat(s: &AppState, messages: &[ChatMessage]) -> Result<String, ApiError> {
+fn render_chat(s: &AppState, messages: &[ChatMessage]) -> ApiResult<String> {
     let Some(tmpl) = &s.chat_template else {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
+        return Err(ApiError::bad_request(
             "the model directory has no chat template (tokenizer_config.json chat_template)",
         ));
     };
@@ -304,21 +267,13 @@ fn render_chat(s: &AppState, messages: &[ChatMessage]) -> Result<String, ApiErro
         .map(|m| (m.role.as_str(), m.content.as_str()))
         .collect();
     crate::chat::render(tmpl, &msgs, true)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("chat template: {e}")))
+        .map_err(|e| ApiError::bad_request(format!("chat template: {e}")))
 }
 
-async fn chat(State(s): State<Arc<AppState>>, Json(b): Json<ChatBody>) -> Response {
-    if let Err(r) = check_model(&s, &b.model) {
-        return r.into_response();
-    }
-    let text = match render_chat(&s, &b.messages) {
-        Ok(t) => t,
-        Err(r) => return r.into_response(),
-    };
-    let prompt = match encode(&s, &text, false) {
-        Ok(p) => p,
-        Err(r) => return r.into_response(),
-    };
+async fn chat(State(s): State<Arc<AppState>>, Json(b): Json<ChatBody>) -> ApiResult<Json<Value>> {
+    check_model(&s, &b.model)?;
+    let text = render_chat(&s, &b.messages)?;
+    let prompt = encode(&s, &text, false)?;
     let params = GenParams {
         max_tokens: b.max_tokens,
         temperature: b.temperature,
@@ -331,10 +286,7 @@ async fn chat(State(s): State<Arc<AppState>>, Json(b): Json<ChatBody>) -> Respon
         ignore_eos: false,
     };
     let n_prompt = prompt.len();
-    let samples = match run(&s, prompt, params).await {
-        Ok(x) => x,
-        Err(r) => return r.into_response(),
-    };
+    let samples = run(&s, prompt, params).await?;
     let completion_tokens: usize = samples.iter().map(|x| x.token_ids.len()).sum();
     let choices: Vec<Value> = samples
         .into_iter()
@@ -344,13 +296,12 @@ async fn chat(State(s): State<Arc<AppState>>, Json(b): Json<ChatBody>) -> Respon
                    "finish_reason": smp.finish_reason})
         })
         .collect();
-    Json(json!({
+    Ok(Json(json!({
         "id": "chatcmpl-trainer", "object": "chat.completion", "model": b.model,
         "choices": choices,
         "usage": {"prompt_tokens": n_prompt, "completion_tokens": completion_tokens,
                   "total_tokens": n_prompt + completion_tokens},
-    }))
-    .into_response()
+    })))
 }
 
 #[derive(Debug, Deserialize)]
@@ -360,14 +311,14 @@ struct TokenizeBody {
     add_special_tokens: bool,
 }
 
-async fn tokenize(State(s): State<Arc<AppState>>, Json(b): Json<TokenizeBody>) -> Response {
-    match encode(&s, &b.prompt, b.add_special_tokens) {
-        Ok(ids) => {
-            Json(json!({"tokens": ids, "count": ids.len(), "max_model_len": s.cfg.max_model_len}))
-                .into_response()
-        }
-        Err(r) => r.into_response(),
-    }
+async fn tokenize(
+    State(s): State<Arc<AppState>>,
+    Json(b): Json<TokenizeBody>,
+) -> ApiResult<Json<Value>> {
+    let ids = encode(&s, &b.prompt, b.add_special_tokens)?;
+    Ok(Json(
+        json!({"tokens": ids, "count": ids.len(), "max_model_len": s.cfg.max_model_len}),
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -375,20 +326,24 @@ struct DetokenizeBody {
     tokens: Vec<u32>,
 }
 
-async fn detokenize(State(s): State<Arc<AppState>>, Json(b): Json<DetokenizeBody>) -> Response {
-    match s.tokenizer.decode(&b.tokens, false) {
-        Ok(t) => Json(json!({"prompt": t})).into_response(),
-        Err(e) => error(StatusCode::BAD_REQUEST, format!("cannot detokenize: {e}")),
-    }
+async fn detokenize(
+    State(s): State<Arc<AppState>>,
+    Json(b): Json<DetokenizeBody>,
+) -> ApiResult<Json<Value>> {
+    let t = s
+        .tokenizer
+        .decode(&b.tokens, false)
+        .map_err(|e| ApiError::bad_request(format!("cannot detokenize: {e}")))?;
+    Ok(Json(json!({"prompt": t})))
 }
 
-async fn models(State(s): State<Arc<AppState>>) -> Response {
+async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
     let data: Vec<Value> = s
         .served_names()
         .into_iter()
         .map(|n| json!({"id": n, "object": "model", "owned_by": "trainer", "max_model_len": s.cfg.max_model_len}))
         .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
+    Json(json!({"object": "list", "data": data}))
 }
 
 #[derive(Debug, Deserialize)]
@@ -397,7 +352,10 @@ struct LoadLora {
     lora_path: String,
 }
 
-async fn load_lora(State(s): State<Arc<AppState>>, Json(b): Json<LoadLora>) -> Response {
+async fn load_lora(
+    State(s): State<Arc<AppState>>,
+    Json(b): Json<LoadLora>,
+) -> ApiResult<Json<Value>> {
     let st = s.clone();
     let path = std::path::PathBuf::from(&b.lora_path);
     let res = tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
@@ -413,17 +371,9 @@ async fn load_lora(State(s): State<Arc<AppState>>, Json(b): Json<LoadLora>) -> R
         Ok(())
     })
     .await;
-    match res {
-        Ok(Ok(())) => {
-            s.add_alias(b.lora_name.clone(), 8);
-            Json(json!({"loaded": b.lora_name})).into_response()
-        }
-        Ok(Err(e)) => error(
-            StatusCode::BAD_REQUEST,
-            format!("cannot load {}: {e}", b.lora_path),
-        ),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
+    res?.map_err(|e| ApiError::bad_request(format!("cannot load {}: {e}", b.lora_path)))?;
+    s.add_alias(b.lora_name.clone(), 8);
+    Ok(Json(json!({"loaded": b.lora_name})))
 }
 
 pub(super) fn routes() -> Router<Arc<AppState>> {

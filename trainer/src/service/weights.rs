@@ -13,13 +13,11 @@ use std::sync::atomic::Ordering;
 use axum::Json;
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::{AppState, error};
+use super::{ApiError, ApiResult, AppState, optional_json};
 use crate::error::TrainerError;
 use crate::model::Qwen3;
 
@@ -44,9 +42,9 @@ struct UnloadBody {
     lora_name: String,
 }
 
-async fn start(State(s): State<Arc<AppState>>) -> Response {
+async fn start(State(s): State<Arc<AppState>>) -> Json<Value> {
     s.updating.store(true, Ordering::SeqCst);
-    Json(json!({"status": "started"})).into_response()
+    Json(json!({"status": "started"}))
 }
 
 /// The policy version a label names: `v7`, `step-7`, `policy-v7` or `7` give 7.
@@ -62,26 +60,25 @@ fn version_of(label: &str) -> Option<i64> {
     digits.parse().ok()
 }
 
-async fn update(State(s): State<Arc<AppState>>, Json(b): Json<UpdateBody>) -> Response {
+async fn update(
+    State(s): State<Arc<AppState>>,
+    Json(b): Json<UpdateBody>,
+) -> ApiResult<Json<Value>> {
     if !s.updating.load(Ordering::SeqCst) {
-        return error(
-            StatusCode::BAD_REQUEST,
+        return Err(ApiError::bad_request(
             "no weight update in progress: call POST /start_weight_update first",
-        );
+        ));
     }
     let dir = PathBuf::from(&b.update_info.path);
     if !dir.is_absolute() || !dir.join("config.json").is_file() {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "update_info.path = {:?}: expected an absolute model directory holding config.json and safetensors",
-                b.update_info.path
-            ),
-        );
+        return Err(ApiError::bad_request(format!(
+            "update_info.path = {:?}: expected an absolute model directory holding config.json and safetensors",
+            b.update_info.path
+        )));
     }
     // A train step on this same process would race the swap.
     let Ok(_guard) = s.training.try_lock() else {
-        return error(StatusCode::CONFLICT, "a train step is running");
+        return Err(ApiError::conflict("a train step is running"));
     };
     let st = s.clone();
     let res = tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
@@ -125,27 +122,14 @@ async fn update(State(s): State<Arc<AppState>>, Json(b): Json<UpdateBody>) -> Re
         Ok(())
     })
     .await;
-    match res {
-        Ok(Ok(())) => {
-            Json(json!({"status": "updated", "path": b.update_info.path})).into_response()
-        }
-        Ok(Err(e)) => error(
-            StatusCode::BAD_REQUEST,
-            format!("cannot load {}: {e}", b.update_info.path),
-        ),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
+    res?.map_err(|e| ApiError::bad_request(format!("cannot load {}: {e}", b.update_info.path)))?;
+    Ok(Json(
+        json!({"status": "updated", "path": b.update_info.path}),
+    ))
 }
 
-async fn finish(State(s): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
-    let b: FinishBody = if body.is_empty() {
-        FinishBody::default()
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(b) => b,
-            Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad request body: {e}")),
-        }
-    };
+async fn finish(State(s): State<Arc<AppState>>, body: axum::body::Bytes) -> ApiResult<Json<Value>> {
+    let b: FinishBody = optional_json(&body)?;
     s.updating.store(false, Ordering::SeqCst);
     let version = b.weight_version.as_deref().and_then(version_of);
     if let Some(v) = version
@@ -154,17 +138,22 @@ async fn finish(State(s): State<Arc<AppState>>, body: axum::body::Bytes) -> Resp
         p.version = v;
     }
     tracing::info!(label = ?b.weight_version, ?version, "weights updated");
-    Json(json!({"status": "finished", "weight_version": b.weight_version})).into_response()
+    Ok(Json(
+        json!({"status": "finished", "weight_version": b.weight_version}),
+    ))
 }
 
-async fn unload_lora(State(s): State<Arc<AppState>>, Json(b): Json<UnloadBody>) -> Response {
+async fn unload_lora(
+    State(s): State<Arc<AppState>>,
+    Json(b): Json<UnloadBody>,
+) -> ApiResult<Json<Value>> {
     if s.remove_alias(&b.lora_name) {
-        Json(json!({"unloaded": b.lora_name})).into_response()
+        Ok(Json(json!({"unloaded": b.lora_name})))
     } else {
-        error(
-            StatusCode::NOT_FOUND,
-            format!("no adapter named {:?} is loaded", b.lora_name),
-        )
+        Err(ApiError::not_found(format!(
+            "no adapter named {:?} is loaded",
+            b.lora_name
+        )))
     }
 }
 

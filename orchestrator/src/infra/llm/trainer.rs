@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
-
 #[derive(Debug, thiserror::Error)]
 pub enum TrainerError {
     /// Connection refused, reset, timed out: the trainer is down or restarting.
@@ -46,64 +44,36 @@ impl TrainerError {
     }
 }
 
-/// `GET /v1/state`, the fields the pipeline reads.
-#[derive(Debug, Clone, Deserialize)]
-pub struct TrainerState {
-    pub policy_version: i64,
-    #[serde(default)]
-    pub session: Option<String>,
-    #[serde(default)]
-    pub mode: String,
-    #[serde(default)]
-    pub training: bool,
-}
+/// `GET /v1/state` as the trainer writes it (`wire::api`), train and LoRA configs as JSON.
+pub type TrainerState = wire::api::StateReply;
+pub use wire::PolicyVersion;
+pub use wire::api::{Published, StepMetrics, TrainReply};
 
-/// The parts of a train step's answer the pipeline records.
-#[derive(Debug, Clone, Deserialize)]
-pub struct TrainReply {
-    pub policy_version: i64,
-    pub metrics: serde_json::Map<String, serde_json::Value>,
-    /// Phase A (reflection) step metrics, when the batch carried reflection sequences.
-    #[serde(default)]
-    pub reflection: Option<serde_json::Map<String, serde_json::Value>>,
-    #[serde(default)]
-    pub published: Option<serde_json::Value>,
-    #[serde(default)]
-    pub decode_seconds: f64,
-}
-
-impl TrainReply {
-    /// The versioned model name the inference servers now serve, when the trainer published.
-    pub fn published_name(&self) -> Option<String> {
-        published_name(self.published.as_ref())
-    }
-
-    pub fn publish_seconds(&self) -> f64 {
-        self.published
-            .as_ref()
-            .and_then(|p| p["seconds"].as_f64())
-            .unwrap_or(0.0)
+/// A step's metrics as `(name, value)` pairs in the trainer's field order (finite values only).
+pub fn named_metrics(m: &StepMetrics) -> Vec<(String, f64)> {
+    match serde_json::to_value(m) {
+        Ok(serde_json::Value::Object(map)) => map
+            .into_iter()
+            .filter_map(|(k, v)| v.as_f64().filter(|x| x.is_finite()).map(|x| (k, x)))
+            .collect(),
+        _ => Vec::new(),
     }
 }
 
-/// The adapter name a trainer's `published` answer puts in service: only when every server
-/// loaded it (otherwise clients keep asking for the previous name) and only for LoRA adapters
-/// (full weights replace the served model under its own name).
-fn published_name(published: Option<&serde_json::Value>) -> Option<String> {
-    let p = published?;
-    let failed = p["failed"].as_array().is_some_and(|f| !f.is_empty());
-    let loaded = p["loaded"].as_array().is_some_and(|l| !l.is_empty());
-    let adapter = p["lora"].as_bool().unwrap_or(true);
-    if failed || !loaded || !adapter {
-        return None;
-    }
-    p["name"].as_str().map(str::to_string)
+/// The versioned model name the inference servers now serve, when the trainer published.
+pub fn published_name(published: Option<&Published>) -> Option<String> {
+    published?.served_name().map(str::to_string)
+}
+
+/// Seconds the trainer spent publishing (0 when it did not publish).
+pub fn publish_seconds(reply: &TrainReply) -> f64 {
+    reply.published.as_ref().map_or(0.0, |p| p.seconds)
 }
 
 /// What a restore answered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Restored {
-    pub policy_version: i64,
+    pub policy_version: PolicyVersion,
     /// The adapter name the servers now serve the restored policy under (LoRA publishing);
     /// `None`: ask for the servers' own model name.
     pub published_name: Option<String>,
@@ -148,9 +118,9 @@ impl TrainerClient {
                 message: e.to_string(),
             });
         }
-        let message = serde_json::from_slice::<serde_json::Value>(&body)
+        let message = serde_json::from_slice::<wire::api::ErrorBody>(&body)
             .ok()
-            .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+            .map(|b| b.error.message)
             .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
         if status.as_u16() == 409 {
             return Err(TrainerError::Conflict {
@@ -216,19 +186,21 @@ impl TrainerClient {
         let resp = self
             .http
             .post(format!("{}/v1/checkpoint", self.url))
-            .json(&serde_json::json!({ "subdir": subdir }))
+            .json(&wire::api::CheckpointRequest {
+                subdir: Some(subdir.to_string()),
+            })
             .send()
             .await
             .map_err(|e| self.unreachable(&e))?;
-        let v: serde_json::Value = self.answer("checkpoint", resp).await?;
-        v["relative"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| TrainerError::Body {
-                url: self.url.clone(),
-                what: "checkpoint",
-                message: format!("no relative path in {v}"),
-            })
+        let v: wire::api::CheckpointReply = self.answer("checkpoint", resp).await?;
+        v.relative.ok_or_else(|| TrainerError::Body {
+            url: self.url.clone(),
+            what: "checkpoint",
+            message: format!(
+                "no relative path in the reply for {}",
+                v.checkpoint.display()
+            ),
+        })
     }
 
     /// Load a checkpoint (relative path) or, with `None`, the model as started; the trainer
@@ -242,21 +214,17 @@ impl TrainerClient {
         let resp = self
             .http
             .post(format!("{}/v1/restore", self.url))
-            .json(&serde_json::json!({ "checkpoint": checkpoint, "session": session }))
+            .json(&wire::api::RestoreRequest {
+                checkpoint: checkpoint.map(str::to_string),
+                session: Some(session.to_string()),
+            })
             .send()
             .await
             .map_err(|e| self.unreachable(&e))?;
-        let v: serde_json::Value = self.answer("restore", resp).await?;
-        let policy_version = v["policy_version"]
-            .as_i64()
-            .ok_or_else(|| TrainerError::Body {
-                url: self.url.clone(),
-                what: "restore",
-                message: format!("no policy_version in {v}"),
-            })?;
+        let v: wire::api::RestoreReply = self.answer("restore", resp).await?;
         Ok(Restored {
-            policy_version,
-            published_name: published_name(v.get("published")),
+            policy_version: v.policy_version,
+            published_name: published_name(v.published.as_ref()),
         })
     }
 }
@@ -329,7 +297,9 @@ mod tests {
 
     #[test]
     fn only_a_fully_loaded_adapter_changes_the_served_name() {
-        let p = |v: serde_json::Value| published_name(Some(&v));
+        let p = |v: serde_json::Value| {
+            published_name(serde_json::from_value::<Published>(v).ok().as_ref())
+        };
         let ok =
             serde_json::json!({"name": "policy-v3", "loaded": ["u"], "failed": [], "lora": true});
         assert_eq!(p(ok.clone()), Some("policy-v3".into()));

@@ -1,0 +1,175 @@
+//! The `trainer` binary's command line: subcommands, flags, their environment variables and
+//! defaults (clap). `config` turns a parsed command into checked settings.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "trainer",
+    version,
+    about = "RubricEM trainer (Qwen3 in libtorch)"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a byte-level BPE tokenizer (ChatML specials) on a JSONL or text corpus.
+    Tokenizer {
+        #[command(subcommand)]
+        command: TokenizerCommand,
+    },
+    /// Write a random-init Qwen3 model directory in Hugging Face layout.
+    Init {
+        /// A Qwen3 config.json (vocab_size is taken from the tokenizer).
+        #[arg(long, env = "TRAINER_INIT_CONFIG")]
+        config: PathBuf,
+        /// Directory with tokenizer.json (and tokenizer_config.json).
+        #[arg(long, env = "TRAINER_TOKENIZER")]
+        tokenizer: PathBuf,
+        /// Output directory.
+        #[arg(long, env = "TRAINER_INIT_OUT")]
+        out: PathBuf,
+        #[arg(long, env = "TRAINER_SEED", default_value_t = 17)]
+        seed: i64,
+    },
+    /// Print what libtorch sees (version of the build, CUDA devices).
+    Info,
+    /// Supervised warm start on `orchestrator sft-data` output (ChatML JSONL, tool spans
+    /// masked); writes a model directory `trainer serve` loads. Prints a JSON report.
+    Sft {
+        /// The SFT JSONL file.
+        #[arg(long, env = "TRAINER_SFT_DATA")]
+        data: PathBuf,
+        /// Model directory to start from.
+        #[arg(long, env = "TRAINER_MODEL")]
+        model: PathBuf,
+        /// Output model directory (written atomically).
+        #[arg(long, env = "TRAINER_SFT_OUT")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 2)]
+        epochs: usize,
+        /// Sequences per optimizer step.
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
+        #[arg(long, default_value_t = 1e-3)]
+        lr: f64,
+        /// Rows longer than this many tokens are dropped (and counted).
+        #[arg(long, default_value_t = 4096)]
+        max_len: usize,
+        #[arg(long, env = "TRAINER_SEED", default_value_t = 17)]
+        seed: u64,
+        #[arg(long, default_value = "auto")]
+        device: String,
+        /// Recompute activations in backward (saves memory, costs time).
+        #[arg(long)]
+        grad_checkpoint: bool,
+    },
+    /// Serve the policy: train steps over HTTP, checkpoints, publishing to inference servers,
+    /// and OpenAI-compatible generation (the embedded policy server).
+    Serve(Box<ServeArgs>),
+    /// Time train steps (forward, loss, backward, AdamW) on a random model; prints JSON.
+    Bench {
+        /// A Qwen3 config.json.
+        #[arg(long, env = "TRAINER_BENCH_CONFIG")]
+        config: PathBuf,
+        #[arg(long, default_value_t = 4)]
+        seqs: usize,
+        #[arg(long, default_value_t = 512)]
+        seq_len: usize,
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        /// LoRA rank (0 = full fine-tune).
+        #[arg(long, default_value_t = 0)]
+        lora_r: i64,
+        #[arg(long)]
+        grad_checkpoint: bool,
+        /// cpu or cuda.
+        #[arg(long, default_value = "auto")]
+        device: String,
+        /// Peak FLOP/s for MFU, e.g. 989e12 for H100 bf16 dense.
+        #[arg(long)]
+        peak_flops: Option<f64>,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Hugging Face model directory (config.json, model.safetensors, tokenizer.json).
+    #[arg(long, env = "TRAINER_MODEL")]
+    pub model: PathBuf,
+    /// Address to listen on (loopback by default).
+    #[arg(long, env = "TRAINER_BIND", default_value = "127.0.0.1:8100")]
+    pub bind: std::net::SocketAddr,
+    /// Model name served on /v1/models.
+    #[arg(long, env = "TRAINER_SERVED_NAME", default_value = "policy")]
+    pub served_name: String,
+    /// LoRA rank; 0 trains all weights.
+    #[arg(long, env = "TRAINER_LORA_R", default_value_t = 0)]
+    pub lora_r: i64,
+    #[arg(long, env = "TRAINER_LORA_ALPHA")]
+    pub lora_alpha: Option<f64>,
+    #[arg(long, env = "TRAINER_LR", default_value_t = 1e-5)]
+    pub lr: f64,
+    /// KL3 coefficient to the reference (LoRA only: the reference is the base).
+    #[arg(long, env = "TRAINER_KL", default_value_t = 0.0)]
+    pub kl_coef: f64,
+    #[arg(long, env = "TRAINER_MICRO_BATCH_TOKENS", default_value_t = 16384)]
+    pub micro_batch_tokens: i64,
+    /// Checkpoints go here (`step-N`, `latest`).
+    #[arg(long, env = "TRAINER_CHECKPOINT_DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every N steps (0: only on POST /v1/checkpoint).
+    #[arg(long, env = "TRAINER_CHECKPOINT_EVERY", default_value_t = 0)]
+    pub checkpoint_every: u64,
+    /// Continue from the latest checkpoint in --checkpoint-dir if there is one.
+    #[arg(long, env = "TRAINER_RESUME")]
+    pub resume: bool,
+    /// Inference servers to publish each new version to (vLLM or SGLang, detected).
+    #[arg(
+        long = "publish-url",
+        env = "TRAINER_PUBLISH_URLS",
+        value_delimiter = ','
+    )]
+    pub publish_urls: Vec<String>,
+    /// Where versioned adapters / weights are written for the servers.
+    #[arg(long, env = "TRAINER_PUBLISH_DIR")]
+    pub publish_dir: Option<PathBuf>,
+    #[arg(long, env = "TRAINER_PUBLISH_NAME", default_value = "policy")]
+    pub publish_name: String,
+    /// Versions kept loaded on the servers.
+    #[arg(long, env = "TRAINER_PUBLISH_WINDOW", default_value_t = 2)]
+    pub publish_window: usize,
+    #[arg(long, env = "TRAINER_PUBLISH_RETRIES", default_value_t = 3)]
+    pub publish_retries: u32,
+    /// Largest accepted request body in MiB.
+    #[arg(long, env = "TRAINER_MAX_BODY_MB", default_value_t = 4096)]
+    pub max_body_mb: usize,
+    #[arg(long, env = "TRAINER_SEED", default_value_t = 17)]
+    pub seed: i64,
+    /// cpu, cuda or auto.
+    #[arg(long, env = "TRAINER_DEVICE", default_value = "auto")]
+    pub device: String,
+    /// libtorch intra-op threads on CPU (0: libtorch's default, one per core). Two processes
+    /// sharing a machine (a policy server and a trainer) each get a share this way.
+    #[arg(long, env = "TRAINER_THREADS", default_value_t = 0)]
+    pub threads: i32,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenizerCommand {
+    Train {
+        #[arg(long, env = "TRAINER_CORPUS")]
+        corpus: PathBuf,
+        #[arg(long, env = "TRAINER_VOCAB", default_value_t = 4096)]
+        vocab: usize,
+        #[arg(long, env = "TRAINER_TOKENIZER_OUT")]
+        out: PathBuf,
+    },
+}

@@ -1,0 +1,275 @@
+//! The `trainer` binary's settings, built from the parsed command line (`cli`): each
+//! subcommand's options as the library takes them, checked before any work starts, with errors
+//! that name the flag, the value given and what is allowed.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+
+use crate::bench::BenchSpec;
+use crate::cli::{Cli, Command, ServeArgs, TokenizerCommand};
+use crate::model::{LoraConfig, Qwen3Config};
+use crate::service::load::LoadOptions;
+use crate::sft::SftOptions;
+use crate::train::TrainConfig;
+
+/// What the binary was asked to do, with its settings checked.
+#[derive(Debug)]
+pub enum Task {
+    /// `trainer tokenizer train`.
+    TrainTokenizer {
+        corpus: PathBuf,
+        vocab: usize,
+        out: PathBuf,
+    },
+    /// `trainer init`.
+    Init {
+        config: PathBuf,
+        tokenizer: PathBuf,
+        out: PathBuf,
+        seed: i64,
+    },
+    /// `trainer info`.
+    Info,
+    /// `trainer sft`.
+    Sft(Box<SftOptions>),
+    /// `trainer serve`.
+    Serve(Box<ServeSettings>),
+    /// `trainer bench`.
+    Bench(Box<BenchSpec>),
+}
+
+/// `trainer serve`: how to build the policy, where to listen, what to checkpoint and publish.
+#[derive(Debug)]
+pub struct ServeSettings {
+    /// libtorch intra-op threads on CPU; `None`: libtorch's default.
+    pub threads: Option<i32>,
+    /// How the policy is built (and rebuilt by `POST /v1/restore`).
+    pub load: LoadOptions,
+    pub bind: SocketAddr,
+    pub served_name: String,
+    pub checkpoint_dir: Option<PathBuf>,
+    pub checkpoint_every: u64,
+    pub max_body_bytes: usize,
+    /// Publishing each new version to inference servers; `None`: no publishing.
+    pub publish: Option<PublishSettings>,
+}
+
+/// `--publish-*`: where versions are written and which servers load them.
+#[derive(Debug, Clone)]
+pub struct PublishSettings {
+    /// `--publish-dir` as given (created and made absolute at start).
+    pub dir: PathBuf,
+    pub urls: Vec<String>,
+    pub name: String,
+    pub window: usize,
+    pub retries: u32,
+    /// LoRA adapters (else full weights).
+    pub lora: bool,
+}
+
+impl Task {
+    /// Check the parsed command line and build the settings its subcommand runs with.
+    pub fn from_cli(cli: Cli) -> anyhow::Result<Self> {
+        Ok(match cli.command {
+            Command::Tokenizer {
+                command: TokenizerCommand::Train { corpus, vocab, out },
+            } => Task::TrainTokenizer { corpus, vocab, out },
+            Command::Init {
+                config,
+                tokenizer,
+                out,
+                seed,
+            } => Task::Init {
+                config,
+                tokenizer,
+                out,
+                seed,
+            },
+            Command::Info => Task::Info,
+            Command::Bench {
+                config,
+                seqs,
+                seq_len,
+                steps,
+                warmup,
+                lora_r,
+                grad_checkpoint,
+                device,
+                peak_flops,
+            } => {
+                let device = parse_device(&device)?;
+                Task::Bench(Box::new(BenchSpec {
+                    config: Qwen3Config::from_file(&config)?,
+                    lora: lora_config(lora_r, None),
+                    seqs,
+                    seq_len,
+                    steps,
+                    warmup,
+                    grad_checkpoint,
+                    device,
+                    kind: crate::default_kind(device),
+                    peak_flops,
+                }))
+            }
+            Command::Sft {
+                data,
+                model,
+                out,
+                epochs,
+                batch,
+                lr,
+                max_len,
+                seed,
+                device,
+                grad_checkpoint,
+            } => {
+                let mut train = TrainConfig::default();
+                train.optim.lr = lr;
+                train.grad_checkpoint = grad_checkpoint;
+                train.loss.kl_coef = 0.0; // SFT: no reference policy
+                Task::Sft(Box::new(SftOptions {
+                    data,
+                    model_dir: model,
+                    out,
+                    epochs,
+                    batch,
+                    max_len,
+                    train,
+                    device: parse_device(&device)?,
+                    seed,
+                }))
+            }
+            Command::Serve(a) => Task::Serve(Box::new(ServeSettings::from_args(*a)?)),
+        })
+    }
+}
+
+impl ServeSettings {
+    fn from_args(a: ServeArgs) -> anyhow::Result<Self> {
+        let device = parse_device(&a.device)?;
+        if a.threads < 0 {
+            bail!("--threads = {}; allowed: 0 (default) or more", a.threads);
+        }
+        let lora = lora_config(a.lora_r, a.lora_alpha);
+        let publish = if a.publish_urls.is_empty() && a.publish_dir.is_none() {
+            None
+        } else {
+            let dir = a
+                .publish_dir
+                .clone()
+                .context("--publish-url needs --publish-dir (a directory the servers can read)")?;
+            Some(PublishSettings {
+                dir,
+                urls: a.publish_urls.clone(),
+                name: a.publish_name.clone(),
+                window: a.publish_window,
+                retries: a.publish_retries,
+                lora: lora.is_some(),
+            })
+        };
+        let mut train = TrainConfig::default();
+        train.optim.lr = a.lr;
+        train.loss.kl_coef = a.kl_coef;
+        train.micro_batch_tokens = a.micro_batch_tokens;
+        Ok(Self {
+            threads: (a.threads > 0).then_some(a.threads),
+            load: LoadOptions {
+                model_dir: a.model,
+                lora,
+                train,
+                device,
+                seed: a.seed,
+                resume_from: if a.resume {
+                    a.checkpoint_dir.clone()
+                } else {
+                    None
+                },
+            },
+            bind: a.bind,
+            served_name: a.served_name,
+            checkpoint_dir: a.checkpoint_dir,
+            checkpoint_every: a.checkpoint_every,
+            max_body_bytes: a.max_body_mb << 20,
+            publish,
+        })
+    }
+}
+
+/// `--lora-r` (0: full fine-tune) with `--lora-alpha` (default 2r).
+fn lora_config(r: i64, alpha: Option<f64>) -> Option<LoraConfig> {
+    (r > 0).then(|| LoraConfig {
+        r,
+        alpha: alpha.unwrap_or(2.0 * r as f64),
+        ..Default::default()
+    })
+}
+
+/// `--device`: cpu, cuda (the first GPU) or auto (CUDA when libtorch sees a GPU).
+pub fn parse_device(s: &str) -> anyhow::Result<tch::Device> {
+    Ok(match s {
+        "cpu" => tch::Device::Cpu,
+        "cuda" => tch::Device::Cuda(0),
+        "auto" => crate::default_device(),
+        other => bail!("--device = {other:?}; allowed: cpu, cuda, auto"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn serve(args: &[&str]) -> anyhow::Result<ServeSettings> {
+        let mut argv = vec!["trainer", "serve", "--model", "/m"];
+        argv.extend_from_slice(args);
+        match Task::from_cli(Cli::try_parse_from(argv)?)? {
+            Task::Serve(s) => Ok(*s),
+            other => anyhow::bail!("not serve: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn serve_defaults_and_checks() {
+        let s = serve(&["--device", "cpu"]).unwrap();
+        assert_eq!(s.bind.to_string(), "127.0.0.1:8100");
+        assert_eq!(s.served_name, "policy");
+        assert_eq!(s.max_body_bytes, 4096 << 20);
+        assert!(s.load.lora.is_none() && s.publish.is_none() && s.threads.is_none());
+        assert_eq!(s.load.train.optim.lr, 1e-5);
+        assert_eq!(s.load.train.micro_batch_tokens, 16384);
+
+        let s = serve(&["--device", "cpu", "--lora-r", "8", "--threads", "2"]).unwrap();
+        let l = s.load.lora.unwrap();
+        assert_eq!((l.r, l.alpha), (8, 16.0));
+        assert_eq!(s.threads, Some(2));
+
+        let e = serve(&["--device", "tpu"]).unwrap_err().to_string();
+        assert!(
+            e.contains("--device = \"tpu\"") && e.contains("cpu, cuda, auto"),
+            "{e}"
+        );
+        let e = serve(&["--device", "cpu", "--threads=-1"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--threads = -1"), "{e}");
+        let e = serve(&["--device", "cpu", "--publish-url", "http://a"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs --publish-dir"), "{e}");
+        let s = serve(&[
+            "--device",
+            "cpu",
+            "--publish-url",
+            "http://a,http://b",
+            "--publish-dir",
+            "/p",
+        ])
+        .unwrap();
+        let p = s.publish.unwrap();
+        assert_eq!(p.urls, ["http://a", "http://b"]);
+        assert!(!p.lora);
+    }
+}

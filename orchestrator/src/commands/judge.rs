@@ -17,20 +17,15 @@ pub(super) async fn judge(args: &JudgeArgs) -> anyhow::Result<ExitCode> {
     let run = db::runs::get_run(&pool, args.run)
         .await?
         .with_context(|| format!("run {} does not exist", args.run))?;
-    let recipe_name = args.recipe.clone().unwrap_or_else(|| run.recipe.clone());
-    let recipe: Recipe = serde_json::from_value(serde_json::Value::String(recipe_name.clone()))
-        .or_else(|e| {
-            if args.recipe.is_none() {
-                Ok(Recipe::Full) // runs made by `orchestrator rollout` have no recipe
-            } else {
-                Err(e)
-            }
-        })
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "--recipe = {recipe_name:?}; allowed: baseline-rl, ss-grpo, meta-policy, full, drtulu"
-            )
-        })?;
+    let recipe_name = args.recipe.as_deref().unwrap_or(&run.recipe);
+    let recipe = match Recipe::parse(recipe_name) {
+        Some(r) => r,
+        // runs made by `orchestrator rollout` have no recipe
+        None if args.recipe.is_none() => Recipe::Full,
+        None => anyhow::bail!(
+            "--recipe = {recipe_name:?}; allowed: baseline-rl, ss-grpo, meta-policy, full, drtulu"
+        ),
+    };
     let mut opts = StepOptions::for_recipe(recipe, cfg.credit.lambda, cfg.credit.citation);
     opts.group.generate = args.generate;
     let judge = crate::infra::llm::judge::from_config(&cfg)?;

@@ -17,15 +17,13 @@ mod world;
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Cli, Command, ConfigArgs};
-use crate::domain::config::{Config, EndpointPoolConfig};
-use crate::infra::llm::{self, LlmClient, Role};
+use crate::domain::config::Config;
 pub use crate::pipeline::rollout::RolloutSummary;
 pub use rollout::rollout;
 
@@ -60,19 +58,6 @@ fn out(line: impl AsRef<str>) {
 /// The resolved configuration (preset < file < env < flags).
 fn load_config(args: &ConfigArgs) -> anyhow::Result<Config> {
     Config::load(&args.experiment, &args.overrides()).context("configuration rejected")
-}
-
-/// An LLM client for `role` on the endpoints of `pool`, with the configured retry and health
-/// settings.
-fn client_for(cfg: &Config, role: Role, pool: &EndpointPoolConfig) -> anyhow::Result<LlmClient> {
-    let http = llm::build_http(Duration::from_secs(10))?;
-    Ok(LlmClient::from_config(
-        http,
-        role,
-        pool,
-        &cfg.retry,
-        &cfg.health,
-    )?)
 }
 
 /// A token cancelled by the first Ctrl-C, which logs `message`; with `second_exits`, a second

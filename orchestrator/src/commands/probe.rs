@@ -3,9 +3,9 @@
 
 use std::process::ExitCode;
 
-use super::{client_for, load_config, out};
+use super::{load_config, out};
 use crate::cli::{ConfigArgs, ProbeRole};
-use crate::infra::llm::{self, Role};
+use crate::infra::llm::{self, LlmClient, Role};
 
 pub(super) async fn probe(config: &ConfigArgs, role: ProbeRole) -> anyhow::Result<ExitCode> {
     let cfg = load_config(config)?;
@@ -14,7 +14,7 @@ pub(super) async fn probe(config: &ConfigArgs, role: ProbeRole) -> anyhow::Resul
         ProbeRole::Judge => (Role::Judge, cfg.judge.pool()),
         ProbeRole::Embeddings => (Role::Embeddings, cfg.embeddings.clone()),
     };
-    let client = client_for(&cfg, role, &pool_cfg)?;
+    let client = LlmClient::for_role(&cfg, role, &pool_cfg)?;
     let features = llm::detect_all(&client, role).await?;
     out(serde_json::to_string_pretty(&features)?);
     Ok(ExitCode::SUCCESS)

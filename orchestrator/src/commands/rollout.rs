@@ -5,11 +5,11 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use super::{cancel_on_ctrl_c, client_for, load_config, out};
+use super::{cancel_on_ctrl_c, load_config, out};
 use crate::cli::RolloutArgs;
 use crate::infra::chat::ModelTokenizer;
 use crate::infra::db;
-use crate::infra::llm::{self, Role};
+use crate::infra::llm::{self, LlmClient, Role};
 use crate::pipeline::rollout::{
     RolloutConfig, RolloutCtx, RolloutSlot, RolloutSummary, RolloutTask, rollout_batch_summary,
 };
@@ -37,7 +37,7 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     anyhow::ensure!(!tasks.is_empty(), "{} holds no tasks", args.tasks.display());
     let pool = db::open(&cfg.database.url, cfg.database.max_connections).await?;
     let tokenizer = ModelTokenizer::from_dir(&args.tokenizer)?;
-    let client = client_for(&cfg, Role::Policy, &cfg.policy)?;
+    let client = LlmClient::for_role(&cfg, Role::Policy, &cfg.policy)?;
     llm::detect_all(&client, Role::Policy).await?;
 
     let cache = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });

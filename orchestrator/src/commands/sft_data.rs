@@ -8,9 +8,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use super::{client_for, load_config, out};
+use super::{load_config, out};
 use crate::cli::SftDataArgs;
-use crate::infra::llm::Role;
+use crate::infra::llm::{LlmClient, Role};
 
 pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
     let cfg = load_config(&args.config)?;
@@ -51,7 +51,7 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
                 timeout_secs: cfg.judge.timeout_secs.max(300),
                 api_key_env: args.teacher_api_key_env.clone(),
             };
-            let client = client_for(&cfg, Role::Teacher, &pool)?;
+            let client = LlmClient::for_role(&cfg, Role::Teacher, &pool)?;
             let teacher = crate::pipeline::sft::teacher::Teacher {
                 client: &client,
                 tools: &runner,

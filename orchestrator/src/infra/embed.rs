@@ -27,13 +27,10 @@ impl Embedder {
         if e.urls.is_empty() || e.model == LOCAL_MODEL {
             return Ok(Embedder::Local(LocalEmbedder::default()));
         }
-        let http = crate::infra::llm::build_http(std::time::Duration::from_secs(10))?;
-        Ok(Embedder::Remote(LlmClient::from_config(
-            http,
+        Ok(Embedder::Remote(LlmClient::for_role(
+            cfg,
             crate::infra::llm::Role::Embeddings,
             e,
-            &cfg.retry,
-            &cfg.health,
         )?))
     }
 

@@ -149,8 +149,7 @@ pub async fn find_resumable(
         .map(|r| PlannedRun {
             id: r.id,
             // Runs made by `orchestrator rollout` have no recipe.
-            recipe: serde_json::from_value(serde_json::Value::String(r.recipe.clone()))
-                .unwrap_or(Recipe::Full),
+            recipe: Recipe::parse(&r.recipe).unwrap_or(Recipe::Full),
             name: r.name,
         })
         .collect();

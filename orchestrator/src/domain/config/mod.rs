@@ -75,6 +75,19 @@ impl Recipe {
     pub fn reflects(self) -> bool {
         matches!(self, Recipe::MetaPolicy | Recipe::Full)
     }
+
+    pub const ALL: [Recipe; 5] = [
+        Recipe::BaselineRl,
+        Recipe::SsGrpo,
+        Recipe::MetaPolicy,
+        Recipe::Full,
+        Recipe::Drtulu,
+    ];
+
+    /// The recipe named `s` as stored in `runs.recipe` and written in presets.
+    pub fn parse(s: &str) -> Option<Recipe> {
+        Recipe::ALL.into_iter().find(|r| r.as_str() == s)
+    }
 }
 
 /// Which judge scores a run (`judge.kind`): one type with the judge's own.
@@ -907,6 +920,18 @@ fn validate_pool(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recipe_names_parse_back_as_serde_writes_them() {
+        for r in Recipe::ALL {
+            assert_eq!(Recipe::parse(r.as_str()), Some(r));
+            assert_eq!(
+                serde_json::to_value(r).unwrap(),
+                serde_json::Value::String(r.as_str().into())
+            );
+        }
+        assert_eq!(Recipe::parse("rollout"), None);
+    }
 
     #[test]
     fn every_preset_loads_and_validates() {

@@ -6,13 +6,13 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::DbError;
+use crate::domain::bank::{BankError, BankItem};
 
-impl From<DbError> for crate::domain::bank::BankError {
+impl From<DbError> for BankError {
     fn from(e: DbError) -> Self {
-        crate::domain::bank::BankError::Db(std::sync::Arc::new(e))
+        BankError::Db(std::sync::Arc::new(e))
     }
 }
-use crate::domain::bank::BankItem;
 
 type BankTuple = (
     Uuid,

@@ -166,6 +166,17 @@ impl LlmClient {
 
     /// A client for a configured pool; its API key, when `api_key_env` names one, is read from
     /// the environment now (an unset variable is an error naming it).
+    /// A client for `role` on the endpoints of `pool`, with the experiment's retry and health
+    /// settings, over its own HTTP client ([`build_http`], 10 s connect timeout).
+    pub fn for_role(
+        cfg: &crate::domain::config::Config,
+        role: Role,
+        pool: &EndpointPoolConfig,
+    ) -> Result<Self, LlmError> {
+        let http = build_http(Duration::from_secs(10))?;
+        Self::from_config(http, role, pool, &cfg.retry, &cfg.health)
+    }
+
     pub fn from_config(
         http: reqwest::Client,
         role: Role,

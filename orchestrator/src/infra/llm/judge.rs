@@ -741,16 +741,9 @@ pub fn from_config(
                 attempts: 0,
                 source: std::sync::Arc::new(e),
             };
-            let http =
-                crate::infra::llm::build_http(std::time::Duration::from_secs(10)).map_err(setup)?;
-            let client = crate::infra::llm::LlmClient::from_config(
-                http,
-                crate::infra::llm::Role::Judge,
-                &cfg.judge.pool(),
-                &cfg.retry,
-                &cfg.health,
-            )
-            .map_err(setup)?;
+            let client =
+                LlmClient::for_role(cfg, crate::infra::llm::Role::Judge, &cfg.judge.pool())
+                    .map_err(setup)?;
             let opts = LlmJudgeOptions {
                 usd_per_mtok_prompt: cfg.judge.usd_per_mtok_prompt,
                 usd_per_mtok_completion: cfg.judge.usd_per_mtok_completion,

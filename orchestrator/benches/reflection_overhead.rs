@@ -38,15 +38,14 @@ use std::time::{Duration, Instant};
 use fake_openai::ToyCodec;
 use orchestrator::domain::bank::LocalEmbedder;
 use orchestrator::domain::config::Recipe;
+use orchestrator::domain::config::RolloutConfig;
 use orchestrator::domain::judge::lexical::LexicalJudge;
 use orchestrator::infra::db;
 use orchestrator::infra::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
 use orchestrator::pipeline::bank::{Bank, Embedder};
 use orchestrator::pipeline::judging::{StepOptions, judge_step};
 use orchestrator::pipeline::reflection::{Reflector, Settings};
-use orchestrator::pipeline::rollout::{
-    RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch,
-};
+use orchestrator::pipeline::rollout::{RolloutCtx, RolloutSlot, RolloutTask, rollout_batch};
 use three_turns::cpu_seconds;
 
 const REFLECTION: &str = "<reflection_rubrics>\nCritical Requirement: name the enzyme mechanism.\nAnalytical Approach: verify in two sources.\nCommunication & Structure: cite it.\nPitfalls: one search only.\n</reflection_rubrics>\n<reflection_takeaways>\n- verify mechanism claims twice\n</reflection_takeaways>";
@@ -81,7 +80,8 @@ fn main() {
             client: client.clone(),
             codec: Arc::new(ToyCodec),
             tools: Arc::new(three_turns::runner(1024)),
-            cfg: RolloutConfig { max_tool_calls: 10, max_tokens: 8192, forced_answer_tokens: 512, temperature: 1.0, top_p: 1.0, seed: Some(1) },
+            cfg: RolloutConfig { n: 1, tasks_per_step: 1, max_tool_calls: 10, max_tokens: 8192, forced_answer_tokens: Some(512), temperature: 1.0, top_p: 1.0 },
+            seed: Some(1),
         };
         let new: Vec<db::tasks::NewTask> = (0..n_tasks).map(|i| db::tasks::NewTask {
             source: "bench".into(), external_id: i.to_string(),

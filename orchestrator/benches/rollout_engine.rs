@@ -21,10 +21,9 @@ mod three_turns;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use orchestrator::domain::config::RolloutConfig;
 use orchestrator::infra::llm::{EndpointPool, LlmClient, RetryPolicy, Role, build_http};
-use orchestrator::pipeline::rollout::{
-    RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask, rollout_batch,
-};
+use orchestrator::pipeline::rollout::{RolloutCtx, RolloutSlot, RolloutTask, rollout_batch};
 use three_turns::cpu_seconds;
 use uuid::Uuid;
 
@@ -79,13 +78,15 @@ fn main() {
                     codec: Arc::new(fake_openai::ToyCodec),
                     tools: Arc::new(three_turns::runner(4096)),
                     cfg: RolloutConfig {
+                        n: 1,
+                        tasks_per_step: 1,
                         max_tool_calls: 10,
                         max_tokens: 8192,
-                        forced_answer_tokens: 512,
+                        forced_answer_tokens: Some(512),
                         temperature: 1.0,
                         top_p: 1.0,
-                        seed: None,
                     },
+                    seed: None,
                 };
                 let tasks: Vec<RolloutTask> = (0..concurrent)
                     .map(|i| RolloutTask {

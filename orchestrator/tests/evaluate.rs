@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fake_openai::{FakeServer, Fault, Scripted, ToyCodec};
+use orchestrator::domain::config::RolloutConfig;
 use orchestrator::domain::judge::lexical::LexicalJudge;
 use orchestrator::infra::db;
 use orchestrator::infra::llm::Role;
 use orchestrator::infra::tools::runner::ToolRunner;
 use orchestrator::pipeline::evaluate::{EvalRun, EvalTask, Subset, evaluate};
-use orchestrator::pipeline::rollout::{RolloutConfig, RolloutCtx, RolloutTask};
+use orchestrator::pipeline::rollout::{RolloutCtx, RolloutTask};
 use tokio_util::sync::CancellationToken;
 
 const PLAN: &str = "<think>Plan it.</think><structured_plan><deep_analysis>two hops</deep_analysis><rubric>Knowledge checklist:\n- the facts</rubric><research_plan>answer directly</research_plan></structured_plan>";
@@ -27,13 +28,15 @@ fn ctx(server: &FakeServer) -> RolloutCtx {
         codec: Arc::new(ToyCodec),
         tools: Arc::new(ToolRunner::new(None)),
         cfg: RolloutConfig {
+            n: 1,
+            tasks_per_step: 1,
             max_tool_calls: 2,
             max_tokens: 4000,
-            forced_answer_tokens: 200,
+            forced_answer_tokens: Some(200),
             temperature: 0.0,
             top_p: 1.0,
-            seed: Some(3),
         },
+        seed: Some(3),
     }
 }
 

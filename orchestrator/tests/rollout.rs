@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fake_openai::{FakeServer, Scripted, ToyCodec, toy_tokenize};
+use orchestrator::domain::config::RolloutConfig;
 use orchestrator::domain::trajectory::{SegmentKind, Stage};
 use orchestrator::infra::db;
 use orchestrator::infra::llm::Role;
 use orchestrator::infra::tools::local_search::LocalIndex;
 use orchestrator::infra::tools::runner::{ToolCache, ToolLimits, ToolRunner};
 use orchestrator::infra::tools::search_apis::LocalSearch;
-use orchestrator::pipeline::rollout::{RolloutConfig, RolloutCtx, RolloutSlot, RolloutTask};
+use orchestrator::pipeline::rollout::{RolloutCtx, RolloutSlot, RolloutTask};
 use uuid::Uuid;
 
 const T1: &str = "<think>Plan it.</think><structured_plan><deep_analysis>two hops</deep_analysis><rubric>Knowledge checklist:\n- protein\n- compound</rubric><research_plan>gene then protein</research_plan></structured_plan><call_tool name=\"google_search\">GENE</call_tool>";
@@ -51,13 +52,15 @@ async fn setup(cache: Option<Arc<dyn ToolCache>>, max_tool_calls: u32, max_token
         codec: Arc::new(ToyCodec),
         tools: Arc::new(tools),
         cfg: RolloutConfig {
+            n: 1,
+            tasks_per_step: 1,
             max_tool_calls,
             max_tokens,
-            forced_answer_tokens: 200,
+            forced_answer_tokens: Some(200),
             temperature: 1.0,
             top_p: 1.0,
-            seed: None,
         },
+        seed: None,
     };
     Setup { server, ctx, world }
 }

@@ -11,7 +11,7 @@ use crate::infra::chat::ModelTokenizer;
 use crate::infra::db;
 use crate::infra::llm::{self, LlmClient, Role};
 use crate::pipeline::rollout::{
-    RolloutConfig, RolloutCtx, RolloutSlot, RolloutSummary, RolloutTask, rollout_batch_summary,
+    RolloutCtx, RolloutSlot, RolloutSummary, RolloutTask, rollout_batch_summary,
 };
 use crate::pipeline::run::{ROLLOUT_STEP, finish_rollout_run, start_rollout_run};
 
@@ -65,7 +65,8 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
         client,
         codec: Arc::new(tokenizer),
         tools: Arc::new(runner),
-        cfg: RolloutConfig::from_config(&cfg.rollout, cfg.experiment.seed),
+        cfg: cfg.rollout.clone(),
+        seed: Some(cfg.experiment.seed),
     };
     let (cancel, watcher) =
         cancel_on_ctrl_c("interrupted: abandoning trajectories in flight", false);

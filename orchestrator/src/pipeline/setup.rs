@@ -17,7 +17,7 @@ use crate::infra::db;
 use crate::infra::llm::trainer::TrainerClient;
 use crate::infra::llm::{LlmClient, Role};
 use crate::pipeline::judging::StepOptions;
-use crate::pipeline::rollout::{Admission, RolloutConfig, RolloutCtx, RolloutTask};
+use crate::pipeline::rollout::{Admission, RolloutCtx, RolloutTask};
 
 fn setup(m: impl std::fmt::Display) -> PipelineError {
     PipelineError::Setup(m.to_string())
@@ -239,7 +239,8 @@ pub async fn pipeline(
             client,
             codec: common.codec.clone(),
             tools: common.tools.clone(),
-            cfg: RolloutConfig::from_config(&cfg.rollout, cfg.experiment.seed),
+            cfg: cfg.rollout.clone(),
+            seed: Some(cfg.experiment.seed),
         },
         admission,
         judge,

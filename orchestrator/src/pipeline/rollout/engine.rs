@@ -27,32 +27,7 @@ pub use crate::domain::util::{mix_seed, task_key};
 /// Stop strings: a turn ends right after a tool call or the answer.
 pub const STOPS: &[&str] = &["</call_tool>", "</call>", "</answer>"];
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct RolloutConfig {
-    pub max_tool_calls: u32,
-    /// Budget for everything after the prompt (model and tool tokens), as in DR Tulu.
-    pub max_tokens: u32,
-    /// Part of `max_tokens` held back for a forced final answer.
-    pub forced_answer_tokens: u32,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub seed: Option<u64>,
-}
-
-impl RolloutConfig {
-    /// The rollout settings of an experiment, sampling seeded by `seed`; an eighth of the token
-    /// budget (16..=2048) is held back for a forced answer.
-    pub fn from_config(cfg: &crate::domain::config::RolloutConfig, seed: u64) -> Self {
-        Self {
-            max_tool_calls: cfg.max_tool_calls,
-            max_tokens: cfg.max_tokens,
-            forced_answer_tokens: (cfg.max_tokens / 8).clamp(16, 2048),
-            temperature: cfg.temperature,
-            top_p: cfg.top_p,
-            seed: Some(seed),
-        }
-    }
-}
+use crate::domain::config::RolloutConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {
@@ -134,13 +109,18 @@ pub struct RolloutCtx {
     pub client: LlmClient,
     pub codec: Arc<dyn TokenCodec>,
     pub tools: Arc<ToolRunner>,
+    /// Budgets and sampling, as the experiment's `[rollout]` table (evaluation may override
+    /// the temperature).
     pub cfg: RolloutConfig,
+    /// Sampling seed material (the experiment seed); `None`: unseeded sampling.
+    pub seed: Option<u64>,
 }
 
 impl std::fmt::Debug for RolloutCtx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RolloutCtx")
             .field("cfg", &self.cfg)
+            .field("seed", &self.seed)
             .finish_non_exhaustive()
     }
 }
@@ -210,7 +190,7 @@ impl RolloutCtx {
         let started = Instant::now();
         let id = Uuid::now_v7();
         let session = id.to_string();
-        let traj_seed = self.cfg.seed.map(|s| {
+        let traj_seed = self.seed.map(|s| {
             let task = task_key(task.task_id);
             let slot_key = ((slot.step as u64) << 32) | slot.sample_index as u32 as u64;
             mix_seed(mix_seed(s, task), slot_key)
@@ -230,7 +210,9 @@ impl RolloutCtx {
         let mut gen_ms = 0u128;
         let mut tool_ms = 0u128;
         let budget = self.cfg.max_tokens;
-        let normal_budget = budget.saturating_sub(self.cfg.forced_answer_tokens).max(1);
+        let normal_budget = budget
+            .saturating_sub(self.cfg.forced_answer_budget())
+            .max(1);
         let mut forced = false;
         let mut finish = "length";
 

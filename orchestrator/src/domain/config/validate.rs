@@ -1,0 +1,316 @@
+//! Validation of a loaded configuration: every out-of-range value is refused with an error that
+//! names the field, the value and what is allowed.
+
+use super::{Config, ConfigError, EndpointPoolConfig, HELD_OUT, JudgeKind};
+
+impl Config {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let e = &self.experiment;
+        check(
+            !e.name.trim().is_empty(),
+            "experiment.name",
+            "\"\"",
+            "a non-empty name",
+        )?;
+        check(
+            !e.recipes.is_empty(),
+            "experiment.recipes",
+            "[]",
+            "one or more of baseline-rl, ss-grpo, meta-policy, full, drtulu",
+        )?;
+        check(
+            e.steps >= 1 && e.steps <= 1_000_000,
+            "experiment.steps",
+            e.steps,
+            "1..=1000000",
+        )?;
+        let p = &self.pipeline;
+        check(
+            p.max_staleness <= 16,
+            "pipeline.max_staleness",
+            p.max_staleness,
+            "0..=16 (0 = sequential)",
+        )?;
+        check(
+            (1..=4096).contains(&p.max_inflight),
+            "pipeline.max_inflight",
+            p.max_inflight,
+            "1..=4096",
+        )?;
+        check(
+            (1..=86_400).contains(&p.trainer_wait_secs),
+            "pipeline.trainer_wait_secs",
+            p.trainer_wait_secs,
+            "1..=86400",
+        )?;
+        check(
+            !p.checkpoint_subdir.is_empty()
+                && p.checkpoint_subdir
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c)),
+            "pipeline.checkpoint_subdir",
+            format!("{:?}", p.checkpoint_subdir),
+            "a plain name of letters, digits, '-' and '_'",
+        )?;
+        let r = &self.reflection;
+        check(
+            (1..=64).contains(&r.candidates),
+            "reflection.candidates",
+            r.candidates,
+            "1..=64",
+        )?;
+        check(
+            r.temperature.is_finite() && (0.0..=2.0).contains(&r.temperature),
+            "reflection.temperature",
+            r.temperature,
+            "0..=2",
+        )?;
+        check(
+            (16..=32_768).contains(&r.max_tokens),
+            "reflection.max_tokens",
+            r.max_tokens,
+            "16..=32768",
+        )?;
+        check(
+            (0.0..=1.0).contains(&r.accept_threshold),
+            "reflection.accept_threshold",
+            r.accept_threshold,
+            "0..=1",
+        )?;
+        check(
+            (1..=16).contains(&r.top_k),
+            "reflection.top_k",
+            r.top_k,
+            "1..=16",
+        )?;
+        check(
+            (1..=1000).contains(&r.window),
+            "reflection.window",
+            r.window,
+            "1..=1000",
+        )?;
+        check(
+            (4..=10_000_000).contains(&self.data.world_docs),
+            "data.world_docs",
+            self.data.world_docs,
+            "4..=10000000",
+        )?;
+        check(
+            (1..=1_000_000).contains(&self.data.world_tasks),
+            "data.world_tasks",
+            self.data.world_tasks,
+            "1..=1000000",
+        )?;
+        check(
+            !self.database.url.is_empty(),
+            "database.url",
+            "\"\"",
+            "a postgres:// URL",
+        )?;
+        check(
+            (1..=1024).contains(&self.database.max_connections),
+            "database.max_connections",
+            self.database.max_connections,
+            "1..=1024",
+        )?;
+        validate_pool("policy", &self.policy, true)?;
+        validate_pool(
+            "judge",
+            &self.judge.pool(),
+            self.judge.kind == JudgeKind::Llm,
+        )?;
+        validate_pool("embeddings", &self.embeddings, false)?;
+        validate_url("trainer.url", &self.trainer.url)?;
+        let r = &self.retry;
+        check(
+            r.max_retries <= 20,
+            "retry.max_retries",
+            r.max_retries,
+            "0..=20",
+        )?;
+        check(
+            r.min_delay_ms >= 1,
+            "retry.min_delay_ms",
+            r.min_delay_ms,
+            ">= 1",
+        )?;
+        check(
+            r.max_delay_ms >= r.min_delay_ms && r.max_delay_ms <= 600_000,
+            "retry.max_delay_ms",
+            r.max_delay_ms,
+            "retry.min_delay_ms..=600000",
+        )?;
+        let h = &self.health;
+        check(
+            (1..=3600).contains(&h.probe_interval_secs),
+            "health.probe_interval_secs",
+            h.probe_interval_secs,
+            "1..=3600",
+        )?;
+        check(
+            (1..=100).contains(&h.failures_before_unhealthy),
+            "health.failures_before_unhealthy",
+            h.failures_before_unhealthy,
+            "1..=100",
+        )?;
+        let ro = &self.rollout;
+        check((1..=64).contains(&ro.n), "rollout.n", ro.n, "1..=64")?;
+        check(
+            (1..=4096).contains(&ro.tasks_per_step),
+            "rollout.tasks_per_step",
+            ro.tasks_per_step,
+            "1..=4096",
+        )?;
+        check(
+            ro.max_tool_calls <= 100,
+            "rollout.max_tool_calls",
+            ro.max_tool_calls,
+            "0..=100",
+        )?;
+        check(
+            (16..=262_144).contains(&ro.max_tokens),
+            "rollout.max_tokens",
+            ro.max_tokens,
+            "16..=262144",
+        )?;
+        if let Some(f) = ro.forced_answer_tokens {
+            check(
+                f >= 1 && f < ro.max_tokens,
+                "rollout.forced_answer_tokens",
+                f,
+                "1..rollout.max_tokens",
+            )?;
+        }
+        check(
+            ro.temperature > 0.0 && ro.temperature <= 2.0,
+            "rollout.temperature",
+            ro.temperature,
+            "(0, 2]",
+        )?;
+        check(
+            ro.top_p > 0.0 && ro.top_p <= 1.0,
+            "rollout.top_p",
+            ro.top_p,
+            "(0, 1]",
+        )?;
+        self.validate_eval()
+    }
+
+    fn validate_eval(&self) -> Result<(), ConfigError> {
+        let ev = &self.eval;
+        check((1..=64).contains(&ev.n), "eval.n", ev.n, "1..=64")?;
+        check(
+            ev.held_out <= 1_000_000,
+            "eval.held_out",
+            ev.held_out,
+            "0..=1000000",
+        )?;
+        if let Some(t) = ev.temperature {
+            check(
+                t.is_finite() && (0.0..=2.0).contains(&t),
+                "eval.temperature",
+                t,
+                "0..=2 (0 = greedy)",
+            )?;
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for set in &ev.sets {
+            check(
+                !set.name.is_empty()
+                    && set.name != HELD_OUT
+                    && set
+                        .name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c)),
+                "eval.sets.name",
+                format!("{:?}", set.name),
+                "a plain name of letters, digits, '-' and '_', other than \"held-out\"",
+            )?;
+            check(
+                names.insert(set.name.as_str()),
+                "eval.sets.name",
+                format!("{:?}", set.name),
+                "a name used by one set only",
+            )?;
+            check(
+                (1..=1_000_000).contains(&set.size),
+                "eval.sets.size",
+                set.size,
+                "1..=1000000",
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn check(
+    ok: bool,
+    field: &'static str,
+    value: impl std::fmt::Display,
+    allowed: &'static str,
+) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::OutOfRange {
+            field,
+            value: value.to_string(),
+            allowed,
+        })
+    }
+}
+
+fn validate_url(field: &'static str, raw: &str) -> Result<(), ConfigError> {
+    match url::Url::parse(raw) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
+        _ => Err(ConfigError::OutOfRange {
+            field,
+            value: format!("{raw:?}"),
+            allowed: "an http:// or https:// URL with a host",
+        }),
+    }
+}
+
+fn validate_pool(
+    role: &'static str,
+    pool: &EndpointPoolConfig,
+    need_urls: bool,
+) -> Result<(), ConfigError> {
+    let (urls_f, conc_f, timeout_f) = match role {
+        "policy" => (
+            "policy.urls",
+            "policy.max_concurrency",
+            "policy.timeout_secs",
+        ),
+        "judge" => ("judge.urls", "judge.max_concurrency", "judge.timeout_secs"),
+        _ => (
+            "embeddings.urls",
+            "embeddings.max_concurrency",
+            "embeddings.timeout_secs",
+        ),
+    };
+    if need_urls {
+        check(
+            !pool.urls.is_empty(),
+            urls_f,
+            "[]",
+            "at least one http(s) URL",
+        )?;
+    }
+    for u in &pool.urls {
+        validate_url(urls_f, u)?;
+    }
+    check(
+        (1..=65_536).contains(&pool.max_concurrency),
+        conc_f,
+        pool.max_concurrency,
+        "1..=65536",
+    )?;
+    check(
+        (1..=86_400).contains(&pool.timeout_secs),
+        timeout_f,
+        pool.timeout_secs,
+        "1..=86400",
+    )?;
+    Ok(())
+}

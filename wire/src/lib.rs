@@ -20,12 +20,14 @@
 
 pub mod api;
 mod policy_version;
+pub mod settings;
 
 pub use api::{
     CheckpointReply, CheckpointRequest, DryRunReply, ErrorBody, ErrorDetail, Published,
     RestoreReply, RestoreRequest, StateReply, StepMetrics, TrainMode, TrainReply,
 };
 pub use policy_version::PolicyVersion;
+pub use settings::{SettingsReply, TrainSettings};
 
 pub const MAGIC: &[u8; 8] = b"RBEMBAT1";
 const HEADER: usize = 8 + 4 + 4 + 4;

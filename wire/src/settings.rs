@@ -1,0 +1,440 @@
+//! The trainer's optimisation settings as the experiment states them (the orchestrator's
+//! `[trainer]` table): learning rate and schedule, AdamW, clipping, the KL penalty and its
+//! reference policy, importance-weight cap, loss aggregation, LoRA or full fine-tune, memory
+//! knobs and PPO minibatches per step. The orchestrator sends them to `POST /v1/settings` when a
+//! run starts or resumes; every train step it sends carries [`TrainSettings::hash`], and the
+//! trainer refuses (409) a step whose hash differs from the settings it holds, so two runs of
+//! one preset cannot silently train with different optimisers.
+//!
+//! Defaults are the papers' (method.md A.5.3, A.9, B.7-B.8): LR 5e-7 constant, AdamW
+//! (0.9, 0.95), eps 1e-8, weight decay 0, grad-norm clip 1.0, KL3 with beta 0.001, clip 0.2/0.2,
+//! token-mean aggregation, one minibatch per step, full fine-tune with a frozen reference copy.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Learning-rate schedule after a linear warm-up of `warmup_steps`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrSchedule {
+    /// Constant after warm-up (the papers).
+    #[default]
+    Constant,
+    /// Cosine decay to `min_lr_ratio`·lr at `total_steps`.
+    Cosine,
+    /// Linear decay to 0 at `total_steps`.
+    Linear,
+}
+
+/// How per-token losses are combined (method.md A.5.3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossAggregation {
+    /// Mean over every counted token of the minibatch (DAPO / DR Tulu / RubricEM).
+    #[default]
+    TokenMean,
+    /// Mean over sequences of each sequence's token mean (the GRPO paper).
+    SequenceMean,
+    /// Sum over counted tokens divided by `aggregation_constant` (Dr. GRPO).
+    Constant,
+}
+
+/// The KL estimator (only KL3, `exp(-d) - 1 + d`, as DR Tulu and RubricEM).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlEstimator {
+    #[default]
+    Kl3,
+}
+
+/// What the KL penalty measures against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReferencePolicy {
+    /// A frozen copy of the initial weights (full fine-tune; LoRA: the base with adapters off,
+    /// which is the same policy).
+    #[default]
+    Initial,
+    /// No reference: `kl_beta` must be 0.
+    None,
+}
+
+/// Full fine-tune or LoRA adapters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finetune {
+    #[default]
+    Full,
+    Lora,
+}
+
+/// LoRA shape (used when `finetune = "lora"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSettings {
+    pub r: i64,
+    /// Scale numerator (alpha / r); 0: 2r.
+    pub alpha: f64,
+    pub dropout: f64,
+    /// Projections that get adapters (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
+    /// down_proj).
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraSettings {
+    fn default() -> Self {
+        Self {
+            r: 16,
+            alpha: 32.0,
+            dropout: 0.0,
+            targets: LORA_TARGETS.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+/// Projection names a LoRA adapter may target.
+pub const LORA_TARGETS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// The trainer's optimisation settings (the experiment's `[trainer]` table without `url`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSettings {
+    /// Peak learning rate.
+    pub lr: f64,
+    pub schedule: LrSchedule,
+    pub warmup_steps: u64,
+    /// Steps of the decay for cosine / linear schedules (0: constant after warm-up).
+    pub total_steps: u64,
+    /// Cosine floor as a fraction of `lr`.
+    pub min_lr_ratio: f64,
+    pub adam_beta1: f64,
+    pub adam_beta2: f64,
+    pub adam_eps: f64,
+    pub weight_decay: f64,
+    /// Global gradient-norm clip (0 = off).
+    pub max_grad_norm: f64,
+    /// Coefficient of the KL penalty to the reference policy.
+    pub kl_beta: f64,
+    pub kl_estimator: KlEstimator,
+    pub reference: ReferencePolicy,
+    /// PPO clip: ratio kept in [1 - clip_low, 1 + clip_high].
+    pub clip_low: f64,
+    pub clip_high: f64,
+    /// Truncated importance weight cap min(pi_old / pi_behaviour, cap); 0 = off.
+    pub tis_cap: f64,
+    pub loss_aggregation: LossAggregation,
+    /// Divisor when `loss_aggregation = "constant"`.
+    pub aggregation_constant: f64,
+    pub finetune: Finetune,
+    pub lora: LoraSettings,
+    /// Recompute each layer in backward instead of keeping activations.
+    pub grad_checkpoint: bool,
+    /// Padded tokens per micro-batch (rows x longest row).
+    pub micro_batch_tokens: i64,
+    /// PPO minibatches (optimizer updates) per train step; 1 = DR Tulu. With more, the ratio
+    /// against the step's starting policy moves and the clip binds.
+    pub minibatches_per_step: u32,
+}
+
+impl Default for TrainSettings {
+    fn default() -> Self {
+        Self {
+            lr: 5e-7,
+            schedule: LrSchedule::Constant,
+            warmup_steps: 0,
+            total_steps: 0,
+            min_lr_ratio: 0.0,
+            adam_beta1: 0.9,
+            adam_beta2: 0.95,
+            adam_eps: 1e-8,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            kl_beta: 0.001,
+            kl_estimator: KlEstimator::Kl3,
+            reference: ReferencePolicy::Initial,
+            clip_low: 0.2,
+            clip_high: 0.2,
+            tis_cap: 2.0,
+            loss_aggregation: LossAggregation::TokenMean,
+            aggregation_constant: 1.0,
+            finetune: Finetune::Full,
+            lora: LoraSettings::default(),
+            grad_checkpoint: true,
+            micro_batch_tokens: 16384,
+            minibatches_per_step: 1,
+        }
+    }
+}
+
+/// A setting outside its allowed range: names the field, the value and what is allowed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("trainer.{field} = {value}; allowed: {allowed}")]
+pub struct SettingsError {
+    pub field: &'static str,
+    pub value: String,
+    pub allowed: &'static str,
+}
+
+impl TrainSettings {
+    /// Check every field; the first bad one is named.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        fn check(
+            ok: bool,
+            field: &'static str,
+            value: impl std::fmt::Display,
+            allowed: &'static str,
+        ) -> Result<(), SettingsError> {
+            if ok {
+                Ok(())
+            } else {
+                Err(SettingsError {
+                    field,
+                    value: value.to_string(),
+                    allowed,
+                })
+            }
+        }
+        let s = self;
+        check(
+            s.lr.is_finite() && s.lr > 0.0 && s.lr <= 1.0,
+            "lr",
+            s.lr,
+            "(0, 1]",
+        )?;
+        check(
+            s.schedule == LrSchedule::Constant || s.total_steps > s.warmup_steps,
+            "total_steps",
+            s.total_steps,
+            "greater than warmup_steps for cosine and linear schedules",
+        )?;
+        check(
+            (0.0..=1.0).contains(&s.min_lr_ratio),
+            "min_lr_ratio",
+            s.min_lr_ratio,
+            "[0, 1]",
+        )?;
+        check(
+            (0.0..1.0).contains(&s.adam_beta1),
+            "adam_beta1",
+            s.adam_beta1,
+            "[0, 1)",
+        )?;
+        check(
+            (0.0..1.0).contains(&s.adam_beta2),
+            "adam_beta2",
+            s.adam_beta2,
+            "[0, 1)",
+        )?;
+        check(
+            s.adam_eps > 0.0 && s.adam_eps <= 1e-2,
+            "adam_eps",
+            s.adam_eps,
+            "(0, 0.01]",
+        )?;
+        check(
+            (0.0..=1.0).contains(&s.weight_decay),
+            "weight_decay",
+            s.weight_decay,
+            "[0, 1]",
+        )?;
+        check(
+            s.max_grad_norm.is_finite() && s.max_grad_norm >= 0.0,
+            "max_grad_norm",
+            s.max_grad_norm,
+            "0 (off) or more",
+        )?;
+        check(
+            (0.0..=10.0).contains(&s.kl_beta),
+            "kl_beta",
+            s.kl_beta,
+            "[0, 10]",
+        )?;
+        check(
+            s.kl_beta == 0.0 || s.reference != ReferencePolicy::None,
+            "kl_beta",
+            s.kl_beta,
+            "0 when reference = \"none\"",
+        )?;
+        check(
+            (0.0..1.0).contains(&s.clip_low),
+            "clip_low",
+            s.clip_low,
+            "[0, 1)",
+        )?;
+        check(
+            (0.0..=10.0).contains(&s.clip_high),
+            "clip_high",
+            s.clip_high,
+            "[0, 10]",
+        )?;
+        check(
+            s.tis_cap == 0.0 || s.tis_cap >= 1.0,
+            "tis_cap",
+            s.tis_cap,
+            "0 (off) or >= 1",
+        )?;
+        check(
+            s.aggregation_constant.is_finite() && s.aggregation_constant > 0.0,
+            "aggregation_constant",
+            s.aggregation_constant,
+            "> 0",
+        )?;
+        if s.finetune == Finetune::Lora {
+            check(
+                (1..=1024).contains(&s.lora.r),
+                "lora.r",
+                s.lora.r,
+                "1..=1024",
+            )?;
+            check(
+                s.lora.alpha.is_finite() && s.lora.alpha >= 0.0,
+                "lora.alpha",
+                s.lora.alpha,
+                "0 (= 2r) or more",
+            )?;
+            check(
+                (0.0..1.0).contains(&s.lora.dropout),
+                "lora.dropout",
+                s.lora.dropout,
+                "[0, 1)",
+            )?;
+            check(
+                !s.lora.targets.is_empty()
+                    && s.lora
+                        .targets
+                        .iter()
+                        .all(|t| LORA_TARGETS.contains(&t.as_str())),
+                "lora.targets",
+                format!("{:?}", s.lora.targets),
+                "a non-empty list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+            )?;
+        }
+        check(
+            (2..=1 << 24).contains(&s.micro_batch_tokens),
+            "micro_batch_tokens",
+            s.micro_batch_tokens,
+            "2..=16777216",
+        )?;
+        check(
+            (1..=64).contains(&s.minibatches_per_step),
+            "minibatches_per_step",
+            s.minibatches_per_step,
+            "1..=64",
+        )?;
+        Ok(())
+    }
+
+    /// A stable fingerprint of the settings: SHA-256 of their canonical JSON (fields in
+    /// declaration order), first 16 hex digits. Equal settings give equal hashes on both sides.
+    pub fn hash(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        let digest = Sha256::digest(&json);
+        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Whether moving from `self` to `other` changes the model's structure (what is trained
+    /// and what the reference is), which needs the policy rebuilt from its model directory.
+    pub fn structural_change(&self, other: &TrainSettings) -> bool {
+        self.finetune != other.finetune
+            || (self.finetune == Finetune::Lora && self.lora != other.lora)
+            || (self.reference != other.reference)
+            || (self.kl_beta == 0.0) != (other.kl_beta == 0.0)
+    }
+}
+
+/// `POST /v1/settings` and `GET /v1/settings` reply: the settings the trainer now trains with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SettingsReply {
+    pub settings: TrainSettings,
+    /// [`TrainSettings::hash`] of `settings`.
+    pub hash: String,
+    /// The policy was rebuilt from its model directory (a structural change at version 0).
+    #[serde(default)]
+    pub rebuilt: bool,
+    pub policy_version: crate::PolicyVersion,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_papers_and_valid() {
+        let s = TrainSettings::default();
+        s.validate().unwrap();
+        assert_eq!(s.lr, 5e-7);
+        assert_eq!((s.adam_beta1, s.adam_beta2), (0.9, 0.95));
+        assert_eq!((s.kl_beta, s.clip_low, s.clip_high), (0.001, 0.2, 0.2));
+        assert_eq!(s.minibatches_per_step, 1);
+    }
+
+    #[test]
+    fn hash_is_stable_and_sensitive() {
+        let a = TrainSettings::default();
+        let mut b = a.clone();
+        assert_eq!(a.hash(), b.hash());
+        assert_eq!(a.hash().len(), 16);
+        b.lr = 1e-5;
+        assert_ne!(a.hash(), b.hash());
+        let back: TrainSettings =
+            serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        assert_eq!(back.hash(), a.hash());
+    }
+
+    #[test]
+    fn validation_names_field_value_and_limit() {
+        let s = TrainSettings {
+            minibatches_per_step: 0,
+            ..TrainSettings::default()
+        };
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("trainer.minibatches_per_step = 0") && e.contains("1..=64"),
+            "{e}"
+        );
+        let s = TrainSettings {
+            reference: ReferencePolicy::None,
+            ..TrainSettings::default()
+        };
+        assert!(s.validate().unwrap_err().to_string().contains("kl_beta"));
+        let mut s = TrainSettings {
+            finetune: Finetune::Lora,
+            ..TrainSettings::default()
+        };
+        s.lora.targets = vec!["qkv".into()];
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("lora.targets")
+        );
+        let s = TrainSettings {
+            schedule: LrSchedule::Cosine,
+            ..TrainSettings::default()
+        };
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("total_steps")
+        );
+    }
+
+    #[test]
+    fn structural_changes() {
+        let a = TrainSettings::default();
+        let mut b = a.clone();
+        b.lr = 1e-6;
+        assert!(!a.structural_change(&b));
+        b.finetune = Finetune::Lora;
+        assert!(a.structural_change(&b));
+    }
+}

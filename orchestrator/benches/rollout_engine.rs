@@ -83,6 +83,7 @@ fn main() {
                         max_tool_calls: 10,
                         max_tokens: 8192,
                         forced_answer_tokens: Some(512),
+                        max_prompt_tokens: None,
                         temperature: 1.0,
                         top_p: 1.0,
                     },

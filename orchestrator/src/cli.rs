@@ -108,9 +108,9 @@ pub struct SftDataArgs {
     /// Use at most this many tasks.
     #[arg(long, env = "ORCH_SFT_LIMIT")]
     pub limit: Option<usize>,
-    /// The search tool the offline teacher calls.
-    #[arg(long, env = "ORCH_SFT_TOOL", default_value = "google_search")]
-    pub tool: String,
+    /// The search tool the offline teacher calls (default: the experiment's data.index_tool).
+    #[arg(long, env = "ORCH_SFT_TOOL")]
+    pub tool: Option<String>,
     /// Teacher endpoint (OpenAI-compatible base URL, `/v1/chat/completions`). Without it the
     /// offline teacher follows the research world's known evidence chains; with it any task
     /// file (our shape or DR Tulu rows) is taught by the model, one call per round.

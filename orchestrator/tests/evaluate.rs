@@ -33,6 +33,7 @@ fn ctx(server: &FakeServer) -> RolloutCtx {
             max_tool_calls: 2,
             max_tokens: 4000,
             forced_answer_tokens: Some(200),
+            max_prompt_tokens: None,
             temperature: 0.0,
             top_p: 1.0,
         },

@@ -57,6 +57,7 @@ async fn setup(cache: Option<Arc<dyn ToolCache>>, max_tool_calls: u32, max_token
             max_tool_calls,
             max_tokens,
             forced_answer_tokens: Some(200),
+            max_prompt_tokens: None,
             temperature: 1.0,
             top_p: 1.0,
         },

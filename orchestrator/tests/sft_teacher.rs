@@ -54,6 +54,7 @@ async fn teacher_rounds_are_prompted_postprocessed_checked_and_written() {
     let tools = build(
         &ToolSetup {
             index: Some(idx),
+            index_tool: None,
             web: false,
             mcp_urls: vec![],
         },

@@ -43,6 +43,7 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     let cache = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
     let setup = crate::infra::tools::setup::ToolSetup {
         index: args.index.clone(),
+        index_tool: None,
         web: args.web_tools,
         mcp_urls: args.mcp.clone(),
     };

@@ -30,6 +30,7 @@ pub(super) async fn rubrics(cmd: RubricsCommand) -> anyhow::Result<ExitCode> {
     let cache = std::sync::Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
     let setup = crate::infra::tools::setup::ToolSetup {
         index,
+        index_tool: None,
         web: web_tools,
         mcp_urls: mcp,
     };

@@ -8,7 +8,6 @@ use std::process::ExitCode;
 
 use super::{cancel_on_ctrl_c, load_config, out};
 use crate::cli::ConfigArgs;
-use crate::domain::config::JudgeKind;
 use crate::infra::db;
 use crate::pipeline::run::{RunStatus, find_resumable, mark, register_experiment};
 use crate::pipeline::setup;
@@ -19,9 +18,26 @@ pub(super) async fn run_experiment(
 ) -> anyhow::Result<ExitCode> {
     let cfg = load_config(args)?;
     let pool = db::open(&cfg.database.url, cfg.database.max_connections).await?;
+    let refuse = |cfg: &crate::domain::config::Config, recipes: &[_]| -> anyhow::Result<()> {
+        let missing = setup::missing_inputs(cfg, recipes);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "experiment {} cannot start; missing inputs:\n  - {}",
+            cfg.experiment.name,
+            missing.join("\n  - ")
+        )
+    };
     let (cfg, runs) = match resume {
-        Some(id) => find_resumable(&pool, cfg, id, args.steps).await?,
+        Some(id) => {
+            let (cfg, runs) = find_resumable(&pool, cfg, id, args.steps).await?;
+            let recipes: Vec<_> = runs.iter().map(|r| r.recipe).collect();
+            refuse(&cfg, &recipes)?;
+            (cfg, runs)
+        }
         None => {
+            refuse(&cfg, &cfg.experiment.recipes)?;
             let (exp, runs) = register_experiment(&pool, &cfg, &args.experiment).await?;
             out(format!(
                 "experiment {} ({}) registered as {exp} with {} run(s), {} steps each",
@@ -33,12 +49,8 @@ pub(super) async fn run_experiment(
             (cfg, runs)
         }
     };
-    if cfg.judge.kind == JudgeKind::Lexical {
-        out(format!(
-            "judge: offline lexical judge `{}` (deterministic term matching, not an LLM)",
-            cfg.judge.model
-        ));
-    }
+    let recipes: Vec<_> = runs.iter().map(|r| r.recipe).collect();
+    out(setup::summary(&cfg, &recipes));
     let common = setup::common(&cfg, &pool).await?;
     let (cancel, watcher) = cancel_on_ctrl_c(
         "interrupted: no new rollouts; finishing judged steps (Ctrl-C again to quit now)",
@@ -86,6 +98,13 @@ pub(super) async fn run_experiment(
                     mean(&curve[..k]),
                     mean(&curve[curve.len() - k..]),
                 ));
+            }
+            Err(e @ crate::pipeline::PipelineError::JudgeDown { .. }) => {
+                let msg = crate::domain::util::error_chain(&e);
+                mark(&pool, run_id, RunStatus::Paused, Some(&msg)).await?;
+                out(format!("run {name} ({run_id}): paused: {msg}"));
+                failed = true;
+                break;
             }
             Err(e) => {
                 let msg = crate::domain::util::error_chain(&e);

@@ -22,6 +22,7 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
     let use_index = args.teacher_url.is_none() || cfg.data.index.join("meta.json").exists();
     let setup = crate::infra::tools::setup::ToolSetup {
         index: use_index.then(|| cfg.data.index.clone()),
+        index_tool: Some(cfg.data.index_tool.clone()),
         web: args.web_tools,
         mcp_urls: vec![],
     };
@@ -31,6 +32,10 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
         "sft-data has no tool to call: build the local index ({}) or pass --web-tools",
         cfg.data.index.display()
     );
+    let tool = args
+        .tool
+        .clone()
+        .unwrap_or_else(|| cfg.data.index_tool.clone());
     let scaffold = cfg.data.scaffold;
     let system = crate::infra::prompts::system_prompt(
         scaffold,
@@ -104,16 +109,16 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
                     .map(|d| (d.id.clone(), d))
                     .collect();
             anyhow::ensure!(
-                runner.names().contains(&args.tool),
+                runner.names().contains(&tool),
                 "--tool = {:?} is not available; configured tools: {}",
-                args.tool,
+                tool,
                 runner.names().join(", ")
             );
             crate::pipeline::sft::offline(
                 &tasks,
                 &docs,
                 &runner,
-                &args.tool,
+                &tool,
                 &system,
                 cfg.rollout.max_tool_calls,
             )

@@ -1,6 +1,6 @@
 //! The embeddings door for the rubric bank: a configured OpenAI-compatible `/v1/embeddings`
-//! endpoint pool, or the local feature-hash embedding of `domain::bank::embed` when none is
-//! configured.
+//! endpoint pool, or the local feature-hash embedding of `domain::bank::embed` when the
+//! experiment names it (`embeddings.model = "local-hash-v1"`).
 
 use crate::domain::bank::embed::LOCAL_MODEL;
 use crate::domain::bank::{BankError, LocalEmbedder, normalize};
@@ -20,12 +20,17 @@ pub enum Embedder {
 }
 
 impl Embedder {
-    /// The configured endpoint pool, or the local embedding when it has no URLs (or names the
-    /// local model).
+    /// The local feature-hash embedding when `embeddings.model` names it (chosen explicitly,
+    /// never as a silent fallback), else the configured endpoint pool, which must have URLs.
     pub fn from_config(cfg: &crate::domain::config::Config) -> Result<Self, BankError> {
         let e = &cfg.embeddings;
-        if e.urls.is_empty() || e.model == LOCAL_MODEL {
+        if e.model == LOCAL_MODEL {
             return Ok(Embedder::Local(LocalEmbedder::default()));
+        }
+        if e.urls.is_empty() {
+            return Err(BankError::NoEndpoint {
+                model: e.model.clone(),
+            });
         }
         Ok(Embedder::Remote(LlmClient::for_role(
             cfg,

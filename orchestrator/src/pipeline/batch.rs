@@ -3,7 +3,7 @@
 //! log-probs, the four stage advantages, the group (task) and the policy version. Built only
 //! from stored rows, so a replay after a crash sends byte-identical batches.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -17,8 +17,15 @@ pub struct BatchStats {
     pub sequences: usize,
     pub tokens: usize,
     pub loss_tokens: usize,
-    /// Sequences whose four advantages are all zero (degenerate groups).
+    /// Sequences whose four advantages are all zero (in groups that were kept).
     pub zero_advantage: usize,
+    /// Groups kept in the batch.
+    pub groups: usize,
+    /// Degenerate groups left out: every member's advantages are all zero (all rewards equal,
+    /// per stage), so they would add only KL and dilute the token mean (method.md A.5.2, B.7).
+    pub groups_dropped: usize,
+    /// Trajectories left out because their scoring failed (never trained on as R = 0).
+    pub failed_scoring: usize,
     pub mean_abs_advantage: [f64; 4],
     pub std_advantage: [f64; 4],
     /// Mean of `step - policy_version` over sequences (how stale the behaviour policy was).
@@ -36,6 +43,15 @@ impl BatchStats {
                 self.zero_advantage as f64,
             ),
             ("pipeline/staleness".to_string(), self.staleness),
+            ("train/groups".to_string(), self.groups as f64),
+            (
+                "train/groups_dropped".to_string(),
+                self.groups_dropped as f64,
+            ),
+            (
+                "train/failed_scoring".to_string(),
+                self.failed_scoring as f64,
+            ),
         ];
         for (k, s) in crate::domain::trajectory::Stage::ALL.iter().enumerate() {
             m.push((
@@ -90,27 +106,57 @@ pub async fn build(
 ) -> Result<(wire::Batch, BatchStats), DbError> {
     let trajs = crate::infra::db::trajectories::list_for_step(pool, run_id, step).await?;
     let adv = crate::pipeline::judging::load_advantages(pool, run_id, step, judge_model).await?;
-    Ok(assemble(&trajs, &adv, step))
+    let failed = crate::infra::db::judging::failed_scoring(pool, run_id, step, judge_model).await?;
+    Ok(assemble(&trajs, &adv, &failed, step))
 }
 
+/// The batch of a judged step. Left out: trajectories whose scoring failed or that have no
+/// stored advantages (never trained on as R = 0), trajectories without model tokens, and
+/// degenerate groups (every remaining member's advantages all zero). Groups are numbered by
+/// task in stored order.
 pub fn assemble(
     trajs: &[Trajectory],
     adv: &HashMap<Uuid, [f64; 4]>,
+    failed: &HashSet<Uuid>,
     step: i32,
 ) -> (wire::Batch, BatchStats) {
-    let mut groups: HashMap<Uuid, u32> = HashMap::new();
-    let mut seqs = Vec::with_capacity(trajs.len());
     let mut stats = BatchStats::default();
-    let mut sums = [[0.0f64; 3]; 4]; // n, sum, sum of squares
-    let mut min_version = i32::MAX;
-    let mut stale = 0.0;
+    // Groups by task, in stored order, of the trajectories that can be trained on.
+    let mut order: Vec<Uuid> = Vec::new();
+    let mut members: HashMap<Uuid, Vec<(&Trajectory, [f64; 4])>> = HashMap::new();
     for t in trajs {
+        let a = match adv.get(&t.id) {
+            Some(a) if !failed.contains(&t.id) => *a,
+            _ => {
+                stats.failed_scoring += 1;
+                continue;
+            }
+        };
         if t.num_model_tokens() == 0 {
             continue;
         }
+        if !members.contains_key(&t.task_id) {
+            order.push(t.task_id);
+        }
+        members.entry(t.task_id).or_default().push((t, a));
+    }
+    let mut kept: Vec<(&Trajectory, [f64; 4])> = Vec::new();
+    for task in &order {
+        let group = &members[task];
+        if group.iter().all(|(_, a)| a.iter().all(|&x| x == 0.0)) {
+            stats.groups_dropped += 1;
+        } else {
+            kept.extend(group.iter().copied());
+        }
+    }
+    let mut groups: HashMap<Uuid, u32> = HashMap::new();
+    let mut seqs = Vec::with_capacity(kept.len());
+    let mut sums = [[0.0f64; 3]; 4]; // n, sum, sum of squares
+    let mut min_version = i32::MAX;
+    let mut stale = 0.0;
+    for (t, a) in kept {
         let next = groups.len() as u32;
         let g = *groups.entry(t.task_id).or_insert(next);
-        let a = adv.get(&t.id).copied().unwrap_or([0.0; 4]);
         let seq = sequence(t, &a, g);
         if seq.tokens.len() < 2 {
             continue;
@@ -131,6 +177,7 @@ pub fn assemble(
         stale += f64::from(step - t.policy_version);
         seqs.push(seq);
     }
+    stats.groups = groups.len();
     if stats.sequences > 0 {
         let n = stats.sequences as f64;
         for (k, sum) in sums.iter().enumerate() {
@@ -150,4 +197,67 @@ pub fn assemble(
         seqs,
     };
     (batch, stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::trajectory::Segment;
+
+    fn traj(task: Uuid) -> Trajectory {
+        Trajectory {
+            id: Uuid::now_v7(),
+            run_id: Uuid::nil(),
+            step: 3,
+            task_id: task,
+            sample_index: 0,
+            policy_version: 3,
+            server: String::new(),
+            server_version: None,
+            prompt_token_ids: vec![1, 2],
+            segments: vec![Segment {
+                kind: SegmentKind::Model,
+                stage: Some(crate::domain::trajectory::Stage::Answer),
+                token_ids: vec![3, 4, 5],
+                logprobs: Some(vec![-0.5; 3]),
+                text: "abc".into(),
+                policy_version: Some(3),
+            }],
+            finish_reason: "stop".into(),
+            parsed: serde_json::Value::Null,
+            timings: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn degenerate_groups_and_failed_scoring_never_reach_the_batch() {
+        let (a, b, c) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        // Task a: a real group; task b: all rewards equal (all advantages 0); task c: one member
+        // failed scoring, the other has no stored advantages at all.
+        let ta = [traj(a), traj(a)];
+        let tb = [traj(b), traj(b)];
+        let tc = [traj(c), traj(c)];
+        let mut adv = HashMap::new();
+        adv.insert(ta[0].id, [1.0, 0.5, 0.0, 1.0]);
+        adv.insert(ta[1].id, [-1.0, -0.5, 0.0, -1.0]);
+        adv.insert(tb[0].id, [0.0; 4]);
+        adv.insert(tb[1].id, [0.0; 4]);
+        adv.insert(tc[0].id, [1.0; 4]);
+        let failed: HashSet<Uuid> = [tc[0].id].into_iter().collect();
+        let all: Vec<Trajectory> = ta.iter().chain(&tb).chain(&tc).cloned().collect();
+        let (batch, stats) = assemble(&all, &adv, &failed, 3);
+        assert_eq!(batch.seqs.len(), 2, "only task a's group is trained on");
+        assert!(batch.seqs.iter().all(|s| s.group_id == 0));
+        assert_eq!(stats.groups, 1);
+        assert_eq!(stats.groups_dropped, 1);
+        assert_eq!(stats.failed_scoring, 2);
+        let m: HashMap<String, f64> = stats.metrics().into_iter().collect();
+        assert_eq!(m["train/groups_dropped"], 1.0);
+        assert_eq!(m["train/failed_scoring"], 2.0);
+
+        // Every group degenerate: nothing to train.
+        let (batch, stats) = assemble(&tb, &adv, &HashSet::new(), 3);
+        assert!(batch.seqs.is_empty());
+        assert_eq!((stats.groups, stats.groups_dropped), (0, 1));
+    }
 }

@@ -71,6 +71,20 @@ pub enum PipelineError {
     Worker(String),
     #[error("rubric bank: {0}")]
     Bank(#[from] crate::domain::bank::BankError),
+    #[error(
+        "step {step}: {failed} of {calls} scoring calls failed after their retries (more than \
+         judge.max_failure_rate = {limit}); the judge at {url} last answered: {last_error}. The \
+         step was not trained and the run is paused: `orchestrator run --resume <run id>` \
+         continues once the judge answers"
+    )]
+    JudgeDown {
+        step: i32,
+        failed: usize,
+        calls: usize,
+        limit: f64,
+        url: String,
+        last_error: String,
+    },
 }
 
 /// The memory half of the meta-policy recipes.
@@ -106,8 +120,12 @@ pub struct Pipeline {
     pub judge: Arc<dyn Judge>,
     pub judge_opts: StepOptions,
     pub trainer: TrainerClient,
-    /// `lora` or `full`, as the trainer reported it.
+    /// `lora` or `full`, from the run's trainer settings.
     pub trainer_mode: wire::api::TrainMode,
+    /// The run's optimisation settings (`[trainer]`), sent when the trainer is synced.
+    pub trainer_settings: wire::TrainSettings,
+    /// Their hash, carried by every train step.
+    pub settings_hash: String,
 }
 
 /// What a run did this time.

@@ -17,7 +17,7 @@ use crate::infra::db;
 use crate::infra::llm::trainer::TrainerClient;
 use crate::infra::llm::{LlmClient, Role};
 use crate::pipeline::judging::StepOptions;
-use crate::pipeline::rollout::{Admission, RolloutCtx, RolloutTask};
+use crate::pipeline::rollout::{Admission, RolloutCtx, RolloutTask, TokenCodec};
 
 fn setup(m: impl std::fmt::Display) -> PipelineError {
     PipelineError::Setup(m.to_string())
@@ -148,6 +148,7 @@ pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError
     let cache = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
     let tool_setup = crate::infra::tools::setup::ToolSetup {
         index: (!cfg.data.index.as_os_str().is_empty()).then(|| cfg.data.index.clone()),
+        index_tool: Some(cfg.data.index_tool.clone()),
         web: cfg.data.index.as_os_str().is_empty(),
         mcp_urls: vec![],
     };
@@ -158,8 +159,34 @@ pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError
     let system =
         crate::infra::prompts::system_prompt(scaffold, &runner.specs(), cfg.rollout.max_tool_calls)
             .map_err(setup)?;
-    let (tasks, questions, evals) = split_tasks(cfg, pool, &system).await?;
+    let (mut tasks, mut questions, evals) = split_tasks(cfg, pool, &system).await?;
     let codec = ModelTokenizer::from_dir(&cfg.data.tokenizer).map_err(setup)?;
+    if let Some(limit) = cfg.rollout.max_prompt_tokens {
+        let before = tasks.len();
+        let mut keep = Vec::with_capacity(before);
+        for (t, q) in tasks.into_iter().zip(questions) {
+            let text = codec.render_prompt(&t.system, &t.user).map_err(setup)?;
+            if TokenCodec::encode(&codec, &text).map_err(setup)?.len() <= limit as usize {
+                keep.push((t, q));
+            }
+        }
+        (tasks, questions) = keep.into_iter().unzip();
+        if tasks.len() < before {
+            tracing::warn!(
+                dropped = before - tasks.len(),
+                limit,
+                "training tasks whose prompt is longer than rollout.max_prompt_tokens are left out"
+            );
+        }
+        if tasks.len() < cfg.rollout.tasks_per_step as usize {
+            return Err(setup(format!(
+                "{} of {before} training tasks fit rollout.max_prompt_tokens = {limit}; \
+                 rollout.tasks_per_step = {} are needed per step",
+                tasks.len(),
+                cfg.rollout.tasks_per_step
+            )));
+        }
+    }
     Ok(Common {
         tasks,
         questions,
@@ -197,10 +224,24 @@ pub async fn pipeline(
         ))
     });
     let trainer = TrainerClient::new(http, &cfg.trainer.url);
-    let state = trainer.state().await?;
+    // Fail early, naming the URL, when the trainer does not answer.
+    trainer.state().await?;
     let judge = crate::infra::llm::judge::from_config(cfg).map_err(setup)?;
+    // The judge (and the embeddings endpoint) are probed like the policy: a run never starts
+    // against a judge that does not answer.
+    if cfg.judge.kind == crate::domain::config::JudgeKind::Llm {
+        let c = LlmClient::for_role(cfg, Role::Judge, &cfg.judge.pool()).map_err(setup)?;
+        crate::infra::llm::detect_all(&c, Role::Judge)
+            .await
+            .map_err(|e| setup(format!("the judge does not answer: {e}")))?;
+    }
     let memory = if recipe.reflects() {
         let embedder = crate::pipeline::bank::Embedder::from_config(cfg)?;
+        if let crate::pipeline::bank::Embedder::Remote(c) = &embedder {
+            crate::infra::llm::detect_all(c, Role::Embeddings)
+                .await
+                .map_err(|e| setup(format!("the embeddings endpoint does not answer: {e}")))?;
+        }
         let bank =
             crate::pipeline::bank::Bank::load(pool.clone(), run_id, embedder, cfg.reflection.top_k)
                 .await?;
@@ -246,6 +287,270 @@ pub async fn pipeline(
         judge,
         judge_opts: StepOptions::for_recipe(recipe, cfg.credit.lambda, cfg.credit.citation),
         trainer,
-        trainer_mode: state.mode,
+        trainer_mode: match cfg.trainer.settings.finetune {
+            wire::settings::Finetune::Lora => wire::api::TrainMode::Lora,
+            wire::settings::Finetune::Full => wire::api::TrainMode::Full,
+        },
+        settings_hash: cfg.trainer.settings.hash(),
+        trainer_settings: cfg.trainer.settings.clone(),
     })
+}
+
+/// What a run needs that its configuration does not give, one line each naming the key that
+/// fills it (empty: ready to start). Paper presets leave the task file, the search back-end,
+/// the tokenizer and the endpoints to the user; nothing falls back to the smoke world.
+pub fn missing_inputs(cfg: &Config, recipes: &[Recipe]) -> Vec<String> {
+    let d = &cfg.data;
+    let generated = d.world_seed.is_some();
+    let mut out = Vec::new();
+    if d.tasks.as_os_str().is_empty() {
+        out.push(
+            "data.tasks: a task file (JSONL: ours or DR Tulu RL rows); --set data.tasks=PATH"
+                .into(),
+        );
+    } else if !generated && !d.tasks.exists() {
+        out.push(format!("data.tasks = {}: no such file", d.tasks.display()));
+    }
+    if d.index.as_os_str().is_empty() {
+        let keys: Vec<&str> = ["SERPER_API_KEY", "S2_API_KEY"]
+            .into_iter()
+            .filter(|k| {
+                std::env::var(k)
+                    .map(|v| v.trim().is_empty())
+                    .unwrap_or(true)
+            })
+            .collect();
+        if !keys.is_empty() {
+            out.push(format!(
+                "search: the web tools need {} in the environment, or --set data.index=DIR (a \
+                 local index from `orchestrator index build`)",
+                keys.join(" and ")
+            ));
+        }
+    } else if !generated && !d.index.join("meta.json").exists() {
+        out.push(format!(
+            "data.index = {}: not a built index (run `orchestrator index build`)",
+            d.index.display()
+        ));
+    }
+    if d.tokenizer.as_os_str().is_empty() {
+        out.push("data.tokenizer: the policy model's directory (tokenizer.json and chat template); --set data.tokenizer=DIR".into());
+    } else if !d.tokenizer.join("tokenizer.json").exists() {
+        out.push(format!(
+            "data.tokenizer = {}: no tokenizer.json there",
+            d.tokenizer.display()
+        ));
+    }
+    if cfg.policy.urls.is_empty() {
+        out.push("policy.urls: the inference servers (--policy-url)".into());
+    }
+    if cfg.judge.kind == crate::domain::config::JudgeKind::Llm && cfg.judge.urls.is_empty() {
+        out.push("judge.urls: the LLM judge's endpoint (--judge-url)".into());
+    }
+    let local = crate::domain::bank::embed::LOCAL_MODEL;
+    if recipes.iter().any(|r| r.reflects())
+        && cfg.embeddings.model != local
+        && cfg.embeddings.urls.is_empty()
+    {
+        out.push(format!(
+            "embeddings.urls: an /v1/embeddings endpoint serving embeddings.model = {:?} for the \
+             rubric bank (--embeddings-url), or --set embeddings.model={local} to choose the \
+             local feature-hash embedding",
+            cfg.embeddings.model
+        ));
+    }
+    out
+}
+
+/// One screen on what a run will do: recipe, endpoints, tools, judge, trainer settings.
+pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
+    let d = &cfg.data;
+    let t = &cfg.trainer.settings;
+    let r = &cfg.rollout;
+    let names: Vec<&str> = recipes.iter().map(|r| r.as_str()).collect();
+    let tools = if d.index.as_os_str().is_empty() {
+        "web: google_search (Serper), snippet_search (Semantic Scholar), browse_webpage".to_string()
+    } else {
+        format!(
+            "local index {} served as {}",
+            d.index.display(),
+            d.index_tool
+        )
+    };
+    let judge = match cfg.judge.kind {
+        crate::domain::config::JudgeKind::Lexical => format!(
+            "offline lexical judge `{}` (deterministic term matching, not an LLM)",
+            cfg.judge.model
+        ),
+        crate::domain::config::JudgeKind::Llm => format!(
+            "LLM `{}` at {}; pause when > {:.0}% of a step's calls fail",
+            cfg.judge.model,
+            cfg.judge.urls.join(", "),
+            cfg.judge.max_failure_rate * 100.0
+        ),
+    };
+    let finetune = match t.finetune {
+        wire::settings::Finetune::Full => "full fine-tune".to_string(),
+        wire::settings::Finetune::Lora => format!("LoRA r {} alpha {}", t.lora.r, t.lora.alpha),
+    };
+    let mut lines = vec![
+        format!(
+            "experiment {}: {} x {} steps, seed {}",
+            cfg.experiment.name,
+            names.join(", "),
+            cfg.experiment.steps,
+            cfg.experiment.seed
+        ),
+        format!(
+            "  scaffold {}; {} tasks x {} rollouts per step; <= {} tool calls; {} response tokens{}; temperature {}",
+            d.scaffold.as_str(),
+            r.tasks_per_step,
+            r.n,
+            r.max_tool_calls,
+            r.max_tokens,
+            r.max_prompt_tokens
+                .map(|m| format!(", {m} prompt tokens"))
+                .unwrap_or_default(),
+            r.temperature
+        ),
+        format!(
+            "  tasks {}; tokenizer {}",
+            d.tasks.display(),
+            d.tokenizer.display()
+        ),
+        format!(
+            "  policy {} at {}",
+            cfg.policy.model,
+            cfg.policy.urls.join(", ")
+        ),
+        format!("  tools: {tools}"),
+        format!("  judge: {judge}"),
+        format!(
+            "  trainer {}: {finetune}; lr {:e} {:?} (warm-up {}); AdamW ({}, {}) eps {:e} wd {}; \
+             grad clip {}; KL3 beta {} vs {:?}; clip {}/{}; TIS cap {}; {:?}; {} minibatch(es) \
+             per step; settings hash {}",
+            cfg.trainer.url,
+            t.lr,
+            t.schedule,
+            t.warmup_steps,
+            t.adam_beta1,
+            t.adam_beta2,
+            t.adam_eps,
+            t.weight_decay,
+            t.max_grad_norm,
+            t.kl_beta,
+            t.reference,
+            t.clip_low,
+            t.clip_high,
+            t.tis_cap,
+            t.loss_aggregation,
+            t.minibatches_per_step,
+            t.hash()
+        ),
+    ];
+    if recipes.iter().any(|r| r.reflects()) {
+        let local = crate::domain::bank::embed::LOCAL_MODEL;
+        let emb = if cfg.embeddings.model == local {
+            format!("{local} (local feature hashing, not a learned embedding)")
+        } else {
+            format!(
+                "{} at {}",
+                cfg.embeddings.model,
+                cfg.embeddings.urls.join(", ")
+            )
+        };
+        let x = &cfg.reflection;
+        lines.push(format!(
+            "  reflection: m = {} candidates at T = {}, window K = {}, top-{} retrieval; bank embedding {emb}",
+            x.candidates, x.temperature, x.window, x.top_k
+        ));
+    }
+    if cfg.eval.enabled() {
+        lines.push(format!(
+            "  eval: {} held-out tasks{} every {} steps",
+            cfg.eval.held_out,
+            cfg.eval
+                .sets
+                .iter()
+                .map(|s| format!(", {} ({})", s.name, s.size))
+                .collect::<String>(),
+            cfg.eval.every
+        ));
+    }
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::config::Overrides;
+
+    fn load(preset: &str, sets: &[String]) -> Config {
+        Config::load(
+            preset,
+            &Overrides {
+                sets: sets.to_vec(),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn paper_presets_refuse_to_start_naming_each_missing_input_until_given() {
+        let cfg = load("rubricem", &[]);
+        let missing = missing_inputs(&cfg, &cfg.experiment.recipes).join("\n");
+        for key in ["data.tasks", "data.tokenizer", "embeddings.urls"] {
+            assert!(missing.contains(key), "{key} not named in:\n{missing}");
+        }
+        // The search back-end: web keys or a local index (the keys are not set in tests).
+        if std::env::var("SERPER_API_KEY").is_err() {
+            assert!(missing.contains("SERPER_API_KEY"), "{missing}");
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let tasks = tmp.path().join("tasks.jsonl");
+        std::fs::write(&tasks, "{}\n").unwrap();
+        let index = tmp.path().join("index");
+        std::fs::create_dir_all(&index).unwrap();
+        std::fs::write(index.join("meta.json"), "{}").unwrap();
+        let model = tmp.path().join("model");
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(model.join("tokenizer.json"), "{}").unwrap();
+        let sets = vec![
+            format!("data.tasks={}", tasks.display()),
+            format!("data.index={}", index.display()),
+            format!("data.tokenizer={}", model.display()),
+            "embeddings.urls=[\"http://127.0.0.1:9\"]".to_string(),
+        ];
+        let cfg = load("rubricem", &sets);
+        assert_eq!(
+            missing_inputs(&cfg, &cfg.experiment.recipes),
+            Vec::<String>::new()
+        );
+        // A missing file is named with its path.
+        let mut bad = sets.clone();
+        bad[0] = "data.tasks=/nonexistent/tasks.jsonl".into();
+        let cfg = load("rubricem", &bad);
+        let m = missing_inputs(&cfg, &cfg.experiment.recipes).join("\n");
+        assert!(m.contains("/nonexistent/tasks.jsonl"), "{m}");
+        // Choosing the hash embedding explicitly is allowed, and labelled in the summary.
+        let mut hash = sets[..3].to_vec();
+        hash.push("embeddings.model=local-hash-v1".into());
+        let cfg = load("rubricem", &hash);
+        assert!(missing_inputs(&cfg, &cfg.experiment.recipes).is_empty());
+        let s = summary(&cfg, &cfg.experiment.recipes);
+        assert!(
+            s.contains("local feature hashing, not a learned embedding"),
+            "{s}"
+        );
+        assert!(s.contains("lr 5e-7") && s.contains("KL3 beta 0.001"), "{s}");
+        assert!(s.contains(&cfg.trainer.settings.hash()), "{s}");
+        // The smoke preset needs nothing (it generates its world).
+        let smoke = load("smoke", &[]);
+        let m = missing_inputs(&smoke, &smoke.experiment.recipes);
+        assert!(
+            m.iter().all(|l| l.starts_with("data.tokenizer")),
+            "only the SFT model (built by scripts/smoke.sh) may be absent: {m:?}"
+        );
+    }
 }

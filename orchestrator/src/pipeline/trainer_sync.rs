@@ -51,7 +51,11 @@ impl Pipeline {
         cancel: &CancellationToken,
     ) -> Result<TrainReply, PipelineError> {
         loop {
-            match self.trainer.train_step(batch, i64::from(s)).await {
+            match self
+                .trainer
+                .train_step(batch, i64::from(s), Some(&self.settings_hash))
+                .await
+            {
                 Ok(r) => return Ok(r),
                 Err(e) if e.is_transient() => {
                     tracing::warn!(step = s, error = %e, "train step failed; waiting for the trainer");
@@ -84,7 +88,41 @@ impl Pipeline {
         })
     }
 
-    /// Bring the trainer to policy version `target` (= steps 0..target trained) for this run.
+    /// Make the trainer hold this run's optimisation settings. A structural change (LoRA shape,
+    /// full fine-tune, reference) is only possible at version 0, so a trainer at another version
+    /// is first reset to its model as started; `sync_trainer` then restores this run's weights.
+    /// The echoed settings are stored with the run.
+    pub(super) async fn apply_trainer_settings(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Result<(), PipelineError> {
+        let run = self.run_id.to_string();
+        let mut reset = false;
+        loop {
+            match self.trainer.apply_settings(&self.trainer_settings).await {
+                Ok(reply) => {
+                    db::pipeline::record_trainer_settings(
+                        &self.pool,
+                        self.run_id,
+                        &serde_json::to_value(&reply.settings).unwrap_or_default(),
+                        &reply.hash,
+                    )
+                    .await?;
+                    tracing::info!(hash = %reply.hash, rebuilt = reply.rebuilt, "trainer settings applied");
+                    return Ok(());
+                }
+                Err(e) if e.is_transient() => self.wait_for_trainer(cancel).await?,
+                Err(crate::infra::llm::trainer::TrainerError::Conflict { .. }) if !reset => {
+                    reset = true;
+                    self.trainer.restore(None, &run).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Bring the trainer to policy version `target` (= steps 0..target trained) for this run,
+    /// holding this run's settings.
     pub(super) async fn sync_trainer(
         &self,
         target: i32,
@@ -92,6 +130,7 @@ impl Pipeline {
         cancel: &CancellationToken,
     ) -> Result<(), PipelineError> {
         let run = self.run_id.to_string();
+        self.apply_trainer_settings(cancel).await?;
         loop {
             let st = match self.trainer.state().await {
                 Ok(st) => st,
@@ -137,7 +176,11 @@ impl Pipeline {
             let mut failed = None;
             for r in restored.policy_version.get() as i32..target {
                 let (b, _, _) = self.build_batch(r, false).await?;
-                match self.trainer.train_step(&b, i64::from(r)).await {
+                match self
+                    .trainer
+                    .train_step(&b, i64::from(r), Some(&self.settings_hash))
+                    .await
+                {
                     Ok(reply) => {
                         if let Some(name) =
                             crate::infra::llm::trainer::published_name(reply.published.as_ref())

@@ -27,6 +27,12 @@ pub enum BankError {
     Dimension { got: usize, want: usize },
     #[error("cannot render `{name}`: {message}")]
     Prompt { name: &'static str, message: String },
+    #[error(
+        "embeddings.model = {model:?} needs embeddings.urls (an OpenAI-compatible /v1/embeddings \
+         endpoint serving it); set embeddings.model = \"local-hash-v1\" to choose the local \
+         feature-hash embedding instead"
+    )]
+    NoEndpoint { model: String },
 }
 
 /// SHA-256 of the question text, lower-case hex (the within-episode key).

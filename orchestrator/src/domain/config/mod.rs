@@ -262,6 +262,9 @@ pub struct DataConfig {
     /// Local search index directory (built from the world's corpus when missing and
     /// `world_seed` is set). Empty: web tools from the environment.
     pub index: PathBuf,
+    /// The one tool name the local index is served under (`snippet_search`: passages of a
+    /// corpus; the smoke world's offline SFT data calls it `google_search`).
+    pub index_tool: String,
     /// Directory with the policy's tokenizer.json (and chat template).
     pub tokenizer: PathBuf,
     /// Generate the research world into the task file's directory when it is missing.
@@ -272,12 +275,15 @@ pub struct DataConfig {
     pub scaffold: crate::domain::scaffold::Scaffold,
 }
 
+/// No defaults for a run's inputs: a preset that leaves them empty refuses to start, naming
+/// each (`--set data.tasks=...`); only the smoke preset points them at the smoke world.
 impl Default for DataConfig {
     fn default() -> Self {
         Self {
-            tasks: PathBuf::from("runs/smoke/world/tasks.jsonl"),
-            index: PathBuf::from("runs/smoke/index"),
-            tokenizer: PathBuf::from("runs/smoke/model-sft"),
+            tasks: PathBuf::new(),
+            index: PathBuf::new(),
+            index_tool: "snippet_search".into(),
+            tokenizer: PathBuf::new(),
             world_seed: None,
             world_docs: 400,
             world_tasks: 96,
@@ -345,10 +351,18 @@ pub struct JudgeConfig {
     /// Name of the environment variable holding the judge API's key (e.g. `OPENAI_API_KEY`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
+    /// Circuit breaker: when more than this fraction of a step's scoring calls fail after their
+    /// retries, the step is not trained and the run pauses (resume once the judge answers).
+    #[serde(default = "default_max_failure_rate")]
+    pub max_failure_rate: f64,
 }
 
 fn default_max_stage_chars() -> usize {
     12_000
+}
+
+fn default_max_failure_rate() -> f64 {
+    0.2
 }
 
 /// Credit assignment settings (method.md A.5, B.6).
@@ -375,10 +389,34 @@ impl JudgeConfig {
     }
 }
 
+/// The `[trainer]` table: where `trainer serve` listens and the optimisation settings the run
+/// trains with (`wire::TrainSettings`: learning rate and schedule, AdamW, KL, clipping, LoRA or
+/// full fine-tune, minibatches per step). The settings are sent to the trainer when a run starts
+/// or resumes, echoed back, stored with the run, and every train step carries their hash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "toml::Table")]
 pub struct TrainerConfig {
     pub url: String,
+    #[serde(flatten)]
+    pub settings: wire::TrainSettings,
+}
+
+impl TryFrom<toml::Table> for TrainerConfig {
+    type Error = String;
+
+    /// `url` and the settings share one table; unknown keys are errors (serde's `flatten`
+    /// would drop them silently).
+    fn try_from(mut t: toml::Table) -> Result<Self, String> {
+        let url = match t.remove("url") {
+            Some(toml::Value::String(u)) => u,
+            Some(other) => return Err(format!("trainer.url = {other}; expected a string")),
+            None => return Err("missing field `url` in [trainer]".into()),
+        };
+        let settings = toml::Value::Table(t)
+            .try_into::<wire::TrainSettings>()
+            .map_err(|e| format!("[trainer]: {}", e.to_string().trim()))?;
+        Ok(Self { url, settings })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -432,6 +470,12 @@ pub struct RolloutConfig {
     /// `max_tokens`, clamped to 16..=2048 (see [`RolloutConfig::forced_answer_budget`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forced_answer_tokens: Option<u32>,
+    /// Longest prompt (system + question, after bank injection) in tokens; tasks whose prompt is
+    /// longer are left out of training at start (DR Tulu filters its prompts the same way), and
+    /// a rollout whose injected prompt is longer ends at once (`prompt_too_long`). Unset: no
+    /// limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_prompt_tokens: Option<u32>,
     pub temperature: f32,
     pub top_p: f32,
 }

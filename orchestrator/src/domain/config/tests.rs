@@ -230,3 +230,101 @@ fn snapshot_redacts_password() {
     let snap = cfg.snapshot().to_string();
     assert!(!snap.contains("hunter2"), "{snap}");
 }
+
+#[test]
+fn paper_presets_state_the_papers_settings() {
+    for p in ["ablation-600", "rubricem", "drtulu"] {
+        let c = Config::load(p, &Overrides::default()).unwrap();
+        let t = &c.trainer.settings;
+        assert_eq!(t.lr, 5e-7, "{p}");
+        assert_eq!(t.schedule, wire::settings::LrSchedule::Constant, "{p}");
+        assert_eq!((t.adam_beta1, t.adam_beta2), (0.9, 0.95), "{p}");
+        assert_eq!(t.weight_decay, 0.0, "{p}");
+        assert_eq!(t.kl_beta, 0.001, "{p}");
+        assert_eq!(t.kl_estimator, wire::settings::KlEstimator::Kl3, "{p}");
+        assert_eq!(t.reference, wire::settings::ReferencePolicy::Initial, "{p}");
+        assert_eq!((t.clip_low, t.clip_high), (0.2, 0.2), "{p}");
+        assert_eq!(t.finetune, wire::settings::Finetune::Full, "{p}");
+        assert_eq!(t.minibatches_per_step, 1, "{p}");
+        let r = &c.rollout;
+        assert_eq!((r.tasks_per_step, r.n), (32, 8), "{p}");
+        assert_eq!((r.temperature, r.top_p), (1.0, 1.0), "{p}");
+        assert_eq!(r.max_tool_calls, 10, "{p}");
+        // No smoke defaults: the inputs are the user's to give.
+        assert!(c.data.tasks.as_os_str().is_empty(), "{p}");
+        assert!(c.data.index.as_os_str().is_empty(), "{p}");
+        assert!(c.data.tokenizer.as_os_str().is_empty(), "{p}");
+        assert_eq!(c.data.world_seed, None, "{p}");
+        assert_eq!(c.judge.kind, JudgeKind::Llm, "{p}");
+        assert_eq!(c.judge.max_failure_rate, 0.2, "{p}");
+    }
+    for p in ["ablation-600", "rubricem"] {
+        let c = Config::load(p, &Overrides::default()).unwrap();
+        assert_eq!(c.rollout.max_tokens, 18_432, "{p}");
+        assert_eq!(c.rollout.max_prompt_tokens, Some(8_192), "{p}");
+        assert_eq!(c.data.scaffold, crate::domain::scaffold::Scaffold::Rubricem);
+        let x = &c.reflection;
+        assert_eq!(
+            (x.candidates, x.temperature, x.window, x.top_k),
+            (8, 0.7, 3, 2)
+        );
+        // The bank embeds with a learned embedding from an endpoint, never the hash silently.
+        assert_eq!(c.embeddings.model, "Qwen/Qwen3-Embedding-0.6B", "{p}");
+    }
+    let d = Config::load("drtulu", &Overrides::default()).unwrap();
+    assert_eq!(d.data.scaffold, crate::domain::scaffold::Scaffold::Drtulu);
+    assert_eq!(d.rollout.max_tokens, 16_384);
+    assert_eq!(d.rollout.max_prompt_tokens, Some(2_048));
+}
+
+#[test]
+fn trainer_table_parses_validates_and_refuses_unknown_keys() {
+    let smoke = Config::load("smoke", &Overrides::default()).unwrap();
+    // The smoke trainer keeps what `trainer serve` ran with before (a tiny full fine-tune).
+    let t = &smoke.trainer.settings;
+    assert_eq!((t.lr, t.kl_beta, t.adam_beta2), (2e-4, 0.0, 0.999));
+    assert_eq!(t.reference, wire::settings::ReferencePolicy::None);
+    let set = |kv: &str| Overrides {
+        sets: vec![kv.to_string()],
+        ..Default::default()
+    };
+    let c = Config::load("smoke", &set("trainer.minibatches_per_step=2")).unwrap();
+    assert_eq!(c.trainer.settings.minibatches_per_step, 2);
+    assert_ne!(
+        c.trainer.settings.hash(),
+        t.hash(),
+        "the hash follows the settings"
+    );
+    let c = Config::load("smoke", &set("trainer.lora.r=8")).unwrap();
+    assert_eq!(c.trainer.settings.lora.r, 8);
+    let err = Config::load("smoke", &set("trainer.learning_rate=1e-5"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("learning_rate"), "{err}");
+    let err = Config::load("smoke", &set("trainer.minibatches_per_step=0"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("trainer.minibatches_per_step = 0") && err.contains("1..=64"),
+        "{err}"
+    );
+    let err = Config::load("smoke", &set("trainer.kl_beta=0.01"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("kl_beta") && err.contains("reference"),
+        "{err}"
+    );
+    let err = Config::load("smoke", &set("judge.max_failure_rate=1.5"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("judge.max_failure_rate"), "{err}");
+    // The resolved settings are part of what `orchestrator config` prints and the snapshot.
+    let toml = smoke.to_toml();
+    assert!(toml.contains("minibatches_per_step = 1"), "{toml}");
+    assert_eq!(smoke.snapshot()["trainer"]["lr"], 2e-4);
+    let back: Config = toml::from_str(&toml).unwrap();
+    assert_eq!(back.trainer, smoke.trainer);
+    let back: Config = serde_json::from_value(smoke.snapshot()).unwrap();
+    assert_eq!(back.trainer, smoke.trainer);
+}

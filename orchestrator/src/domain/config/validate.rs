@@ -24,6 +24,30 @@ impl Config {
             e.steps,
             "1..=1000000",
         )?;
+        if let Some(m) = self.rollout.max_prompt_tokens {
+            check(
+                (16..=1_048_576).contains(&m),
+                "rollout.max_prompt_tokens",
+                m,
+                "16..=1048576 (or unset: no limit)",
+            )?;
+        }
+        check(
+            (0.0..=1.0).contains(&self.judge.max_failure_rate),
+            "judge.max_failure_rate",
+            self.judge.max_failure_rate,
+            "0..=1 (0: pause on any failed scoring call)",
+        )?;
+        check(
+            ["google_search", "snippet_search"].contains(&self.data.index_tool.as_str()),
+            "data.index_tool",
+            format!("{:?}", self.data.index_tool),
+            "google_search or snippet_search",
+        )?;
+        self.trainer
+            .settings
+            .validate()
+            .map_err(|e| ConfigError::Schema(e.to_string()))?;
         let p = &self.pipeline;
         check(
             p.max_staleness <= 16,

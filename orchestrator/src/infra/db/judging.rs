@@ -436,6 +436,27 @@ pub async fn findings(
 }
 
 /// Map trajectory ids to their per-stage advantages for a step (the batch builder's input).
+/// Trajectories of a step whose scoring by `judge_model` failed (`stage_scores.source =
+/// 'failed'`): they are never trained on.
+pub async fn failed_scoring(
+    pool: &PgPool,
+    run_id: Uuid,
+    step: i32,
+    judge_model: &str,
+) -> Result<std::collections::HashSet<Uuid>, DbError> {
+    let rows: Vec<(Uuid,)> = sqlx::query_as(
+        "SELECT DISTINCT s.trajectory_id FROM stage_scores s
+         JOIN trajectories t ON t.id = s.trajectory_id
+         WHERE t.run_id = $1 AND t.step = $2 AND s.judge_model = $3 AND s.source = 'failed'",
+    )
+    .bind(run_id)
+    .bind(step)
+    .bind(judge_model)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|(t,)| t).collect())
+}
+
 pub async fn load_advantages(
     pool: &PgPool,
     run_id: Uuid,

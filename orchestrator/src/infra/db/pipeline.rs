@@ -132,6 +132,35 @@ pub async fn record_checkpoint(
     Ok(())
 }
 
+/// The trainer settings a run's trainer echoed back, and their hash.
+pub async fn record_trainer_settings(
+    pool: &PgPool,
+    run_id: Uuid,
+    settings: &serde_json::Value,
+    hash: &str,
+) -> Result<(), DbError> {
+    sqlx::query("UPDATE runs SET trainer_settings = $2, trainer_settings_hash = $3 WHERE id = $1")
+        .bind(run_id)
+        .bind(settings)
+        .bind(hash)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// A run's stored trainer settings and hash (`None` before its trainer was first synced).
+pub async fn trainer_settings(
+    pool: &PgPool,
+    run_id: Uuid,
+) -> Result<Option<(serde_json::Value, String)>, DbError> {
+    let row: Option<(Option<serde_json::Value>, Option<String>)> =
+        sqlx::query_as("SELECT trainer_settings, trainer_settings_hash FROM runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.and_then(|(s, h)| Some((s?, h?))))
+}
+
 /// The newest checkpoint taken after a step no later than `max_step`.
 pub async fn latest_checkpoint(
     pool: &PgPool,

@@ -159,19 +159,65 @@ impl TrainerClient {
         self.answer("state", resp).await
     }
 
-    /// One train step; refused unless the policy is at `expect_version`.
+    /// The optimisation settings the trainer holds.
+    pub async fn settings(&self) -> Result<wire::SettingsReply, TrainerError> {
+        let resp = self
+            .http
+            .get(format!("{}/v1/settings", self.url))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        self.answer("settings", resp).await
+    }
+
+    /// Send the run's optimisation settings; the trainer applies them (rebuilding the policy
+    /// when they change its structure at version 0) and echoes what it now holds. A reply whose
+    /// hash is not the settings' own is an error: the trainer would train with something else.
+    pub async fn apply_settings(
+        &self,
+        settings: &wire::TrainSettings,
+    ) -> Result<wire::SettingsReply, TrainerError> {
+        let resp = self
+            .http
+            .post(format!("{}/v1/settings", self.url))
+            .json(settings)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        let reply: wire::SettingsReply = self.answer("settings", resp).await?;
+        let want = settings.hash();
+        if reply.hash != want || reply.settings.hash() != want {
+            return Err(TrainerError::Body {
+                url: self.url.clone(),
+                what: "settings",
+                message: format!(
+                    "the trainer echoed settings hash {} (recomputed {}) for settings hash {want}",
+                    reply.hash,
+                    reply.settings.hash()
+                ),
+            });
+        }
+        Ok(reply)
+    }
+
+    /// One train step; refused unless the policy is at `expect_version` and, when
+    /// `settings_hash` is given, the trainer holds settings with that hash.
     pub async fn train_step(
         &self,
         batch: &wire::Batch,
         expect_version: i64,
+        settings_hash: Option<&str>,
     ) -> Result<TrainReply, TrainerError> {
         let body = batch.encode()?;
+        let mut url = format!("{}/v1/train_step?expect_version={expect_version}", self.url);
+        if let Some(h) = settings_hash {
+            url.push_str("&settings_hash=");
+            url.push_str(h);
+        }
         let resp = self
             .http
-            .post(format!(
-                "{}/v1/train_step?expect_version={expect_version}",
-                self.url
-            ))
+            .post(url)
             .header("content-type", "application/octet-stream")
             .body(body)
             .send()

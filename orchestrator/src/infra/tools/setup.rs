@@ -13,6 +13,9 @@ use super::runner::{ToolCache, ToolLimits, ToolRunner};
 pub struct ToolSetup {
     /// A local index (from `index build`) served as `google_search` and `snippet_search`.
     pub index: Option<PathBuf>,
+    /// The one name the local index is served under (`google_search` or `snippet_search`);
+    /// `None`: both (ad-hoc commands).
+    pub index_tool: Option<String>,
     /// Real web tools: `google_search` (Serper, `SERPER_API_KEY`), `snippet_search`
     /// (Semantic Scholar, `S2_API_KEY` optional) and `browse_webpage` behind the SSRF guard.
     pub web: bool,
@@ -52,10 +55,22 @@ pub async fn build(
     };
     if let Some(dir) = &setup.index {
         let index = Arc::new(super::LocalIndex::open(dir)?);
-        for (name, desc) in [
+        let both = [
             ("google_search", "web search; returns snippets with ids."),
             ("snippet_search", "search passages of scientific papers."),
-        ] {
+        ];
+        let names: Vec<(&str, &str)> = match setup.index_tool.as_deref() {
+            None => both.to_vec(),
+            Some("google_search") => vec![(
+                "google_search",
+                "search the local corpus; returns snippets with ids.",
+            )],
+            Some(_) => vec![(
+                "snippet_search",
+                "search passages of the local corpus; returns snippets with ids.",
+            )],
+        };
+        for (name, desc) in names {
             let tool = Arc::new(super::search_apis::LocalSearch {
                 index: index.clone(),
                 description: desc.into(),

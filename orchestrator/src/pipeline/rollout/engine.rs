@@ -215,8 +215,15 @@ impl RolloutCtx {
             .max(1);
         let mut forced = false;
         let mut finish = "length";
+        let too_long = self
+            .cfg
+            .max_prompt_tokens
+            .is_some_and(|m| prompt_ids.len() > m as usize);
+        if too_long {
+            finish = "prompt_too_long";
+        }
 
-        loop {
+        while !too_long {
             let used = (tr.context.len() - prompt_ids.len()) as u32;
             let cap = if forced { budget } else { normal_budget };
             if used >= cap {

@@ -614,3 +614,59 @@ async fn llm_ground_maps_tiers_to_weights_and_claims_to_verdicts() {
     assert_eq!(v.len(), 2);
     assert!(v.iter().all(|c| c.support == 1.0 && c.relevance == 1.0));
 }
+
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn the_circuit_breaker_writes_nothing_for_a_dead_judge_and_judges_once_it_answers(
+    pool: PgPool,
+) {
+    use orchestrator::pipeline::judging::{StepError, judge_step_guarded};
+    let judge_srv = FakeJudge::start().await;
+    *judge_srv.state.always_status.write().unwrap() = Some(500);
+    let judge = llm_judge(&judge_srv.url(), Duration::from_secs(5));
+    let fx = fixture(&pool, "full", &["strong", "fair", "weak"], &[]).await;
+    let opts = StepOptions::for_recipe(Recipe::Full, Lambda::default(), false);
+    let err = judge_step_guarded(&pool, &judge, &opts, fx.run, 0, 0.2)
+        .await
+        .unwrap_err();
+    match &err {
+        StepError::JudgeDown {
+            failed,
+            calls,
+            last_error,
+            ..
+        } => {
+            // 3 stagewise + 3 answer-only fallback scoring calls per task, all failed.
+            assert_eq!((*failed, *calls), (12, 12));
+            assert!(last_error.contains("500"), "{last_error}");
+        }
+        other => panic!("expected JudgeDown, got {other}"),
+    }
+    assert!(
+        err.to_string().contains("12 of 12 scoring calls failed"),
+        "{err}"
+    );
+    // Nothing of the step was written: no stage scores, rewards or buffers, and the step is
+    // still unjudged, so a resumed run judges it again.
+    assert_eq!(count(&pool, STAGE_ROWS, fx.run).await, 0);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM rubric_buffers WHERE run_id = $1",
+            fx.run
+        )
+        .await,
+        0
+    );
+    assert!(
+        !db::pipeline::is_judged(&pool, fx.run, 0, judge.model())
+            .await
+            .unwrap()
+    );
+    // The judge answers again: the same step is judged and stored.
+    *judge_srv.state.always_status.write().unwrap() = None;
+    let r = judge_step_guarded(&pool, &judge, &opts, fx.run, 0, 0.2)
+        .await
+        .unwrap();
+    assert_eq!(r.failed, 0);
+    assert_eq!(count(&pool, STAGE_ROWS, fx.run).await, 6 * 4);
+}

@@ -84,6 +84,17 @@ pub enum StepError {
         task: Uuid,
         source: crate::domain::credit::CreditError,
     },
+    /// The circuit breaker: too many scoring calls failed; nothing of the step was written.
+    #[error(
+        "{failed} of {calls} scoring calls failed after their retries (limit {limit}); last \
+         error: {last_error}"
+    )]
+    JudgeDown {
+        failed: usize,
+        calls: usize,
+        limit: f64,
+        last_error: String,
+    },
 }
 
 /// What judging a step did, for logs, metrics and the CLI.
@@ -187,6 +198,21 @@ pub async fn judge_step(
     run_id: Uuid,
     step: i32,
 ) -> Result<StepReport, StepError> {
+    judge_step_guarded(pool, judge, opts, run_id, step, 1.0).await
+}
+
+/// Judge a stored step and write the results, unless more than `max_failure_rate` of its
+/// scoring calls (stagewise and fallback scoring) failed after their retries: then nothing is
+/// written (rubric buffers untouched, the step stays unjudged) and [`StepError::JudgeDown`]
+/// names the count and the last error, so the step can be judged again once the judge answers.
+pub async fn judge_step_guarded(
+    pool: &PgPool,
+    judge: &dyn Judge,
+    opts: &StepOptions,
+    run_id: Uuid,
+    step: i32,
+    max_failure_rate: f64,
+) -> Result<StepReport, StepError> {
     let t0 = Instant::now();
     let trajs = db::trajectories::list_for_step(pool, run_id, step).await?;
     if trajs.is_empty() {
@@ -235,6 +261,29 @@ pub async fn judge_step(
     let t_calls = Instant::now();
     let done: Vec<Done> = join_all(jobs).await.into_iter().collect::<Result<_, _>>()?;
     let judge_seconds = t_calls.elapsed().as_secs_f64();
+    {
+        use crate::domain::judge::group::CallKind;
+        let scoring = done
+            .iter()
+            .flat_map(|d| &d.judged.calls)
+            .filter(|c| matches!(c.kind, CallKind::Score | CallKind::ScoreFallback));
+        let (mut calls, mut failed, mut last_error) = (0usize, 0usize, None);
+        for c in scoring {
+            calls += 1;
+            if let Some(e) = &c.error {
+                failed += 1;
+                last_error = Some(e.clone());
+            }
+        }
+        if calls > 0 && failed as f64 > max_failure_rate * calls as f64 {
+            return Err(StepError::JudgeDown {
+                failed,
+                calls,
+                limit: max_failure_rate,
+                last_error: last_error.unwrap_or_default(),
+            });
+        }
+    }
 
     let model = judge.model().to_string();
     let kind = judge.kind();

@@ -119,6 +119,10 @@ pub struct Pipeline {
     pub admission: Option<Arc<Admission>>,
     pub judge: Arc<dyn Judge>,
     pub judge_opts: StepOptions,
+    /// The judge's endpoints, for messages (`lexical` for the offline judge).
+    pub judge_url: String,
+    /// `judge.max_failure_rate`: the circuit breaker of each step's scoring calls.
+    pub max_judge_failure_rate: f64,
     pub trainer: TrainerClient,
     /// `lora` or `full`, from the run's trainer settings.
     pub trainer_mode: wire::api::TrainMode,

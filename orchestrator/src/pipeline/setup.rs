@@ -286,6 +286,12 @@ pub async fn pipeline(
         admission,
         judge,
         judge_opts: StepOptions::for_recipe(recipe, cfg.credit.lambda, cfg.credit.citation),
+        judge_url: if cfg.judge.urls.is_empty() {
+            cfg.judge.kind.as_str().to_string()
+        } else {
+            cfg.judge.urls.join(", ")
+        },
+        max_judge_failure_rate: cfg.judge.max_failure_rate,
         trainer,
         trainer_mode: match cfg.trainer.settings.finetune {
             wire::settings::Finetune::Lora => wire::api::TrainMode::Lora,

@@ -14,7 +14,7 @@ use super::{Pipeline, PipelineError, Shared, batch};
 use crate::domain::bank::Reuse;
 use crate::infra::db::{self};
 use crate::infra::llm::trainer::{named_metrics, publish_seconds, published_name};
-use crate::pipeline::judging::judge_step;
+use crate::pipeline::judging::{StepError, judge_step_guarded};
 use crate::pipeline::rollout::{RolloutCtx, RolloutSlot, RolloutTask};
 
 impl Pipeline {
@@ -137,15 +137,31 @@ impl Pipeline {
         while let Some(s) = rx.recv().await {
             let t0 = Instant::now();
             if !db::pipeline::is_judged(&self.pool, self.run_id, s, self.judge.model()).await? {
-                judge_step(
+                judge_step_guarded(
                     &self.pool,
                     self.judge.as_ref(),
                     &self.judge_opts,
                     self.run_id,
                     s,
+                    self.max_judge_failure_rate,
                 )
                 .await
-                .map_err(|source| PipelineError::Judge { step: s, source })?;
+                .map_err(|source| match source {
+                    StepError::JudgeDown {
+                        failed,
+                        calls,
+                        limit,
+                        last_error,
+                    } => PipelineError::JudgeDown {
+                        step: s,
+                        failed,
+                        calls,
+                        limit,
+                        url: self.judge_url.clone(),
+                        last_error,
+                    },
+                    source => PipelineError::Judge { step: s, source },
+                })?;
             }
             db::runs::set_step_status(&self.pool, self.run_id, s, "training").await?;
             let judge_secs = t0.elapsed().as_secs_f64();
@@ -160,6 +176,17 @@ impl Pipeline {
             let t1 = Instant::now();
             let waited = self.await_reflection(s - 1, &shared).await;
             let (batch, stats, mut m) = self.build_batch(s, true).await?;
+            if batch.seqs.is_empty() {
+                // Nothing to learn from: the trainer takes an empty step (the policy version
+                // advances, the weights do not change), so steps and versions stay aligned.
+                tracing::warn!(
+                    step = s,
+                    groups_dropped = stats.groups_dropped,
+                    failed_scoring = stats.failed_scoring,
+                    "every group of the step is degenerate or unscored: nothing is trained"
+                );
+                m.push(("train/skipped".into(), 1.0));
+            }
             m.extend(stats.metrics());
             m.push(("time/judge_s".into(), judge_secs));
             m.push(("time/reflection_wait_s".into(), waited));

@@ -402,7 +402,35 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
     evaluation_section(&mut md, &dir, &data)?;
     let _ = writeln!(
         md,
-        "## Time per step (mean seconds)\n\n| run | rollout | judge | train | publish | trainer idle |\n|---|---|---|---|---|---|"
+        "## Trainer settings (as each run's trainer echoed them)\n\n| run | settings hash | fine-tune | lr (schedule, warm-up) | AdamW betas, wd | KL beta (reference) | clip low/high | minibatches per step |\n|---|---|---|---|---|---|---|---|"
+    );
+    for d in &data {
+        let Some((t, hash)) = db::pipeline::trainer_settings(pool, d.row.id).await? else {
+            let _ = writeln!(md, "| {} | (never synced) | | | | | | |", d.row.name);
+            continue;
+        };
+        let g = |k: &str| t.get(k).map(|v| v.to_string()).unwrap_or_default();
+        let _ = writeln!(
+            md,
+            "| {} | `{hash}` | {} | {} ({}, {}) | ({}, {}), {} | {} ({}) | {}/{} | {} |",
+            d.row.name,
+            g("finetune"),
+            g("lr"),
+            g("schedule"),
+            g("warmup_steps"),
+            g("adam_beta1"),
+            g("adam_beta2"),
+            g("weight_decay"),
+            g("kl_beta"),
+            g("reference"),
+            g("clip_low"),
+            g("clip_high"),
+            g("minibatches_per_step"),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n## Time per step (mean seconds)\n\n| run | rollout | judge | train | publish | trainer idle |\n|---|---|---|---|---|---|"
     );
     for d in &data {
         let m: Vec<String> = d.times.iter().map(|s| format!("{:.2}", mean(s))).collect();

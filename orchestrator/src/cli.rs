@@ -367,16 +367,33 @@ pub struct ConfigArgs {
 }
 
 impl ConfigArgs {
+    /// The overrides given. Empty values (an environment variable set to "", as compose.yaml
+    /// passes unset ones through) override nothing.
     pub fn overrides(&self) -> crate::domain::config::Overrides {
+        let urls = |v: &Option<Vec<String>>| {
+            v.as_ref()
+                .map(|v| {
+                    v.iter()
+                        .filter(|u| !u.trim().is_empty())
+                        .cloned()
+                        .collect::<Vec<_>>()
+                })
+                .filter(|v| !v.is_empty())
+        };
         crate::domain::config::Overrides {
             file: self.config_file.clone(),
             database_url: self.database_url.clone(),
-            policy_urls: self.policy_urls.clone(),
-            judge_urls: self.judge_urls.clone(),
-            embeddings_urls: self.embeddings_urls.clone(),
+            policy_urls: urls(&self.policy_urls),
+            judge_urls: urls(&self.judge_urls),
+            embeddings_urls: urls(&self.embeddings_urls),
             trainer_url: self.trainer_url.clone(),
             steps: self.steps,
-            sets: self.sets.clone(),
+            sets: self
+                .sets
+                .iter()
+                .filter(|s| !s.trim().is_empty())
+                .cloned()
+                .collect(),
         }
     }
 }
@@ -426,6 +443,27 @@ mod tests {
             }
         }
         walk(&Cli::command());
+    }
+
+    #[test]
+    fn empty_values_override_nothing() {
+        let cli = Cli::try_parse_from([
+            "orchestrator",
+            "config",
+            "--set",
+            "",
+            "--embeddings-url",
+            "",
+            "--set",
+            "rollout.n=4",
+        ])
+        .unwrap();
+        let Command::Config(config) = cli.command else {
+            panic!("not config")
+        };
+        let ov = config.overrides();
+        assert_eq!(ov.sets, ["rollout.n=4"]);
+        assert_eq!(ov.embeddings_urls, None);
     }
 
     #[test]

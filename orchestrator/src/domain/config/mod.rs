@@ -420,7 +420,7 @@ impl TryFrom<toml::Table> for TrainerConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
     /// Retries after the first attempt, for 429/5xx/timeouts/connection errors/garbage bodies.
     pub max_retries: u32,
@@ -439,7 +439,7 @@ impl Default for RetryConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct HealthConfig {
     pub probe_interval_secs: u64,
     /// Consecutive failures after which an endpoint is taken out of rotation until a probe passes.

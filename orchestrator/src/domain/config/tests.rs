@@ -328,3 +328,30 @@ fn trainer_table_parses_validates_and_refuses_unknown_keys() {
     let back: Config = serde_json::from_value(smoke.snapshot()).unwrap();
     assert_eq!(back.trainer, smoke.trainer);
 }
+
+#[test]
+fn partial_tables_merge_over_defaults_and_gaps_are_validated() {
+    let set = |kv: &str| Overrides {
+        sets: vec![kv.to_string()],
+        ..Default::default()
+    };
+    // A table the preset does not write, given one key: the rest are the defaults.
+    let c = Config::load("smoke", &set("retry.max_retries=1")).unwrap();
+    assert_eq!(c.retry.max_retries, 1);
+    assert_eq!(c.retry.min_delay_ms, RetryConfig::default().min_delay_ms);
+    let c = Config::load("smoke", &set("health.probe_interval_secs=3")).unwrap();
+    assert_eq!(c.health.failures_before_unhealthy, 3);
+    for (kv, field) in [
+        ("reflection.top_p=0", "reflection.top_p"),
+        ("reflection.top_p=1.5", "reflection.top_p"),
+        ("judge.usd_per_mtok_prompt=-1", "judge.usd_per_mtok_prompt"),
+        (
+            "judge.usd_per_mtok_completion=1e9",
+            "judge.usd_per_mtok_completion",
+        ),
+        ("judge.max_stage_chars=0", "judge.max_stage_chars"),
+    ] {
+        let err = Config::load("smoke", &set(kv)).unwrap_err().to_string();
+        assert!(err.contains(field), "{kv}: {err}");
+    }
+}

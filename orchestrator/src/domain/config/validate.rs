@@ -96,6 +96,12 @@ impl Config {
             "16..=32768",
         )?;
         check(
+            r.top_p.is_finite() && r.top_p > 0.0 && r.top_p <= 1.0,
+            "reflection.top_p",
+            r.top_p,
+            "(0, 1]",
+        )?;
+        check(
             (0.0..=1.0).contains(&r.accept_threshold),
             "reflection.accept_threshold",
             r.accept_threshold,
@@ -145,6 +151,26 @@ impl Config {
         )?;
         validate_pool("embeddings", &self.embeddings, false)?;
         validate_url("trainer.url", &self.trainer.url)?;
+        let j = &self.judge;
+        check(
+            j.usd_per_mtok_prompt.is_finite() && (0.0..=10_000.0).contains(&j.usd_per_mtok_prompt),
+            "judge.usd_per_mtok_prompt",
+            j.usd_per_mtok_prompt,
+            "0..=10000",
+        )?;
+        check(
+            j.usd_per_mtok_completion.is_finite()
+                && (0.0..=10_000.0).contains(&j.usd_per_mtok_completion),
+            "judge.usd_per_mtok_completion",
+            j.usd_per_mtok_completion,
+            "0..=10000",
+        )?;
+        check(
+            (256..=1_000_000).contains(&j.max_stage_chars),
+            "judge.max_stage_chars",
+            j.max_stage_chars,
+            "256..=1000000",
+        )?;
         let r = &self.retry;
         check(
             r.max_retries <= 20,

@@ -59,7 +59,8 @@ impl IpBlock {
     }
 }
 
-/// IPv4-mapped and IPv4-compatible IPv6 addresses are judged as the IPv4 address they carry.
+/// IPv4-mapped IPv6 addresses are judged as the IPv4 address they carry (IPv4-compatible,
+/// 6to4 and Teredo addresses are refused outright in `v6_reason`).
 fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -121,6 +122,15 @@ fn v6_reason(ip: Ipv6Addr) -> Option<&'static str> {
         Some("documentation (2001:db8::/32)")
     } else if seg[0] == 0x0064 && seg[1] == 0xff9b {
         Some("NAT64 (64:ff9b::/96) may reach private IPv4")
+    } else if seg[..6].iter().all(|&x| x == 0) {
+        // ::a.b.c.d (IPv4-compatible, deprecated); ::1 and :: are handled above.
+        Some("IPv4-compatible (::/96, deprecated) may reach any IPv4")
+    } else if seg[0] == 0x2002 {
+        Some("6to4 (2002::/16) tunnels to an embedded IPv4 address")
+    } else if seg[0] == 0x2001 && seg[1] == 0 {
+        Some("Teredo (2001::/32) tunnels to an embedded IPv4 address")
+    } else if seg[0] & 0xffc0 == 0xfec0 {
+        Some("site-local (fec0::/10, deprecated)")
     } else {
         None
     }
@@ -280,6 +290,12 @@ mod tests {
             "::ffff:10.1.2.3",
             "::",
             "64:ff9b::a00:1",
+            "::127.0.0.1",
+            "::10.0.0.1",
+            "2002:7f00:1::1",
+            "2002:a00:1::",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "fec0::1",
         ] {
             assert!(refused(ip), "{ip} must be refused");
         }

@@ -586,3 +586,65 @@ async fn sql_answer_length_vs_reward(pool: PgPool) {
     );
     assert_eq!(f.trajs.len(), 5);
 }
+
+/// Hostile model output: a NUL byte in a tool call's query, attributes, output, error and
+/// snippet ids (and in the parsed JSON) is stored as U+FFFD instead of failing the whole run's
+/// write (Postgres text and jsonb refuse NUL).
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn nul_bytes_in_tool_calls_are_stored_not_fatal(pool: PgPool) {
+    use orchestrator::domain::rollout::{ExecutedCall, Rollout};
+    use orchestrator::domain::tool::{Snippet, ToolArgs, ToolResult};
+    let run_id = run(&pool, "r").await;
+    let task_id = task(&pool, "t1").await;
+    db::runs::begin_step(&pool, run_id, 0, 3, &[task_id])
+        .await
+        .unwrap();
+    let mut t = traj(run_id, 0, task_id, 0, 3, serde_json::json!([]));
+    t.parsed = serde_json::json!({"answer": "a\0b", "k\0": ["x\0"]});
+    let result = ToolResult {
+        tool: "google\0search".into(),
+        args: ToolArgs {
+            query: "q\0uery".into(),
+            attrs: [("k\0".to_string(), "v\0".to_string())]
+                .into_iter()
+                .collect(),
+        },
+        snippets: vec![Snippet {
+            id: "s\0-0".into(),
+            title: "t".into(),
+            url: None,
+            text: "x".into(),
+        }],
+        error: Some("bad\0thing".into()),
+        cached: false,
+        latency: std::time::Duration::from_millis(3),
+        output_text: "<tool_output>\0</tool_output>".into(),
+    };
+    let rollout = Rollout {
+        trajectory: t.clone(),
+        parsed: orchestrator::domain::scaffold::parse::parse("", &|_| false),
+        calls: vec![ExecutedCall {
+            result,
+            stage: Stage::Research,
+        }],
+        error: None,
+    };
+    db::rollouts::insert(&pool, &[rollout]).await.unwrap();
+    let (tool, args, out, err, ids): (String, serde_json::Value, String, String, Vec<String>) =
+        sqlx::query_as(
+            "SELECT tool, arguments, output_text, error, snippet_ids FROM tool_calls
+             WHERE trajectory_id = $1",
+        )
+        .bind(t.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(tool, "google\u{FFFD}search");
+    assert_eq!(args["query"], "q\u{FFFD}uery");
+    assert_eq!(args["attrs"]["k\u{FFFD}"], "v\u{FFFD}");
+    assert_eq!(out, "<tool_output>\u{FFFD}</tool_output>");
+    assert_eq!(err, "bad\u{FFFD}thing");
+    assert_eq!(ids, ["s\u{FFFD}-0"]);
+    let back = db::trajectories::get(&pool, t.id).await.unwrap().unwrap();
+    assert_eq!(back.parsed["answer"], "a\u{FFFD}b");
+}

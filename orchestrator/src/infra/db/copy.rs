@@ -97,12 +97,7 @@ impl CopyWriter {
 
     /// jsonb: a version byte (1) then the JSON text.
     pub fn jsonb(&mut self, v: &serde_json::Value) {
-        let text = serde_json::to_string(v).unwrap_or_else(|_| "null".into());
-        let text = if text.contains("\\u0000") {
-            text.replace("\\u0000", "\\ufffd")
-        } else {
-            text
-        };
+        let text = serde_json::to_string(&super::pg_json(v)).unwrap_or_else(|_| "null".into());
         self.len(1 + text.len());
         self.buf.push(1);
         self.buf.extend_from_slice(text.as_bytes());

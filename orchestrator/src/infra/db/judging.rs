@@ -101,14 +101,20 @@ pub async fn insert_rubrics(
     let ids: Vec<Uuid> = rubrics.iter().map(|r| r.id).collect();
     let stages: Vec<i16> = rubrics.iter().map(|r| r.stage as i16).collect();
     let origins: Vec<&str> = rubrics.iter().map(|r| r.origin.as_str()).collect();
-    let titles: Vec<&str> = rubrics.iter().map(|r| r.title.as_str()).collect();
-    let descs: Vec<&str> = rubrics.iter().map(|r| r.description.as_str()).collect();
+    let titles: Vec<String> = rubrics
+        .iter()
+        .map(|r| super::pg_text(&r.title).into_owned())
+        .collect();
+    let descs: Vec<String> = rubrics
+        .iter()
+        .map(|r| super::pg_text(&r.description).into_owned())
+        .collect();
     let weights: Vec<f32> = rubrics.iter().map(|r| r.weight).collect();
     let negs: Vec<bool> = rubrics.iter().map(|r| r.negative).collect();
     // text[][] must be rectangular: key terms travel as JSON.
     let terms: Vec<serde_json::Value> = rubrics
         .iter()
-        .map(|r| serde_json::json!(r.key_terms))
+        .map(|r| super::pg_json(&serde_json::json!(r.key_terms)))
         .collect();
     sqlx::query(
         "INSERT INTO rubrics (id, task_id, stage, origin, title, description, weight, negative,
@@ -216,7 +222,10 @@ pub async fn insert_judgments(
         .iter()
         .map(|(_, s)| f32::from(s.score.min(2)))
         .collect();
-    let just: Vec<&str> = kept.iter().map(|(_, s)| s.justification.as_str()).collect();
+    let just: Vec<String> = kept
+        .iter()
+        .map(|(_, s)| super::pg_text(&s.justification).into_owned())
+        .collect();
     sqlx::query(
         "INSERT INTO judgments (id, trajectory_id, rubric_id, stage, score, justification,
                                 judge_model, judge_kind, fallback)
@@ -373,7 +382,10 @@ pub async fn insert_calls(
         .collect();
     let cost: Vec<f64> = calls.iter().map(|c| c.usage.cost_usd).collect();
     let lat: Vec<i32> = calls.iter().map(|c| c.usage.latency_ms as i32).collect();
-    let err: Vec<Option<&str>> = calls.iter().map(|c| c.error.as_deref()).collect();
+    let err: Vec<Option<String>> = calls
+        .iter()
+        .map(|c| c.error.as_deref().map(|e| super::pg_text(e).into_owned()))
+        .collect();
     sqlx::query(
         "INSERT INTO judge_calls (id, run_id, step, task_id, trajectory_id, kind, judge_model,
                                   judge_kind, ok, attempts, prompt_tokens, completion_tokens,

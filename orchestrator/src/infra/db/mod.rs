@@ -69,6 +69,21 @@ pub fn pg_text(v: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// JSON as Postgres `jsonb` accepts it: NUL in any string or key becomes U+FFFD (jsonb refuses
+/// `\u0000`). The one path for JSON written to Postgres, as [`pg_text`] is for text.
+pub fn pg_json(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => Value::String(pg_text(s).into_owned()),
+        Value::Array(a) => a.iter().map(pg_json).collect(),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, x)| (pg_text(k).into_owned(), pg_json(x)))
+            .collect(),
+        other => other.clone(),
+    }
+}
+
 pub use crate::domain::util::redact_url;
 
 fn connect_error(url: &str, e: &sqlx::Error) -> DbError {

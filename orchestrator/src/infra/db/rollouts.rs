@@ -36,19 +36,26 @@ pub async fn insert_in(tx: &mut sqlx::PgConnection, rollouts: &[Rollout]) -> Res
             traj.push(r.trajectory.id);
             ordinal.push(k as i32);
             stage.push(c.stage as i16);
-            tool.push(c.result.tool.clone());
-            args.push(serde_json::to_value(&c.result.args).unwrap_or_default());
-            output.push(c.result.output_text.clone());
+            tool.push(super::pg_text(&c.result.tool).into_owned());
+            args.push(super::pg_json(
+                &serde_json::to_value(&c.result.args).unwrap_or_default(),
+            ));
+            output.push(super::pg_text(&c.result.output_text).into_owned());
             // text[] cannot be nested in UNNEST: pass the ids joined and split in SQL.
             snippet_ids.push(
                 c.result
                     .snippets
                     .iter()
-                    .map(|s| s.id.as_str())
+                    .map(|s| super::pg_text(&s.id).into_owned())
                     .collect::<Vec<_>>()
                     .join("\u{1f}"),
             );
-            error.push(c.result.error.clone());
+            error.push(
+                c.result
+                    .error
+                    .as_deref()
+                    .map(|e| super::pg_text(e).into_owned()),
+            );
             cached.push(c.result.cached);
             latency.push(c.result.latency.as_millis().min(i32::MAX as u128) as i32);
         }

@@ -648,3 +648,46 @@ async fn nul_bytes_in_tool_calls_are_stored_not_fatal(pool: PgPool) {
     let back = db::trajectories::get(&pool, t.id).await.unwrap().unwrap();
     assert_eq!(back.parsed["answer"], "a\u{FFFD}b");
 }
+
+/// One orchestrator per run: a second lease on a held run is refused naming the holder; once
+/// the first is released (or its process dies and its connection closes) the run can be taken.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_second_orchestrator_on_a_run_is_refused_naming_the_holder(pool: PgPool) {
+    use orchestrator::infra::db::lease::{LeaseError, acquire};
+    let run_id = run(&pool, "r").await;
+    let first = acquire(&pool, run_id, "orchestrator pid 1 on host-a")
+        .await
+        .unwrap();
+    let err = acquire(&pool, run_id, "orchestrator pid 2 on host-b")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LeaseError::Held { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&run_id.to_string()) && msg.contains("orchestrator pid 1 on host-a"),
+        "{msg}"
+    );
+    // Another run is free.
+    let other = run(&pool, "r2").await;
+    acquire(&pool, other, "pid 2")
+        .await
+        .unwrap()
+        .release()
+        .await;
+    first.release().await;
+    let again = acquire(&pool, run_id, "orchestrator pid 2 on host-b")
+        .await
+        .unwrap();
+    // A holder that goes away without releasing (its connection closes) frees the run too.
+    drop(again);
+    let mut ok = false;
+    for _ in 0..50 {
+        if let Ok(l) = acquire(&pool, run_id, "pid 3").await {
+            l.release().await;
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(ok, "a dropped lease is released when its connection closes");
+}

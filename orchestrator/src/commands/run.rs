@@ -62,6 +62,9 @@ pub(super) async fn run_experiment(
             break;
         }
         let (run_id, name) = (run.id, run.name);
+        let mut judge_down = false;
+        // One orchestrator per run: a second one is refused here, naming the holder.
+        let lease = db::lease::acquire(&pool, run_id, &db::lease::this_process()).await?;
         mark(&pool, run_id, RunStatus::Running, None).await?;
         let pipeline = match setup::pipeline(&cfg, &pool, &common, run_id, run.recipe).await {
             Ok(p) => std::sync::Arc::new(p),
@@ -104,7 +107,7 @@ pub(super) async fn run_experiment(
                 mark(&pool, run_id, RunStatus::Paused, Some(&msg)).await?;
                 out(format!("run {name} ({run_id}): paused: {msg}"));
                 failed = true;
-                break;
+                judge_down = true;
             }
             Err(e) => {
                 let msg = crate::domain::util::error_chain(&e);
@@ -112,6 +115,10 @@ pub(super) async fn run_experiment(
                 out(format!("run {name} ({run_id}): failed: {msg}"));
                 failed = true;
             }
+        }
+        lease.release().await;
+        if judge_down {
+            break;
         }
     }
     watcher.abort();

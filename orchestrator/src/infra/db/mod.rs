@@ -6,6 +6,7 @@ pub mod bank;
 mod copy;
 pub mod evaluations;
 pub mod judging;
+pub mod lease;
 pub mod metrics;
 pub mod pipeline;
 pub mod rollouts;

@@ -99,9 +99,9 @@ impl std::fmt::Debug for ApiKey {
 impl ApiKey {
     /// The key in environment variable `var`; an unset or empty variable is an error naming it.
     pub fn from_env(var: &str) -> Result<Self, LlmError> {
-        match std::env::var(var) {
-            Ok(v) if !v.trim().is_empty() => Ok(Self(Arc::from(v.trim()))),
-            _ => Err(LlmError::MissingApiKey {
+        match super::secrets::env_key(var) {
+            Some(v) => Ok(Self(Arc::from(v))),
+            None => Err(LlmError::MissingApiKey {
                 var: var.to_string(),
             }),
         }

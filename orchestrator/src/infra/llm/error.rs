@@ -68,9 +68,11 @@ impl LlmError {
     }
 }
 
-/// The first [`EXCERPT_CHARS`] characters of a body, lossily decoded, for error messages.
+/// The first [`EXCERPT_CHARS`] characters of a body, lossily decoded and with every registered
+/// API key redacted (`secrets`), for error messages.
 pub fn excerpt(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
+    let raw = String::from_utf8_lossy(body);
+    let text = super::secrets::redact(&raw);
     let mut out: String = text.chars().take(EXCERPT_CHARS).collect();
     if text.chars().count() > EXCERPT_CHARS {
         out.push('…');

@@ -8,6 +8,7 @@ pub mod error;
 pub mod features;
 pub mod judge;
 pub mod retry;
+pub mod secrets;
 pub mod trainer;
 pub mod types;
 

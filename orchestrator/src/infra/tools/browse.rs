@@ -105,12 +105,29 @@ impl Browser {
                     url: url.to_string(),
                     after: self.timeout,
                 })??;
-        let html = String::from_utf8_lossy(&body);
-        let (title, text) = html_to_text(&html);
-        let text = match query {
-            Some(q) if !q.trim().is_empty() => focus_window(&text, q, self.window_chars),
-            _ => text.chars().take(self.window_chars).collect(),
-        };
+        // Text extraction and excerpt selection are CPU work on up to `max_bytes`: they run off
+        // the async runtime, within the browse timeout.
+        let query = query.map(str::to_string);
+        let width = self.window_chars;
+        let work = tokio::task::spawn_blocking(move || {
+            let html = String::from_utf8_lossy(&body);
+            let (title, text) = html_to_text(&html);
+            let text = match query.as_deref() {
+                Some(q) if !q.trim().is_empty() => focus_window(&text, q, width),
+                _ => text.chars().take(width).collect(),
+            };
+            (title, text)
+        });
+        let (title, text) = tokio::time::timeout(self.timeout, work)
+            .await
+            .map_err(|_| BrowseError::Timeout {
+                url: url.to_string(),
+                after: self.timeout,
+            })?
+            .map_err(|e| BrowseError::Fetch {
+                url: url.to_string(),
+                message: format!("page processing failed: {e}"),
+            })?;
         Ok(Page {
             url: url.to_string(),
             final_url,
@@ -274,33 +291,45 @@ pub fn html_to_text(html: &str) -> (Option<String>, String) {
     (title, text.trim_end().to_string())
 }
 
-/// The `width`-character window of `text` that contains the most query terms (case-insensitive,
-/// words of 3+ letters), snapped to line starts where possible.
+/// Query terms used to place the excerpt window: at most this many distinct words…
+pub const MAX_QUERY_TERMS: usize = 32;
+/// …of at most this many bytes each.
+pub const MAX_TERM_BYTES: usize = 64;
+/// Term occurrences considered (the rest of a page cannot move the window much further).
+pub const MAX_HITS: usize = 200_000;
+
+/// The `width`-character window of `text` that contains the most query terms (ASCII
+/// case-insensitive, distinct words of 3+ letters, bounded by [`MAX_QUERY_TERMS`] and
+/// [`MAX_TERM_BYTES`]), snapped to a line start where possible. Linear in the text: each term
+/// is found with a substring search over the lower-cased bytes, and a sliding window over the
+/// sorted hits picks the densest span.
 pub fn focus_window(text: &str, query: &str, width: usize) -> String {
-    let chars: Vec<char> = text.chars().collect();
-    if chars.len() <= width {
+    if text.chars().count() <= width {
         return text.to_string();
     }
-    let terms: Vec<String> = query
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| w.chars().count() >= 3)
-        .map(str::to_lowercase)
-        .collect();
-    let lower: String = text.to_lowercase();
-    let lchars: Vec<char> = lower.chars().collect();
-    // Positions (in chars) of term occurrences.
+    let mut terms: Vec<String> = Vec::new();
+    for w in query.split(|c: char| !c.is_alphanumeric()) {
+        let w = w.to_ascii_lowercase();
+        if w.chars().count() >= 3 && w.len() <= MAX_TERM_BYTES && !terms.contains(&w) {
+            terms.push(w);
+            if terms.len() == MAX_QUERY_TERMS {
+                break;
+            }
+        }
+    }
+    // ASCII lower-casing keeps byte offsets, so hits index `text` directly.
+    let lower = text.to_ascii_lowercase();
     let mut hits: Vec<usize> = Vec::new();
-    if lchars.len() == chars.len() {
-        for t in &terms {
-            let tc: Vec<char> = t.chars().collect();
-            for i in 0..lchars.len().saturating_sub(tc.len()) {
-                if lchars[i..i + tc.len()] == tc[..] {
-                    hits.push(i);
-                }
+    'terms: for t in &terms {
+        for (i, _) in lower.match_indices(t.as_str()) {
+            hits.push(i);
+            if hits.len() >= MAX_HITS {
+                break 'terms;
             }
         }
     }
     hits.sort_unstable();
+    // Densest span of `width` bytes (a close stand-in for characters; the cut below is exact).
     let mut best = (0usize, 0usize);
     let mut lo = 0;
     for hi in 0..hits.len() {
@@ -311,15 +340,21 @@ pub fn focus_window(text: &str, query: &str, width: usize) -> String {
             best = (hits[lo], hi + 1 - lo);
         }
     }
-    let start = best.0.saturating_sub(width / 10);
-    let start = (0..=start)
-        .rev()
-        .take(200)
-        .find(|&i| i == 0 || chars[i - 1] == '\n')
-        .unwrap_or(start);
-    chars[start..(start + width).min(chars.len())]
-        .iter()
-        .collect()
+    let mut start = best.0.saturating_sub(width / 10);
+    while !text.is_char_boundary(start) {
+        start -= 1;
+    }
+    // Snap back to a line start within 200 bytes.
+    let mut floor = start.saturating_sub(200);
+    while !text.is_char_boundary(floor) {
+        floor -= 1;
+    }
+    if let Some(nl) = text[floor..start].rfind('\n') {
+        start = floor + nl + 1;
+    } else if floor == 0 {
+        start = 0;
+    }
+    text[start..].chars().take(width).collect()
 }
 
 impl super::runner::Tool for Browser {
@@ -382,5 +417,25 @@ mod tests {
         assert!(w.contains("Tn5 transposase inserts adapters"), "{w}");
         assert!(w.chars().count() <= 200);
         assert_eq!(focus_window("short", "q", 100), "short");
+    }
+
+    #[test]
+    fn window_on_a_large_page_with_a_long_query_is_bounded_and_right() {
+        // 2 MB of text with a 400-word query: the window still lands on the one relevant line,
+        // and multi-byte text never splits a character.
+        let mut text = "é filler line with words about nothing\n".repeat(25_000);
+        text.push_str("Tn5 transposase inserts sequencing adapters during tagmentation.\n");
+        text.push_str(&"more filler ü\n".repeat(50_000));
+        let query = format!(
+            "{} how does tn5 tagmentation insert adapters",
+            "filler words about nothing ".repeat(100)
+        );
+        let w = focus_window(&text, &query, 300);
+        assert!(w.chars().count() <= 300);
+        // The filler terms are everywhere; the distinct rare terms decide only when they are
+        // among the first MAX_QUERY_TERMS distinct words, which they are here.
+        assert!(!w.is_empty());
+        let w = focus_window(&text, "tn5 tagmentation adapters", 300);
+        assert!(w.contains("Tn5 transposase inserts"), "{w}");
     }
 }

@@ -136,7 +136,13 @@ impl ToolRunner {
         let latency = start.elapsed();
         let (snippets, error, cached) = match outcome {
             Ok((s, cached)) => (s, None, cached),
-            Err(e) => (Vec::new(), Some(e.to_string()), false),
+            // A tool error may quote what the server answered: keys are redacted here, before
+            // the text is logged or stored.
+            Err(e) => (
+                Vec::new(),
+                Some(crate::infra::llm::secrets::redact(&e.to_string()).into_owned()),
+                false,
+            ),
         };
         if let Some(e) = &error {
             tracing::warn!(tool = name, error = %e, "tool call failed");

@@ -61,9 +61,11 @@ impl Tool for GoogleSearch {
     }
     fn call<'a>(&'a self, args: &'a ToolArgs) -> BoxFuture<'a, Result<Vec<Snippet>, ToolError>> {
         Box::pin(async move {
-            let key = std::env::var(&self.key_env).map_err(|_| ToolError::Config {
-                tool: "google_search".into(),
-                what: format!("environment variable {} is not set", self.key_env),
+            let key = crate::infra::llm::secrets::env_key(&self.key_env).ok_or_else(|| {
+                ToolError::Config {
+                    tool: "google_search".into(),
+                    what: format!("environment variable {} is not set", self.key_env),
+                }
             })?;
             let mut body = serde_json::json!({
                 "q": args.query.chars().take(2048).collect::<String>(),
@@ -164,7 +166,7 @@ impl Tool for SnippetSearch {
                 .http
                 .get(format!("{}/graph/v1/snippet/search", self.base_url))
                 .query(&query);
-            if let Ok(key) = std::env::var(&self.key_env) {
+            if let Some(key) = crate::infra::llm::secrets::env_key(&self.key_env) {
                 req = req.header("x-api-key", key);
             }
             let resp = req.send().await.map_err(|e| ToolError::Failed {

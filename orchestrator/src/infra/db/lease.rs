@@ -1,0 +1,116 @@
+//! One orchestrator per run, enforced in Postgres: a session advisory lock keyed by the run id
+//! on a connection of its own (detached from the pool, so the lock dies with the process or the
+//! lease, never lingers on a pooled connection), with the holder written to `run_leases` so a
+//! refused second orchestrator can name it.
+
+use sqlx::{Connection, PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::DbError;
+
+/// Held while an orchestrator runs a run; dropping it (or the process dying) releases the run.
+pub struct RunLease {
+    conn: Option<PgConnection>,
+    pub run_id: Uuid,
+}
+
+impl std::fmt::Debug for RunLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunLease")
+            .field("run_id", &self.run_id)
+            .finish()
+    }
+}
+
+/// The advisory-lock key of a run: its 128 bits folded to 64.
+fn key(run_id: Uuid) -> i64 {
+    let (hi, lo) = run_id.as_u64_pair();
+    (hi ^ lo) as i64
+}
+
+/// Why a lease was not granted.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error(
+        "run {run_id} is already being run by another orchestrator ({holder}, since {since}); \
+         stop it first, or wait for it to finish"
+    )]
+    Held {
+        run_id: Uuid,
+        holder: String,
+        since: String,
+    },
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl From<sqlx::Error> for LeaseError {
+    fn from(e: sqlx::Error) -> Self {
+        LeaseError::Db(DbError::from(e))
+    }
+}
+
+/// Take the run for this process, or say who holds it. `holder` describes this process (host,
+/// pid) for the message another orchestrator will see.
+pub async fn acquire(pool: &PgPool, run_id: Uuid, holder: &str) -> Result<RunLease, LeaseError> {
+    let mut conn = pool.acquire().await?.detach();
+    let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(key(run_id))
+        .fetch_one(&mut conn)
+        .await?;
+    if !got {
+        let row: Option<(String, String)> = sqlx::query_as(
+            "SELECT holder, to_char(acquired_at, 'YYYY-MM-DD HH24:MI:SS TZ') FROM run_leases
+             WHERE run_id = $1",
+        )
+        .bind(run_id)
+        .fetch_optional(&mut conn)
+        .await?;
+        let _ = conn.close().await;
+        let (holder, since) = row.unwrap_or_else(|| ("unknown".into(), "unknown".into()));
+        return Err(LeaseError::Held {
+            run_id,
+            holder,
+            since,
+        });
+    }
+    sqlx::query(
+        "INSERT INTO run_leases (run_id, holder, acquired_at) VALUES ($1, $2, now())
+         ON CONFLICT (run_id) DO UPDATE SET holder = EXCLUDED.holder, acquired_at = now()",
+    )
+    .bind(run_id)
+    .bind(super::pg_text(holder).as_ref())
+    .execute(&mut conn)
+    .await?;
+    Ok(RunLease {
+        conn: Some(conn),
+        run_id,
+    })
+}
+
+impl RunLease {
+    /// Release the run now (dropping the lease also releases it, when its connection closes).
+    pub async fn release(mut self) {
+        if let Some(mut c) = self.conn.take() {
+            let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(key(self.run_id))
+                .execute(&mut c)
+                .await;
+            let _ = c.close().await;
+        }
+    }
+}
+
+/// This process, as a lease holder names it.
+pub fn this_process() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown host".into());
+    format!("orchestrator pid {} on {host}", std::process::id())
+}

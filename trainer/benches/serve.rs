@@ -30,20 +30,20 @@ fn model_dir(tmp: &Path, name: &str, cfg: serde_json::Value, vocab: usize) -> Pa
 }
 
 async fn serve(dir: &Path) -> (String, std::sync::Arc<AppState>) {
-    let loaded = load::load(&load::LoadOptions {
-        model_dir: dir.to_path_buf(),
-        lora: None,
-        train: trainer::train::TrainConfig {
-            loss: trainer::loss::PolicyLossConfig {
-                kl_coef: 0.0,
-                ..Default::default()
-            },
+    let train = trainer::train::TrainConfig {
+        loss: trainer::loss::PolicyLossConfig {
+            kl_coef: 0.0,
             ..Default::default()
         },
-        device: tch::Device::Cpu,
-        seed: 1,
-        resume_from: None,
-    })
+        ..Default::default()
+    };
+    let loaded = load::load(&load::LoadOptions::from_config(
+        dir.to_path_buf(),
+        &train,
+        None,
+        tch::Device::Cpu,
+        1,
+    ))
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -72,6 +72,7 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
         micro_batch_tokens: (spec.seqs * spec.seq_len) as i64,
         logit_chunk: 1024,
         grad_checkpoint: spec.grad_checkpoint,
+        minibatches_per_step: 1,
     };
     let vocab = spec.config.vocab_size;
     let mut trainer = Trainer::new(model, cfg)?;

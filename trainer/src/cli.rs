@@ -117,7 +117,8 @@ pub struct ServeArgs {
     pub lora_alpha: Option<f64>,
     #[arg(long, env = "TRAINER_LR", default_value_t = 1e-5)]
     pub lr: f64,
-    /// KL3 coefficient to the reference (LoRA only: the reference is the base).
+    /// KL3 coefficient to the reference: LoRA's is the base with the adapters off, a full
+    /// fine-tune's a frozen copy of --model's weights (kept in memory beside the policy).
     #[arg(long, env = "TRAINER_KL", default_value_t = 0.0)]
     pub kl_coef: f64,
     #[arg(long, env = "TRAINER_MICRO_BATCH_TOKENS", default_value_t = 16384)]

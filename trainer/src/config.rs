@@ -169,16 +169,23 @@ impl ServeSettings {
                 lora: lora.is_some(),
             })
         };
+        // The flags' settings: what the trainer trains with until a client sends its own
+        // (`POST /v1/settings`). A KL term with a full fine-tune keeps a frozen reference copy.
         let mut train = TrainConfig::default();
         train.optim.lr = a.lr;
         train.loss.kl_coef = a.kl_coef;
         train.micro_batch_tokens = a.micro_batch_tokens;
+        let settings = crate::settings::from_config(&train, lora.as_ref());
+        crate::settings::resolve(&settings).map_err(|e| {
+            anyhow::anyhow!(
+                "{e} (from --lr, --kl-coef, --micro-batch-tokens, --lora-r, --lora-alpha)"
+            )
+        })?;
         Ok(Self {
             threads: (a.threads > 0).then_some(a.threads),
             load: LoadOptions {
                 model_dir: a.model,
-                lora,
-                train,
+                settings,
                 device,
                 seed: a.seed,
                 resume_from: if a.resume {
@@ -237,14 +244,37 @@ mod tests {
         assert_eq!(s.bind.to_string(), "127.0.0.1:8100");
         assert_eq!(s.served_name, "policy");
         assert_eq!(s.max_body_bytes, 4096 << 20);
-        assert!(s.load.lora.is_none() && s.publish.is_none() && s.threads.is_none());
-        assert_eq!(s.load.train.optim.lr, 1e-5);
-        assert_eq!(s.load.train.micro_batch_tokens, 16384);
+        let st = &s.load.settings;
+        assert_eq!(st.finetune, wire::settings::Finetune::Full);
+        assert!(s.publish.is_none() && s.threads.is_none());
+        assert_eq!((st.lr, st.kl_beta), (1e-5, 0.0));
+        assert_eq!(st.micro_batch_tokens, 16384);
+        // The flags keep their behaviour: the trainer's own config defaults beside them.
+        let r = crate::settings::resolve(st).unwrap();
+        let mut want = TrainConfig::default();
+        want.optim.lr = 1e-5;
+        want.loss.kl_coef = 0.0;
+        assert_eq!(r.train, want);
+        assert!(r.lora.is_none() && !r.reference_copy);
 
         let s = serve(&["--device", "cpu", "--lora-r", "8", "--threads", "2"]).unwrap();
-        let l = s.load.lora.unwrap();
+        let l = crate::settings::resolve(&s.load.settings)
+            .unwrap()
+            .lora
+            .unwrap();
         assert_eq!((l.r, l.alpha), (8, 16.0));
         assert_eq!(s.threads, Some(2));
+        // A full fine-tune with a KL term keeps a reference copy of the initial weights.
+        let s = serve(&["--device", "cpu", "--kl-coef", "0.001"]).unwrap();
+        assert!(
+            crate::settings::resolve(&s.load.settings)
+                .unwrap()
+                .reference_copy
+        );
+        let e = serve(&["--device", "cpu", "--lr", "2"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("trainer.lr = 2") && e.contains("--lr"), "{e}");
 
         let e = serve(&["--device", "tpu"]).unwrap_err().to_string();
         assert!(

@@ -32,6 +32,10 @@ pub enum TrainerError {
     },
     #[error("batch: {0}")]
     Batch(String),
+    /// What is asked for contradicts the settings the trainer holds (a checkpoint of another
+    /// fine-tune mode or LoRA shape).
+    #[error("settings: {0}")]
+    Mismatch(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("libtorch: {0}")]

@@ -1,6 +1,7 @@
 //! The RubricEM trainer library: Qwen3 in libtorch (tch) with LoRA, the SS-GRPO / GRPO / SFT
 //! losses, AdamW with exact state restore, the train step (chunked logits head, gradient
-//! checkpointing), and small-model tooling (tokenizer training, random-init model dirs).
+//! checkpointing, PPO minibatches), the experiment's settings mapped onto it, and small-model
+//! tooling (tokenizer training, random-init model dirs).
 
 pub mod bench;
 pub mod chat;
@@ -13,6 +14,7 @@ pub mod model;
 pub mod optim;
 pub mod publish;
 pub mod service;
+pub mod settings;
 pub mod sft;
 pub mod smallmodel;
 pub mod train;

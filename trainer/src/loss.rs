@@ -168,7 +168,14 @@ pub struct PolicyTerms {
     pub tis: Tensor,
 }
 
+/// Bound on |log ρ|: a ratio against a far-off old policy (Phase A's behaviour log-probs, a late
+/// minibatch) stays finite, so a clipped token never turns the loss into inf or NaN. Where it
+/// binds the token is far outside the clip range anyway.
+pub const MAX_LOG_RATIO: f64 = 20.0;
+
 /// The clipped surrogate per token. `logp` carries the gradient; the others are constants.
+/// `old_logp` is the ratio's denominator: the step's starting policy (the detached `logp` itself
+/// for one minibatch, so ρ = 1), or the behaviour policy for Phase A.
 pub fn policy_terms(
     logp: &Tensor,
     old_logp: &Tensor,
@@ -177,7 +184,7 @@ pub fn policy_terms(
     behaviour_logp: Option<&Tensor>,
     cfg: &PolicyLossConfig,
 ) -> PolicyTerms {
-    let ratio = (logp - old_logp).exp();
+    let ratio = (logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp();
     let unclipped = -advantages * &ratio;
     let clipped_ratio = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high);
     let clipped = -advantages * &clipped_ratio;

@@ -75,6 +75,11 @@ fn serve(s: ServeSettings) -> anyhow::Result<()> {
     if let Some(n) = s.threads {
         tch::set_num_threads(n);
     }
+    tracing::info!(
+        hash = %s.load.settings.hash(),
+        settings = %serde_json::to_string(&s.load.settings).unwrap_or_default(),
+        "training settings from the flags (until POST /v1/settings)"
+    );
     let loaded = load::load(&s.load)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,7 +1,11 @@
-//! One optimizer step over a batch of sequences: micro-batches to a token budget, forward and
+//! One train step over a batch of sequences: micro-batches to a token budget, forward and
 //! backward with the logits head computed in chunks (backward per chunk, so no [T, V] tensor is
 //! kept), optional per-layer gradient checkpointing (recompute), then AdamW. RL steps use the
-//! policy loss with per-token advantages; SFT steps the masked cross-entropy.
+//! policy loss with per-token advantages, split into `minibatches_per_step` PPO updates against
+//! the log-probs of the policy the step started from; Phase A (reflection candidates) takes its
+//! ratio against the generation-time log-probs; SFT steps the masked cross-entropy. The KL
+//! reference of a full fine-tune is a frozen copy of the initial weights, of LoRA the base with
+//! adapters off.
 
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
@@ -82,6 +86,10 @@ pub struct TrainConfig {
     pub logit_chunk: i64,
     /// Recompute each layer in backward instead of keeping its activations.
     pub grad_checkpoint: bool,
+    /// PPO minibatches (optimizer updates) per RL step: the step's sequences split into this
+    /// many contiguous parts; from the second on the ratio against the step's starting policy
+    /// moves and the clip binds. 1 = one update with ratio 1 (DR Tulu).
+    pub minibatches_per_step: usize,
 }
 
 impl Default for TrainConfig {
@@ -92,9 +100,13 @@ impl Default for TrainConfig {
             micro_batch_tokens: 16384,
             logit_chunk: 1024,
             grad_checkpoint: true,
+            minibatches_per_step: 1,
         }
     }
 }
+
+/// The largest `minibatches_per_step` accepted.
+pub const MAX_MINIBATCHES: usize = 64;
 
 /// What a step reports (the train-step reply's `metrics` and `reflection`).
 pub use wire::StepMetrics;
@@ -108,6 +120,26 @@ struct Micro {
     adv: Tensor,
     behaviour: Option<Tensor>,
     reference: Option<Tensor>,
+    /// The ratio's denominator log π_old where it is not the token's own detached log-prob:
+    /// values, and (when not every position has one) where they apply.
+    old: Option<(Tensor, Option<Tensor>)>,
+}
+
+/// What kind of update a step is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Masked cross-entropy.
+    Sft,
+    /// Phase B: the clipped policy loss against the step's starting policy.
+    Rl,
+    /// Phase A: the clipped policy loss against the generation-time (behaviour) log-probs.
+    Reflection,
+}
+
+impl Mode {
+    fn rl(self) -> bool {
+        self != Mode::Sft
+    }
 }
 
 /// Accumulated metric sums over counted tokens.
@@ -126,6 +158,10 @@ struct Sums {
 
 pub struct Trainer {
     pub model: Qwen3,
+    /// The KL reference of a full fine-tune: a frozen (no-grad) copy of the initial weights,
+    /// loaded from the model directory. `None` for LoRA (the reference is the base with the
+    /// adapters off) and without a KL term.
+    pub reference: Option<Qwen3>,
     pub opt: AdamW,
     pub cfg: TrainConfig,
 }
@@ -135,7 +171,64 @@ impl std::fmt::Debug for Trainer {
         f.debug_struct("Trainer")
             .field("opt", &self.opt)
             .field("cfg", &self.cfg)
+            .field("reference_copy", &self.reference.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+/// Contiguous `[start, end)` ranges splitting `n` items into `m` parts as even as possible (the
+/// first `n % m` parts one longer); never an empty part, so at most `n` parts.
+pub fn minibatch_ranges(n: usize, m: usize) -> Vec<std::ops::Range<usize>> {
+    let m = m.clamp(1, n.max(1));
+    let (base, extra) = (n / m, n % m);
+    let mut out = Vec::with_capacity(m);
+    let mut start = 0;
+    for k in 0..m {
+        let len = base + usize::from(k < extra);
+        out.push(start..start + len);
+        start += len;
+    }
+    out
+}
+
+/// One step's metrics from its minibatch updates: counts and seconds add up, per-token figures
+/// are means over all counted tokens, `loss` and `grad_norm` the minibatches' mean, `lr` the
+/// last update's, the importance-weight range the union.
+pub fn aggregate(parts: &[StepMetrics]) -> StepMetrics {
+    let Some(last) = parts.last() else {
+        return StepMetrics::default();
+    };
+    if parts.len() == 1 {
+        return last.clone();
+    }
+    let tokens: i64 = parts.iter().map(|p| p.tokens).sum();
+    let n = tokens.max(1) as f64;
+    let per_token = |f: fn(&StepMetrics) -> f64| -> f64 {
+        parts.iter().map(|p| f(p) * p.tokens as f64).sum::<f64>() / n
+    };
+    let k = parts.len() as f64;
+    StepMetrics {
+        loss: parts.iter().map(|p| p.loss).sum::<f64>() / k,
+        tokens,
+        sequences: parts.iter().map(|p| p.sequences).sum(),
+        micro_batches: parts.iter().map(|p| p.micro_batches).sum(),
+        minibatches: parts.iter().map(|p| p.minibatches).sum(),
+        grad_norm: parts.iter().map(|p| p.grad_norm).sum::<f64>() / k,
+        lr: last.lr,
+        clip_fraction: per_token(|p| p.clip_fraction),
+        kl: per_token(|p| p.kl),
+        entropy: per_token(|p| p.entropy),
+        ratio_mean: per_token(|p| p.ratio_mean),
+        tis_mean: per_token(|p| p.tis_mean),
+        tis_min: parts
+            .iter()
+            .map(|p| p.tis_min)
+            .fold(f64::INFINITY, f64::min),
+        tis_max: parts
+            .iter()
+            .map(|p| p.tis_max)
+            .fold(f64::NEG_INFINITY, f64::max),
+        seconds: parts.iter().map(|p| p.seconds).sum(),
     }
 }
 
@@ -175,14 +268,67 @@ fn pad_2d<T: Copy + tch::kind::Element>(rows: &[Vec<T>], pad: T, device: Device)
 }
 
 impl Trainer {
+    /// A trainer without a reference copy: LoRA (whose reference is the base with the adapters
+    /// off) or no KL term. A full fine-tune with `kl_coef > 0` needs [`Trainer::with_reference`].
     pub fn new(model: Qwen3, cfg: TrainConfig) -> Result<Self> {
+        Self::with_reference(model, None, cfg)
+    }
+
+    /// A trainer whose KL reference of a full fine-tune is `reference`, a frozen copy of the
+    /// initial weights (loaded from the model directory; its parameters take no gradient).
+    pub fn with_reference(
+        model: Qwen3,
+        reference: Option<Qwen3>,
+        cfg: TrainConfig,
+    ) -> Result<Self> {
+        Self::check(&model, reference.as_ref(), &cfg)?;
+        if let Some(r) = &reference {
+            r.set_trainable(false);
+        }
+        let opt = AdamW::new(model.trainable(), cfg.optim.clone());
+        Ok(Self {
+            model,
+            reference,
+            opt,
+            cfg,
+        })
+    }
+
+    /// Whether `cfg` can train `model` with `reference`; the error names the value and the
+    /// limit.
+    fn check(model: &Qwen3, reference: Option<&Qwen3>, cfg: &TrainConfig) -> Result<()> {
         cfg.loss.validate()?;
-        if cfg.loss.kl_coef > 0.0 && !model.has_lora() {
+        let lora = model.has_lora();
+        if cfg.loss.kl_coef > 0.0 && !lora && reference.is_none() {
             return Err(TrainerError::Config(format!(
-                "kl_coef = {} needs a reference policy, which is the base with adapters \
-                 disabled; a full fine-tune has none: set kl_coef = 0 or train LoRA",
+                "kl_coef = {} with a full fine-tune needs a reference policy: a frozen copy of \
+                 the initial weights (Trainer::with_reference); set kl_coef = 0, pass one, or \
+                 train LoRA (whose reference is the base with adapters disabled)",
                 cfg.loss.kl_coef
             )));
+        }
+        if let Some(r) = reference {
+            if lora {
+                return Err(TrainerError::Config(
+                    "a reference copy with LoRA: the reference is the base with the adapters \
+                     disabled, so no copy is kept"
+                        .into(),
+                ));
+            }
+            if r.cfg != model.cfg || r.device != model.device {
+                return Err(TrainerError::Config(format!(
+                    "the reference copy ({} layers, hidden {}, vocab {}, {:?}) is not the \
+                     policy's model ({} layers, hidden {}, vocab {}, {:?})",
+                    r.cfg.num_hidden_layers,
+                    r.cfg.hidden_size,
+                    r.cfg.vocab_size,
+                    r.device,
+                    model.cfg.num_hidden_layers,
+                    model.cfg.hidden_size,
+                    model.cfg.vocab_size,
+                    model.device
+                )));
+            }
         }
         if cfg.micro_batch_tokens < 2 || cfg.logit_chunk < 1 {
             return Err(TrainerError::Config(format!(
@@ -190,29 +336,133 @@ impl Trainer {
                 cfg.micro_batch_tokens, cfg.logit_chunk
             )));
         }
-        let opt = AdamW::new(model.trainable(), cfg.optim.clone());
-        Ok(Self { model, opt, cfg })
+        if !(1..=MAX_MINIBATCHES).contains(&cfg.minibatches_per_step) {
+            return Err(TrainerError::Config(format!(
+                "minibatches_per_step = {}; allowed: 1..={MAX_MINIBATCHES}",
+                cfg.minibatches_per_step
+            )));
+        }
+        Ok(())
     }
 
-    /// One RL step (SS-GRPO when sequences carry per-stage advantages, GRPO with one).
+    /// Whether [`Trainer::set_config`] would accept `cfg` (nothing changes).
+    pub fn check_config(&self, cfg: &TrainConfig) -> Result<()> {
+        Self::check(&self.model, self.reference.as_ref(), cfg)
+    }
+
+    /// Train on with `cfg` from the next step: loss, optimizer settings (schedule included,
+    /// applied at the current optimizer step), memory knobs and minibatches. The AdamW moments
+    /// and step count are kept. On error nothing changes.
+    pub fn set_config(&mut self, cfg: TrainConfig) -> Result<()> {
+        self.check_config(&cfg)?;
+        self.opt.cfg = cfg.optim.clone();
+        self.cfg = cfg;
+        Ok(())
+    }
+
+    /// One RL step (SS-GRPO when sequences carry per-stage advantages, GRPO with one): with
+    /// `minibatches_per_step` > 1, one optimizer update per minibatch (see
+    /// [`Trainer::rl_minibatch_steps`]); the metrics are aggregated over them.
     pub fn rl_step(&mut self, seqs: &[Sequence]) -> Result<StepMetrics> {
-        self.step(seqs, true)
+        let t0 = std::time::Instant::now();
+        let parts = self.rl_minibatch_steps(seqs)?;
+        let mut m = aggregate(&parts);
+        m.seconds = t0.elapsed().as_secs_f64();
+        Ok(m)
+    }
+
+    /// One RL step as its minibatch updates, each one's metrics. The sequences are split into
+    /// `minibatches_per_step` contiguous minibatches (as even as possible; never more than there
+    /// are sequences); each minibatch's aggregation weights are computed over that minibatch.
+    /// The ratio's denominator is the policy the step started from: for the first minibatch that
+    /// is its own detached log-probs (the same weights, so ratio 1 and no extra forward pass);
+    /// for the others, log-probs computed once before the first update (no grad). With one
+    /// minibatch this is one update with ratio 1, as DR Tulu.
+    pub fn rl_minibatch_steps(&mut self, seqs: &[Sequence]) -> Result<Vec<StepMetrics>> {
+        self.validate(seqs, true)?;
+        let ranges = minibatch_ranges(seqs.len(), self.cfg.minibatches_per_step);
+        let rest = ranges.get(1).map_or(seqs.len(), |r| r.start);
+        let old = if rest < seqs.len() {
+            self.start_logprobs(&seqs[rest..])?
+        } else {
+            Vec::new()
+        };
+        let mut out = Vec::with_capacity(ranges.len());
+        for (k, r) in ranges.into_iter().enumerate() {
+            let old = (k > 0).then(|| &old[r.start - rest..r.end - rest]);
+            out.push(self.update(&seqs[r], Mode::Rl, old)?);
+        }
+        Ok(out)
+    }
+
+    /// Phase A: the reflection candidates' own optimizer step (method.md A.6.3). The candidates
+    /// were generated one step earlier, so the PPO ratio is taken against their generation-time
+    /// log-probs: log π_old is a sequence's `behaviour_logprobs` at every counted token where
+    /// that value is present, finite and non-zero (0 means "not recorded"), and the token's own
+    /// detached log-prob (ratio 1) elsewhere; the clip is the task loss's. Truncated importance
+    /// weights are off for these sequences, since the ratio already is against the behaviour
+    /// policy. One update, whatever `minibatches_per_step` says.
+    pub fn reflection_step(&mut self, seqs: &[Sequence]) -> Result<StepMetrics> {
+        self.validate(seqs, true)?;
+        self.update(seqs, Mode::Reflection, None)
     }
 
     /// One SFT step (masked cross-entropy).
     pub fn sft_step(&mut self, seqs: &[Sequence]) -> Result<StepMetrics> {
-        self.step(seqs, false)
+        self.validate(seqs, false)?;
+        self.update(seqs, Mode::Sft, None)
     }
 
-    fn step(&mut self, seqs: &[Sequence], rl: bool) -> Result<StepMetrics> {
-        let t0 = std::time::Instant::now();
+    fn validate(&self, seqs: &[Sequence], rl: bool) -> Result<()> {
         if seqs.is_empty() {
             return Err(TrainerError::Batch("empty batch".into()));
         }
         for (i, s) in seqs.iter().enumerate() {
             s.validate(i, self.model.cfg.vocab_size, rl)?;
         }
-        // Global aggregation weights: computed over the whole batch, then sliced per micro.
+        Ok(())
+    }
+
+    /// Log-probs of every sequence's tokens under the current policy (no grad, no dropout),
+    /// shifted: entry t is log p(token t+1 | prefix). Batched by the micro-batch budget.
+    fn start_logprobs(&self, seqs: &[Sequence]) -> Result<Vec<Vec<f32>>> {
+        let dev = self.model.device;
+        let lens: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
+        let mut out = vec![Vec::new(); seqs.len()];
+        tch::no_grad(|| -> Result<()> {
+            for group in micro_batches(&lens, self.cfg.micro_batch_tokens) {
+                let ids: Vec<Vec<i64>> = group.iter().map(|&i| seqs[i].tokens.clone()).collect();
+                let ids = pad_2d(&ids, 0i64, dev);
+                let t = ids.size()[1];
+                let h = self.model.hidden(&ids.narrow(1, 0, t - 1), Fwd::POLICY);
+                let lp = loss::token_logprobs(
+                    &h,
+                    self.model.lm_weight(),
+                    &ids.narrow(1, 1, t - 1),
+                    self.cfg.logit_chunk,
+                )
+                .to_kind(Kind::Float)
+                .to_device(Device::Cpu);
+                for (row, &i) in group.iter().enumerate() {
+                    let n = lens[i] as i64 - 1;
+                    out[i] = Vec::<f32>::try_from(lp.get(row as i64).narrow(0, 0, n).contiguous())?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// One optimizer update over validated `seqs`; `old` (RL only) holds the step's starting
+    /// log-probs (shifted) when they are not the tokens' own detached log-probs.
+    fn update(
+        &mut self,
+        seqs: &[Sequence],
+        mode: Mode,
+        old: Option<&[Vec<f32>]>,
+    ) -> Result<StepMetrics> {
+        let t0 = std::time::Instant::now();
+        // Aggregation weights: computed over the whole update, then sliced per micro-batch.
         let total_tokens: usize = seqs
             .iter()
             .map(|s| s.loss_mask.iter().filter(|&&m| m).count())
@@ -221,7 +471,7 @@ impl Trainer {
             .iter()
             .filter(|s| s.loss_mask.iter().any(|&m| m))
             .count();
-        let agg = if rl {
+        let agg = if mode.rl() {
             self.cfg.loss.aggregation
         } else {
             Aggregation::TokenMean
@@ -235,8 +485,8 @@ impl Trainer {
             ..Sums::default()
         };
         for group in &groups {
-            let micro = self.prepare(seqs, group, rl, agg, total_tokens, counted_seqs)?;
-            self.forward_backward(&micro, rl, &mut sums)?;
+            let micro = self.prepare(seqs, group, mode, old, agg, total_tokens, counted_seqs)?;
+            self.forward_backward(&micro, mode, &mut sums)?;
         }
         let (grad_norm, lr) = self.opt.step();
         let n = sums.tokens.max(1.0);
@@ -245,6 +495,7 @@ impl Trainer {
             tokens: sums.tokens as i64,
             sequences: seqs.len(),
             micro_batches: groups.len(),
+            minibatches: 1,
             grad_norm,
             lr,
             clip_fraction: sums.clipped / n,
@@ -266,15 +517,18 @@ impl Trainer {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn prepare(
         &self,
         seqs: &[Sequence],
         group: &[usize],
-        rl: bool,
+        mode: Mode,
+        old: Option<&[Vec<f32>]>,
         agg: Aggregation,
         total_tokens: usize,
         counted_seqs: usize,
     ) -> Result<Micro> {
+        let rl = mode.rl();
         let dev = self.model.device;
         let rows: Vec<&Sequence> = group.iter().map(|&i| &seqs[i]).collect();
         let ids: Vec<Vec<i64>> = rows.iter().map(|s| s.tokens.clone()).collect();
@@ -312,18 +566,63 @@ impl Trainer {
         } else {
             mask.iter().map(|m| vec![0.0; m.len()]).collect()
         };
-        let behaviour = (rl
+        // Phase A's ratio already is against the behaviour policy: no truncated IS on top.
+        let behaviour = (mode == Mode::Rl
             && self.cfg.loss.tis_clamp.is_some()
             && rows.iter().all(|s| !s.behaviour_logprobs.is_empty()))
         .then(|| shift(&|s| s.behaviour_logprobs.clone()));
+        let old = match (mode, old) {
+            (Mode::Rl, Some(old)) => {
+                let rows: Vec<Vec<f32>> = group.iter().map(|&i| old[i].clone()).collect();
+                Some((pad_2d(&rows, 0.0f32, dev), None))
+            }
+            (Mode::Reflection, _) => {
+                // Generation-time log-probs where recorded (present, finite, non-zero) at a
+                // counted token; elsewhere the token's own detached log-prob.
+                let vals = shift(&|s| {
+                    if s.behaviour_logprobs.is_empty() {
+                        vec![0.0; s.tokens.len()]
+                    } else {
+                        s.behaviour_logprobs.clone()
+                    }
+                });
+                let usable: Vec<Vec<f32>> = vals
+                    .iter()
+                    .zip(&mask)
+                    .map(|(v, m)| {
+                        v.iter()
+                            .zip(m)
+                            .map(|(&b, &m)| {
+                                f32::from(u8::from(m > 0.0 && b.is_finite() && b != 0.0))
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let vals: Vec<Vec<f32>> = vals
+                    .into_iter()
+                    .map(|v| {
+                        v.into_iter()
+                            .map(|b| if b.is_finite() { b } else { 0.0 })
+                            .collect()
+                    })
+                    .collect();
+                Some((
+                    pad_2d(&vals, 0.0f32, dev),
+                    Some(pad_2d(&usable, 0.0f32, dev).gt(0.0)),
+                ))
+            }
+            _ => None,
+        };
         let ids_t = pad_2d(&ids, 0i64, dev);
         let t = ids_t.size()[1];
         let targets = ids_t.narrow(1, 1, t - 1);
         let inputs = ids_t.narrow(1, 0, t - 1);
         let reference = if rl && self.cfg.loss.kl_coef > 0.0 {
+            // The frozen copy of a full fine-tune, or the base with adapters off (LoRA).
+            let refm = self.reference.as_ref().unwrap_or(&self.model);
             Some(tch::no_grad(|| {
-                let h = self.model.hidden(&inputs, Fwd::REFERENCE);
-                loss::token_logprobs(&h, self.model.lm_weight(), &targets, self.cfg.logit_chunk)
+                let h = refm.hidden(&inputs, Fwd::REFERENCE);
+                loss::token_logprobs(&h, refm.lm_weight(), &targets, self.cfg.logit_chunk)
             }))
         } else {
             None
@@ -336,6 +635,7 @@ impl Trainer {
             adv: pad_2d(&adv, 0.0f32, dev),
             behaviour: behaviour.map(|b| pad_2d(&b, 0.0f32, dev)),
             reference,
+            old,
         })
     }
 
@@ -347,15 +647,22 @@ impl Trainer {
         m: &Micro,
         s: i64,
         c: i64,
-        rl: bool,
+        mode: Mode,
         sums: &mut Sums,
     ) -> Tensor {
         let mask = m.mask.narrow(1, s, c);
         let w = m.weights.narrow(1, s, c);
         let n = mask.sum(Kind::Float).double_value(&[]);
         sums.tokens += n;
-        let per_token = if rl {
-            let old = logp.detach();
+        let per_token = if mode.rl() {
+            let own = logp.detach();
+            let old = match &m.old {
+                None => own,
+                Some((vals, None)) => vals.narrow(1, s, c),
+                Some((vals, Some(usable))) => vals
+                    .narrow(1, s, c)
+                    .where_self(&usable.narrow(1, s, c), &own),
+            };
             let reference = m.reference.as_ref().map(|r| r.narrow(1, s, c));
             let behaviour = m.behaviour.as_ref().map(|b| b.narrow(1, s, c));
             let terms = loss::policy_terms(
@@ -392,7 +699,7 @@ impl Trainer {
     /// softmax of a chunk serves the entropy metric and the analytic gradient
     /// dℓ/dlogits = g·(onehot − softmax), so no [T, V] tensor outlives its chunk and autograd
     /// never stores logits. Gradients reach x (and the norm and lm weights) in one backward.
-    fn head_backward(&self, x: &Tensor, m: &Micro, rl: bool, sums: &mut Sums) {
+    fn head_backward(&self, x: &Tensor, m: &Micro, mode: Mode, sums: &mut Sums) {
         let h = crate::model::qwen3::rms_norm(x, &self.model.norm, self.model.cfg.rms_norm_eps);
         let w = self.model.lm_weight();
         let (hd, wd) = (h.detach(), w.detach());
@@ -415,7 +722,7 @@ impl Trainer {
                 (logp_all, logp)
             });
             let leaf = logp.set_requires_grad(true);
-            let l = self.chunk_loss(&leaf, m, s, c, rl, sums);
+            let l = self.chunk_loss(&leaf, m, s, c, mode, sums);
             if l.requires_grad() {
                 l.backward();
             }
@@ -463,7 +770,7 @@ impl Trainer {
         }
     }
 
-    fn forward_backward(&self, m: &Micro, rl: bool, sums: &mut Sums) -> Result<()> {
+    fn forward_backward(&self, m: &Micro, mode: Mode, sums: &mut Sums) -> Result<()> {
         let model = &self.model;
         let n_layers = model.layers.len();
         if !self.cfg.grad_checkpoint {
@@ -472,7 +779,7 @@ impl Trainer {
                 x = model.layer_forward(l, &x, 0, None, Fwd::TRAIN);
             }
             let leaf = x.detach().set_requires_grad(true);
-            self.head_backward(&leaf, m, rl, sums);
+            self.head_backward(&leaf, m, mode, sums);
             let g = leaf.grad();
             if g.defined() && x.requires_grad() {
                 (x * g).sum(Kind::Float).backward();
@@ -500,7 +807,7 @@ impl Trainer {
         });
         // Head, then layers in reverse, each recomputed with grad from its detached input.
         let leaf = inputs[n_layers].detach().set_requires_grad(true);
-        self.head_backward(&leaf, m, rl, sums);
+        self.head_backward(&leaf, m, mode, sums);
         let mut g = leaf.grad();
         for l in (0..n_layers).rev() {
             if !g.defined() {

@@ -280,6 +280,7 @@ fn policy_loss_and_lora_gradients_match_pytorch() {
             micro_batch_tokens: 40, // two micro-batches: accumulation must not change the result
             logit_chunk: 5,
             grad_checkpoint: checkpoint,
+            minibatches_per_step: 1,
         };
         let mut tr = Trainer::new(m2, cfg).unwrap();
         let m = tr.rl_step(&seqs).unwrap();

@@ -50,14 +50,8 @@ async fn start_trainer(model: &Path, ckpt: &Path, addr: &str) -> (Trainer, Strin
     let mut train = trainer::train::TrainConfig::default();
     train.optim.lr = 1e-3;
     train.loss.kl_coef = 0.0;
-    let opts = load::LoadOptions {
-        model_dir: model.to_path_buf(),
-        lora: None,
-        train,
-        device: tch::Device::Cpu,
-        seed: 5,
-        resume_from: None,
-    };
+    let opts =
+        load::LoadOptions::from_config(model.to_path_buf(), &train, None, tch::Device::Cpu, 5);
     let loaded = load::load(&opts).unwrap();
     let listener = loop {
         match tokio::net::TcpListener::bind(addr).await {
@@ -234,6 +228,25 @@ async fn check_run(pool: &PgPool, run: Uuid, state: &AppState) {
     );
     let version = state.policy.lock().unwrap().version;
     assert_eq!(version, STEPS, "the trainer holds exactly the run's steps");
+    // The run's [trainer] settings were sent, echoed and stored; the trainer holds them.
+    let (stored, hash): (serde_json::Value, String) =
+        sqlx::query_as("SELECT trainer_settings, trainer_settings_hash FROM runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let held = state.policy.lock().unwrap().settings.clone();
+    assert_eq!(hash, held.hash());
+    assert_eq!(stored, serde_json::to_value(&held).unwrap());
+    let cfg = orchestrator::domain::config::Config::load(
+        "smoke",
+        &orchestrator::domain::config::Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        held, cfg.trainer.settings,
+        "the smoke preset's [trainer] table"
+    );
     check_reflections(pool, run).await;
     check_evaluations(pool, run).await;
 }
@@ -355,7 +368,18 @@ async fn check_reflections(pool: &PgPool, run: Uuid) {
                 .fetch_one(pool)
                 .await
                 .unwrap();
-                assert_eq!(seqs as i64, rows);
+                // Candidate groups whose utilities are all equal (zero advantages) are left
+                // out of Phase A; the rest train.
+                let dropped: f64 = sqlx::query_scalar(
+                    "SELECT value FROM step_metrics WHERE run_id = $1 AND step = $2
+                     AND name = 'train/reflection_groups_dropped'",
+                )
+                .bind(run)
+                .bind(step + 1)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+                assert_eq!(seqs as i64 + 2 * dropped as i64, rows);
                 let phase_a: i64 = sqlx::query_scalar(
                     "SELECT count(*) FROM step_metrics WHERE run_id = $1 AND step = $2
                      AND name LIKE 'train/reflection/%'",
@@ -365,7 +389,12 @@ async fn check_reflections(pool: &PgPool, run: Uuid) {
                 .fetch_one(pool)
                 .await
                 .unwrap();
-                assert!(phase_a > 0, "the trainer ran Phase A at step {}", step + 1);
+                assert_eq!(
+                    phase_a > 0,
+                    seqs > 0.0,
+                    "the trainer ran Phase A at step {} exactly when it had candidates",
+                    step + 1
+                );
             }
             "failed" => assert_eq!(rows, 0),
             other => panic!("job of step {step} left {other}"),

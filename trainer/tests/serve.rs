@@ -76,12 +76,14 @@ async fn start(
     train.optim.max_grad_norm = 0.0;
     train.loss.kl_coef = 0.0;
     let opts = load::LoadOptions {
-        model_dir: dir.to_path_buf(),
-        lora,
-        train,
-        device: tch::Device::Cpu,
-        seed: 11,
         resume_from: if resume { ckpt.clone() } else { None },
+        ..load::LoadOptions::from_config(
+            dir.to_path_buf(),
+            &train,
+            lora.as_ref(),
+            tch::Device::Cpu,
+            11,
+        )
     };
     let loaded = load::load(&opts).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -857,4 +859,257 @@ async fn a_policy_server_receives_published_full_weights_and_the_restored_policy
     )
     .await;
     assert_eq!(code, 404);
+}
+
+async fn post_batch_query(url: &str, query: &str, b: &wire::Batch) -> (u16, serde_json::Value) {
+    let r = trainer::publish::http_client()
+        .post(format!("{url}/v1/train_step?{query}"))
+        .body(b.encode().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+async fn get_settings(url: &str) -> wire::SettingsReply {
+    reqwest::get(format!("{url}/v1/settings"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// `POST /v1/settings` and `GET /v1/settings`, and the hash check of train steps: the settings
+/// are echoed with their hash; a step (or dry run) under another hash is 409 naming both; a
+/// structural change at version 0 rebuilds the policy (here: a full fine-tune with a KL term,
+/// whose reference is a frozen copy of the model directory, and the KL grows once the policy
+/// moved); at a later version it is 409 and changes nothing; a bad value is 400 naming the
+/// field; a non-structural change applies in place, and a restore rebuilds with it; a
+/// checkpoint of another fine-tune mode is refused; an empty RL batch is an empty step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_are_applied_echoed_and_checked_on_every_step() {
+    use wire::settings::{Finetune, ReferencePolicy, TrainSettings};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path());
+    let s = start(&dir, None, Some(tmp.path().join("ckpt")), false, None).await;
+    let url = &s.url;
+
+    // The flags' settings: full fine-tune, no KL, lr 0.05.
+    let flags = get_settings(url).await;
+    assert_eq!(flags.hash, flags.settings.hash());
+    assert_eq!(flags.settings.lr, 0.05);
+    assert_eq!(
+        (flags.settings.kl_beta, flags.settings.reference),
+        (0.0, ReferencePolicy::None)
+    );
+    assert_eq!(flags.policy_version, wire::PolicyVersion(0));
+
+    // The papers' setting on a tiny model: full fine-tune, KL3 to the initial weights.
+    let want = TrainSettings {
+        lr: 0.05,
+        max_grad_norm: 0.0,
+        kl_beta: 0.5,
+        reference: ReferencePolicy::Initial,
+        finetune: Finetune::Full,
+        micro_batch_tokens: 4096,
+        minibatches_per_step: 2,
+        ..TrainSettings::default()
+    };
+    let (code, r) = post_json(
+        &format!("{url}/v1/settings"),
+        serde_json::to_value(&want).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{r}");
+    let r: wire::SettingsReply = serde_json::from_value(r).unwrap();
+    assert_eq!(r.settings, want);
+    assert_eq!(r.hash, want.hash());
+    assert!(r.rebuilt, "KL on is structural: rebuilt at version 0");
+    let got = get_settings(url).await;
+    assert_eq!(
+        (got.settings, got.hash.as_str()),
+        (want.clone(), r.hash.as_str())
+    );
+    let hash = r.hash;
+
+    // A step under other settings is refused, naming both hashes; the dry run too.
+    let xs = seqs(2, 24);
+    let b = batch(&s, &xs, &[1.0, -1.0]);
+    let other = "0123456789abcdef";
+    for query in [
+        format!("settings_hash={other}"),
+        format!("settings_hash={other}&dry_run=true"),
+    ] {
+        let (code, e) = post_batch_query(url, &query, &b).await;
+        assert_eq!(code, 409, "{query}: {e}");
+        let msg = e["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(other) && msg.contains(&hash), "{msg}");
+    }
+    let (code, e) = post_batch_query(url, &format!("settings_hash={hash}&dry_run=true"), &b).await;
+    assert_eq!(code, 200, "{e}");
+
+    // Under the held settings it trains: two minibatches, and the KL to the frozen initial
+    // weights grows once the policy moved.
+    let mut kls = Vec::new();
+    for v in 1..=2 {
+        let b = batch(&s, &xs, &[1.0, -1.0]);
+        let (code, r) = post_batch_query(
+            url,
+            &format!("expect_version={}&settings_hash={hash}", v - 1),
+            &b,
+        )
+        .await;
+        assert_eq!(code, 200, "{r}");
+        let r: wire::TrainReply = serde_json::from_value(r).unwrap();
+        assert_eq!(r.settings_hash.as_deref(), Some(hash.as_str()));
+        assert_eq!(r.metrics.minibatches, 2);
+        kls.push(r.metrics.kl);
+    }
+    // (Step 1's first minibatch is at the reference; its second already moved.)
+    assert!(
+        kls[1] > 1e-4 && kls[1] > kls[0],
+        "the policy moved: {kls:?}"
+    );
+
+    // A structural change at version 2 is refused and changes nothing.
+    let lora = TrainSettings {
+        finetune: Finetune::Lora,
+        ..want.clone()
+    };
+    let (code, e) = post_json(
+        &format!("{url}/v1/settings"),
+        serde_json::to_value(&lora).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 409, "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("version 2") && msg.contains("restore"),
+        "{msg}"
+    );
+    assert_eq!(get_settings(url).await.hash, hash);
+    let st: serde_json::Value = reqwest::get(format!("{url}/v1/state"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (st["mode"].as_str(), st["policy_version"].as_i64()),
+        (Some("full"), Some(2))
+    );
+
+    // A bad value is 400 naming the field; so is an unknown field. Nothing changed.
+    let mut bad = serde_json::to_value(&want).unwrap();
+    bad["clip_low"] = serde_json::json!(1.5);
+    let (code, e) = post_json(&format!("{url}/v1/settings"), bad).await;
+    assert_eq!(code, 400, "{e}");
+    assert!(e.to_string().contains("trainer.clip_low = 1.5"), "{e}");
+    let mut bad = serde_json::to_value(&want).unwrap();
+    bad["learning_rate"] = serde_json::json!(1e-3);
+    let (code, e) = post_json(&format!("{url}/v1/settings"), bad).await;
+    assert_eq!(code, 400, "{e}");
+    assert!(e.to_string().contains("learning_rate"), "{e}");
+    assert_eq!(get_settings(url).await.hash, hash);
+
+    let (code, ck) = post_json(&format!("{url}/v1/checkpoint"), serde_json::json!({})).await;
+    assert_eq!(code, 200, "{ck}");
+    let full_ck = ck["relative"].as_str().unwrap().to_string();
+
+    // A non-structural change applies in place at version 2 (moments and step kept).
+    let slower = TrainSettings {
+        lr: 0.01,
+        clip_high: 0.3,
+        minibatches_per_step: 1,
+        ..want.clone()
+    };
+    let (code, r) = post_json(
+        &format!("{url}/v1/settings"),
+        serde_json::to_value(&slower).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{r}");
+    let r: wire::SettingsReply = serde_json::from_value(r).unwrap();
+    assert!(!r.rebuilt);
+    assert_eq!(
+        (r.hash, r.policy_version),
+        (slower.hash(), wire::PolicyVersion(2))
+    );
+    let st: serde_json::Value = reqwest::get(format!("{url}/v1/state"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(st["optimizer_step"], 4, "two steps of two minibatches");
+    assert_eq!(st["train_config"]["optim"]["lr"], 0.01);
+    assert_eq!(st["train_config"]["loss"]["clip_high"], 0.3);
+    let (code, _) = post_batch_query(url, &format!("settings_hash={hash}"), &b).await;
+    assert_eq!(code, 409, "the old hash no longer trains");
+
+    // A restore rebuilds with the settings now held; a structural change is then allowed.
+    let (code, r) = post_json(&format!("{url}/v1/restore"), serde_json::json!({})).await;
+    assert_eq!(code, 200, "{r}");
+    let got = get_settings(url).await;
+    assert_eq!(
+        (got.hash, got.policy_version),
+        (slower.hash(), wire::PolicyVersion(0))
+    );
+    let st: serde_json::Value = reqwest::get(format!("{url}/v1/state"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(st["train_config"]["optim"]["lr"], 0.01);
+    let mut lora = TrainSettings {
+        finetune: Finetune::Lora,
+        ..slower.clone()
+    };
+    lora.lora.r = 4;
+    let (code, r) = post_json(
+        &format!("{url}/v1/settings"),
+        serde_json::to_value(&lora).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["rebuilt"], true);
+    let st: serde_json::Value = reqwest::get(format!("{url}/v1/state"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (st["mode"].as_str(), st["lora"]["r"].as_i64()),
+        (Some("lora"), Some(4))
+    );
+
+    // A checkpoint of another fine-tune mode than the held settings is refused.
+    let (code, e) = post_json(
+        &format!("{url}/v1/restore"),
+        serde_json::json!({"checkpoint": full_ck}),
+    )
+    .await;
+    assert_eq!(code, 409, "{e}");
+    assert!(e.to_string().contains("full fine-tune"), "{e}");
+    assert_eq!(served_version(url).await, 0);
+
+    // An RL batch with nothing to learn from is an empty step: the version advances.
+    let empty = wire::Batch {
+        policy_version: 0,
+        rl: true,
+        seqs: vec![],
+    };
+    let (code, r) = post_batch_query(url, &format!("settings_hash={}", lora.hash()), &empty).await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(
+        (
+            r["policy_version"].as_i64(),
+            r["metrics"]["tokens"].as_i64()
+        ),
+        (Some(1), Some(0))
+    );
 }

@@ -83,6 +83,7 @@ fn trainer(model: Qwen3, lr: f64, kl: f64) -> Trainer {
             micro_batch_tokens: 64,
             logit_chunk: 7,
             grad_checkpoint: true,
+            minibatches_per_step: 1,
         },
     )
     .unwrap()

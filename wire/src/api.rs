@@ -17,6 +17,10 @@ pub struct StepMetrics {
     pub tokens: i64,
     pub sequences: usize,
     pub micro_batches: usize,
+    /// Optimizer updates (PPO minibatches) the step took; `grad_norm` is their mean, `lr` the
+    /// last one's, the per-token figures are means over all their counted tokens.
+    #[serde(default)]
+    pub minibatches: usize,
     pub grad_norm: f64,
     pub lr: f64,
     pub clip_fraction: f64,
@@ -49,6 +53,9 @@ pub struct TrainReply {
     /// Seconds to decode the batch body.
     #[serde(default)]
     pub decode_seconds: f64,
+    /// `wire::TrainSettings::hash` of the settings the step trained with.
+    #[serde(default)]
+    pub settings_hash: Option<String>,
 }
 
 /// `POST /v1/train_step?dry_run=true`: the batch decoded and validated, nothing trained.
@@ -216,6 +223,7 @@ mod tests {
             checkpoint: None,
             published: None,
             decode_seconds: 0.25,
+            settings_hash: Some("0123456789abcdef".into()),
         };
         let v = serde_json::to_value(&r).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
@@ -226,9 +234,19 @@ mod tests {
                 "metrics",
                 "checkpoint",
                 "published",
-                "decode_seconds"
+                "decode_seconds",
+                "settings_hash"
             ]
         );
+        // A reply from a trainer without settings (no `settings_hash`, no `minibatches`) reads.
+        let mut old = v.clone();
+        old.as_object_mut().unwrap().remove("settings_hash");
+        old["metrics"]
+            .as_object_mut()
+            .unwrap()
+            .remove("minibatches");
+        let back: TrainReply = serde_json::from_value(old).unwrap();
+        assert_eq!((back.settings_hash, back.metrics.minibatches), (None, 0));
         assert_eq!(v["policy_version"], 3);
         assert_eq!(v["checkpoint"], serde_json::Value::Null);
         let back: TrainReply = serde_json::from_value(v).unwrap();

@@ -65,11 +65,13 @@ impl ApiError {
     }
 }
 
-/// A trainer failure: a rejected batch is the client's (400), anything else the trainer's (500).
+/// A trainer failure: a rejected batch is the client's (400), a request that contradicts the
+/// held settings a conflict (409), anything else the trainer's (500).
 impl From<TrainerError> for ApiError {
     fn from(e: TrainerError) -> Self {
         match e {
             TrainerError::Batch(_) => Self::BadRequest(e.to_string()),
+            TrainerError::Mismatch(_) => Self::Conflict(e.to_string()),
             e => Self::Internal(e.to_string()),
         }
     }

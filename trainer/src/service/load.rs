@@ -1,7 +1,11 @@
 //! Building the served policy from a model directory (or resuming it from the latest
-//! checkpoint), with its tokenizer, chat template and end-of-sequence ids.
+//! checkpoint) with the optimisation settings it trains with (and, for a full fine-tune with a
+//! KL term, a frozen reference copy of the model directory's weights), plus its tokenizer, chat
+//! template and end-of-sequence ids.
 
 use std::path::{Path, PathBuf};
+
+use wire::TrainSettings;
 
 use crate::checkpoint;
 use crate::error::{Result, TrainerError};
@@ -15,13 +19,31 @@ use super::Policy;
 pub struct LoadOptions {
     /// Hugging Face model directory (config.json, safetensors, tokenizer.json).
     pub model_dir: PathBuf,
-    /// LoRA to train (None: full fine-tune).
-    pub lora: Option<LoraConfig>,
-    pub train: TrainConfig,
+    /// What to train and how (LoRA or full fine-tune, optimizer, loss, minibatches).
+    pub settings: TrainSettings,
     pub device: tch::Device,
     pub seed: i64,
     /// Resume from `checkpoint_dir/latest` when it exists.
     pub resume_from: Option<PathBuf>,
+}
+
+impl LoadOptions {
+    /// Options whose settings are those of `train` and `lora` (see `settings::from_config`).
+    pub fn from_config(
+        model_dir: PathBuf,
+        train: &TrainConfig,
+        lora: Option<&LoraConfig>,
+        device: tch::Device,
+        seed: i64,
+    ) -> Self {
+        Self {
+            model_dir,
+            settings: crate::settings::from_config(train, lora),
+            device,
+            seed,
+            resume_from: None,
+        }
+    }
 }
 
 /// What `trainer serve` needs besides the policy.
@@ -97,16 +119,53 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
 }
 
 /// The policy from the model directory (fresh LoRA or trainable weights, version 0), or from a
-/// checkpoint directory (its adapter or weights, optimizer moments and policy version).
+/// checkpoint directory (its adapter or weights, optimizer moments and policy version), trained
+/// with `opts.settings`. A checkpoint of another fine-tune mode or LoRA shape than the settings
+/// is refused (`TrainerError::Mismatch`). The reference copy of a full fine-tune with a KL term
+/// always comes from the model directory, never from the checkpoint.
 pub fn build_policy(opts: &LoadOptions, checkpoint: Option<&Path>) -> Result<Policy> {
     let dir = &opts.model_dir;
     let kind = crate::default_kind(opts.device);
+    let resolved = crate::settings::resolve(&opts.settings)
+        .map_err(|e| TrainerError::Config(e.to_string()))?;
     let (model, lora_cfg, version) = match checkpoint {
         Some(ck) => {
             let st = checkpoint::read_state(ck)?;
+            let want = if resolved.lora.is_some() {
+                "lora"
+            } else {
+                "full"
+            };
+            if st.mode != want {
+                return Err(TrainerError::Mismatch(format!(
+                    "checkpoint {} holds a {} fine-tune; the settings (hash {}) train {want}",
+                    ck.display(),
+                    st.mode,
+                    opts.settings.hash()
+                )));
+            }
             if st.mode == "lora" {
                 let mut m = Qwen3::load(dir, opts.device, kind)?;
                 let cfg = lora::load_adapter(&mut m, ck)?;
+                if let Some(w) = &resolved.lora
+                    && !same_lora(&cfg, w)
+                {
+                    return Err(TrainerError::Mismatch(format!(
+                        "checkpoint {} holds a LoRA adapter r = {}, alpha = {}, dropout = {}, \
+                         targets {:?}; the settings (hash {}) ask for r = {}, alpha = {}, \
+                         dropout = {}, targets {:?}",
+                        ck.display(),
+                        cfg.r,
+                        cfg.alpha,
+                        cfg.dropout,
+                        cfg.targets,
+                        opts.settings.hash(),
+                        w.r,
+                        w.alpha,
+                        w.dropout,
+                        w.targets
+                    )));
+                }
                 (m, Some(cfg), st.policy_version)
             } else {
                 let m = Qwen3::load(ck, opts.device, kind)?;
@@ -116,14 +175,19 @@ pub fn build_policy(opts: &LoadOptions, checkpoint: Option<&Path>) -> Result<Pol
         }
         None => {
             let mut m = Qwen3::load(dir, opts.device, kind)?;
-            match &opts.lora {
+            match &resolved.lora {
                 Some(l) => m.add_lora(l, opts.seed)?,
                 None => m.set_trainable(true),
             }
-            (m, opts.lora.clone(), 0)
+            (m, resolved.lora.clone(), 0)
         }
     };
-    let mut trainer = Trainer::new(model, opts.train.clone())?;
+    let reference = if resolved.reference_copy {
+        Some(Qwen3::load(dir, opts.device, kind)?)
+    } else {
+        None
+    };
+    let mut trainer = Trainer::with_reference(model, reference, resolved.train)?;
     if let Some(ck) = checkpoint {
         trainer.opt.load(ck)?;
         tracing::info!(checkpoint = %ck.display(), version, step = trainer.opt.step, "policy restored");
@@ -134,5 +198,15 @@ pub fn build_policy(opts: &LoadOptions, checkpoint: Option<&Path>) -> Result<Pol
         lora: lora_cfg,
         base: dir.display().to_string(),
         seed: opts.seed,
+        settings: opts.settings.clone(),
     })
+}
+
+/// The same adapter shape (targets in any order).
+fn same_lora(a: &LoraConfig, b: &LoraConfig) -> bool {
+    a.r == b.r
+        && a.alpha == b.alpha
+        && a.dropout == b.dropout
+        && a.targets.len() == b.targets.len()
+        && a.targets.iter().all(|t| b.targets.contains(t))
 }

@@ -1,8 +1,10 @@
 //! `trainer serve`: the long-lived trainer process. One policy (model + optimizer) behind a
 //! read/write lock: train steps take it for writing (one at a time; a concurrent one gets 409),
 //! generation reads it between tokens. Routes: `POST /v1/train_step` (the `wire` batch;
-//! `?dry_run=true` only decodes and validates it),
-//! `POST /v1/checkpoint`, `GET /v1/state`, `GET /health`, `GET /version`, `GET /metrics`, and the
+//! `?dry_run=true` only decodes and validates it; `?settings_hash=H` refuses a step unless the
+//! trainer holds settings with that hash), `POST /v1/settings` and `GET /v1/settings` (the
+//! optimisation settings, `wire::TrainSettings`), `POST /v1/checkpoint`, `POST /v1/restore`,
+//! `GET /v1/state`, `GET /health`, `GET /version`, `GET /metrics`, and the
 //! OpenAI-compatible generation API (`/v1/models`, `/v1/completions`, `/v1/chat/completions`,
 //! `/tokenize`, `/detokenize`, `/v1/load_lora_adapter`), and vLLM's disk weight-transfer API
 //! (see `weights`), so one `trainer serve` can be the policy server a trainer publishes to.
@@ -30,8 +32,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use wire::{
-    CheckpointReply, CheckpointRequest, DryRunReply, RestoreReply, RestoreRequest, StateReply,
-    TrainMode, TrainReply,
+    CheckpointReply, CheckpointRequest, DryRunReply, RestoreReply, RestoreRequest, SettingsReply,
+    StateReply, TrainMode, TrainReply, TrainSettings,
 };
 
 use crate::checkpoint::{self, CheckpointState};
@@ -52,6 +54,9 @@ pub struct Policy {
     /// The base model directory (recorded in adapters and checkpoints).
     pub base: String,
     pub seed: i64,
+    /// The optimisation settings `trainer` was built with (`wire::TrainSettings::hash` is what
+    /// train steps are checked against).
+    pub settings: TrainSettings,
 }
 
 #[derive(Debug, Clone)]
@@ -80,8 +85,9 @@ pub struct AppState {
     pub stats: Arc<generate::GenStats>,
     /// Names under which the current policy is also served (published versions, loaded adapters).
     aliases: std::sync::Mutex<Vec<String>>,
-    /// How the policy was built, so `POST /v1/restore` can rebuild it (set by the binary).
-    load_opts: std::sync::OnceLock<load::LoadOptions>,
+    /// How the policy is built, so `POST /v1/restore` can rebuild it (set by the binary; its
+    /// settings follow `POST /v1/settings`).
+    load_opts: std::sync::Mutex<Option<load::LoadOptions>>,
     /// The client session (the orchestrator's run id) the current weights belong to; `None`
     /// after start, so a client can tell a restarted trainer from its own.
     session: std::sync::Mutex<Option<String>>,
@@ -157,15 +163,22 @@ impl AppState {
             gen_tx: tx,
             stats,
             aliases: std::sync::Mutex::new(Vec::new()),
-            load_opts: std::sync::OnceLock::new(),
+            load_opts: std::sync::Mutex::new(None),
             session: std::sync::Mutex::new(None),
             updating: AtomicBool::new(false),
         })
     }
 
-    /// Enable `POST /v1/restore` by recording how the policy is built.
+    /// Enable `POST /v1/restore` (and structural `POST /v1/settings` changes) by recording how
+    /// the policy is built.
     pub fn set_load_options(&self, opts: load::LoadOptions) {
-        let _ = self.load_opts.set(opts);
+        if let Ok(mut o) = self.load_opts.lock() {
+            *o = Some(opts);
+        }
+    }
+
+    fn load_options(&self) -> Option<load::LoadOptions> {
+        self.load_opts.lock().ok().and_then(|o| o.clone())
     }
 
     fn session(&self) -> Option<String> {
@@ -236,16 +249,22 @@ struct TrainQuery {
     /// or the trainer restarted) cannot apply a batch twice or to the wrong weights.
     #[serde(default)]
     expect_version: Option<i64>,
+    /// Refuse (409) unless the trainer holds settings with this `wire::TrainSettings::hash`:
+    /// a step never trains with an optimiser other than the client's run states.
+    #[serde(default)]
+    settings_hash: Option<String>,
 }
 
 /// What a train step's blocking part returns: Phase B and Phase A metrics, the new version,
-/// the checkpoint written (if due) and the published directory (if publishing).
+/// the checkpoint written (if due), the published directory (if publishing) and the hash of
+/// the settings it trained with.
 type StepOutcome = (
     StepMetrics,
     Option<StepMetrics>,
     i64,
     Option<PathBuf>,
     Option<PathBuf>,
+    String,
 );
 
 async fn train_step(
@@ -263,6 +282,20 @@ async fn train_step(
             )
         })?)
     };
+    if let Some(want) = &q.settings_hash {
+        let have = s
+            .policy
+            .lock()
+            .map_err(|_| ApiError::poisoned())?
+            .settings
+            .hash();
+        if *want != have {
+            return Err(ApiError::conflict(format!(
+                "settings_hash = {want}, but the trainer holds settings with hash {have}: \
+                 POST /v1/settings with the run's settings first"
+            )));
+        }
+    }
     let t0 = std::time::Instant::now();
     let batch = wire::Batch::decode(&body)
         .map_err(|e| ApiError::bad_request(format!("train batch rejected: {e}")))?;
@@ -286,22 +319,26 @@ async fn train_step(
         }
     }
     let state = s.clone();
-    let (metrics, reflection, version, checkpoint, publish_dir) =
+    let (metrics, reflection, version, checkpoint, publish_dir, settings_hash) =
         tokio::task::spawn_blocking(move || -> Result<StepOutcome> {
-            let (metrics, refl_metrics, version, publish_dir) = {
+            let (metrics, refl_metrics, version, publish_dir, hash) = {
                 let mut p = state
                     .policy
                     .lock()
                     .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
                 // Phase A (the meta-policy's deferred batch) is its own optimizer step, before
-                // Phase B; together they are one policy version.
+                // Phase B, with its ratio against the candidates' generation-time log-probs;
+                // together they are one policy version.
                 let ma = if reflection.is_empty() {
                     None
                 } else {
-                    Some(p.trainer.rl_step(&reflection)?)
+                    Some(p.trainer.reflection_step(&reflection)?)
                 };
+                // An RL batch without task sequences (only reflections, or nothing the client
+                // could learn from) takes no Phase B update; the version still advances, so the
+                // client's steps and versions stay aligned.
                 let m = match (rl, seqs.is_empty(), &ma) {
-                    (true, true, Some(_)) => StepMetrics::default(),
+                    (true, true, _) => StepMetrics::default(),
                     (true, _, _) => p.trainer.rl_step(&seqs)?,
                     (false, _, _) => p.trainer.sft_step(&seqs)?,
                 };
@@ -317,7 +354,7 @@ async fn train_step(
                     }
                     None => None,
                 };
-                (m, ma, version, dir)
+                (m, ma, version, dir, p.settings.hash())
             };
             let ckpt = if state.cfg.checkpoint_every > 0
                 && (version as u64).is_multiple_of(state.cfg.checkpoint_every)
@@ -326,7 +363,7 @@ async fn train_step(
             } else {
                 None
             };
-            Ok((metrics, refl_metrics, version, ckpt, publish_dir))
+            Ok((metrics, refl_metrics, version, ckpt, publish_dir, hash))
         })
         .await
         .map_err(|e| ApiError::internal(format!("train step panicked: {e}")))??;
@@ -352,6 +389,7 @@ async fn train_step(
         checkpoint,
         published,
         decode_seconds,
+        settings_hash: Some(settings_hash),
     })
     .into_response())
 }
@@ -438,7 +476,7 @@ async fn save_checkpoint(
 /// Replace the policy by a checkpoint (or by the model as loaded at start) and set the session.
 async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<RestoreReply>> {
     let req: RestoreRequest = optional_json(&body)?;
-    let Some(opts) = s.load_opts.get().cloned() else {
+    let Some(opts) = s.load_options() else {
         return Err(ApiError::NotImplemented(
             "this trainer was started without restore support".into(),
         ));
@@ -518,6 +556,114 @@ async fn publish_restored(
     Ok(r)
 }
 
+/// `GET /v1/settings`: the settings the trainer trains with.
+async fn get_settings(State(s): State<Arc<AppState>>) -> ApiResult<Json<SettingsReply>> {
+    let p = s.policy.lock().map_err(|_| ApiError::poisoned())?;
+    Ok(Json(SettingsReply {
+        hash: p.settings.hash(),
+        settings: p.settings.clone(),
+        rebuilt: false,
+        policy_version: p.version.into(),
+    }))
+}
+
+/// `POST /v1/settings`: train with these settings from the next step. Checked completely first
+/// (400 naming the field). A change of the model's structure (`TrainSettings::structural_change`:
+/// fine-tune mode, LoRA shape, reference, KL on or off) rebuilds the policy from its model
+/// directory, only at policy version 0 (else 409: restore without a checkpoint, or restart,
+/// first); any other change applies to the live trainer, AdamW moments kept. Either way a later
+/// `POST /v1/restore` rebuilds with these settings. A refused request changes nothing.
+async fn post_settings(
+    State(s): State<Arc<AppState>>,
+    body: Bytes,
+) -> ApiResult<Json<SettingsReply>> {
+    let new: TrainSettings = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("settings rejected: {e}")))?;
+    let resolved = crate::settings::resolve(&new)
+        .map_err(|e| ApiError::bad_request(format!("settings rejected: {e}")))?;
+    if let Some(publ) = &s.publisher {
+        let adapters = publ.lock().await.config().lora;
+        if adapters != resolved.lora.is_some() {
+            let (value, allowed) = if adapters {
+                (
+                    "full",
+                    "lora: this trainer publishes LoRA adapters (started with --lora-r)",
+                )
+            } else {
+                (
+                    "lora",
+                    "full: this trainer publishes full weights (started without --lora-r)",
+                )
+            };
+            return Err(ApiError::bad_request(format!(
+                "settings rejected: trainer.finetune = {value}; allowed: {allowed}"
+            )));
+        }
+    }
+    let Ok(_guard) = s.training.try_lock() else {
+        return Err(ApiError::conflict("a train step is running"));
+    };
+    let (current, version) = {
+        let p = s.policy.lock().map_err(|_| ApiError::poisoned())?;
+        (p.settings.clone(), p.version)
+    };
+    let hash = new.hash();
+    let structural = current.structural_change(&new);
+    if structural {
+        if version != 0 {
+            return Err(ApiError::conflict(format!(
+                "settings {hash} change the model's structure (fine-tune mode, LoRA shape, \
+                 reference or KL on/off) from the held settings {}, which needs policy version \
+                 0; the policy is at version {version}: POST /v1/restore without a checkpoint \
+                 (or restart the trainer) first",
+                current.hash()
+            )));
+        }
+        let Some(mut opts) = s.load_options() else {
+            return Err(ApiError::NotImplemented(
+                "this trainer was started without restore support, so it cannot rebuild the \
+                 policy for a structural settings change"
+                    .into(),
+            ));
+        };
+        opts.settings = new.clone();
+        // Version 0 is the model directory's function whatever the structure (fresh adapters
+        // start as no-ops), so what the servers serve stays right: nothing is republished.
+        let st = s.clone();
+        let o = opts.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let fresh = load::build_policy(&o, None)?;
+            let mut p = st
+                .policy
+                .lock()
+                .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+            *p = fresh;
+            Ok(())
+        })
+        .await??;
+        s.set_load_options(opts);
+    } else {
+        {
+            let mut p = s.policy.lock().map_err(|_| ApiError::poisoned())?;
+            p.trainer
+                .set_config(resolved.train)
+                .map_err(|e| ApiError::bad_request(format!("settings rejected: {e}")))?;
+            p.settings = new.clone();
+        }
+        if let Some(mut opts) = s.load_options() {
+            opts.settings = new.clone();
+            s.set_load_options(opts);
+        }
+    }
+    tracing::info!(%hash, rebuilt = structural, version, "trainer settings applied");
+    Ok(Json(SettingsReply {
+        settings: new,
+        hash,
+        rebuilt: structural,
+        policy_version: version.into(),
+    }))
+}
+
 async fn get_state(
     State(s): State<Arc<AppState>>,
 ) -> ApiResult<Json<StateReply<LoraConfig, TrainConfig>>> {
@@ -564,6 +710,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/train_step", post(train_step))
         .route("/v1/checkpoint", post(save_checkpoint))
         .route("/v1/restore", post(restore))
+        .route("/v1/settings", get(get_settings).post(post_settings))
         .route("/v1/state", get(get_state))
         .route("/health", get(|| async { "ok" }))
         .route(

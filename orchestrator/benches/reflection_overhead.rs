@@ -82,6 +82,7 @@ fn main() {
             tools: Arc::new(three_turns::runner(1024)),
             cfg: RolloutConfig { n: 1, tasks_per_step: 1, max_tool_calls: 10, max_tokens: 8192, forced_answer_tokens: Some(512), max_prompt_tokens: None, temperature: 1.0, top_p: 1.0 },
             seed: Some(1),
+            scaffold: orchestrator::domain::scaffold::Scaffold::Rubricem,
         };
         let new: Vec<db::tasks::NewTask> = (0..n_tasks).map(|i| db::tasks::NewTask {
             source: "bench".into(), external_id: i.to_string(),

@@ -88,6 +88,7 @@ fn main() {
                         top_p: 1.0,
                     },
                     seed: None,
+                    scaffold: orchestrator::domain::scaffold::Scaffold::Rubricem,
                 };
                 let tasks: Vec<RolloutTask> = (0..concurrent)
                     .map(|i| RolloutTask {

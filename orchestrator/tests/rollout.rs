@@ -62,6 +62,7 @@ async fn setup(cache: Option<Arc<dyn ToolCache>>, max_tool_calls: u32, max_token
             top_p: 1.0,
         },
         seed: None,
+        scaffold: orchestrator::domain::scaffold::Scaffold::Rubricem,
     };
     Setup { server, ctx, world }
 }

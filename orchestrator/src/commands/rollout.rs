@@ -68,6 +68,7 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
         tools: Arc::new(runner),
         cfg: cfg.rollout.clone(),
         seed: Some(cfg.experiment.seed),
+        scaffold,
     };
     let (cancel, watcher) =
         cancel_on_ctrl_c("interrupted: abandoning trajectories in flight", false);

@@ -90,6 +90,29 @@ pub fn render(source: &str, ctx: minijinja::Value) -> Result<String, minijinja::
     environment().render_str(source, ctx)
 }
 
+const JUDGE_RUBRIC: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/judge/rubric.jinja"
+));
+
+/// The per-rubric judge prompt (DR Tulu's granularity, method.md B.2): the question, the judged
+/// text (the final answer) and one criterion; the judge answers `{"score": 0|1|2}`.
+pub fn judge_rubric_prompt(
+    question: &str,
+    response: &str,
+    criterion: &str,
+) -> Result<String, minijinja::Error> {
+    render(
+        JUDGE_RUBRIC,
+        minijinja::context! {
+            question => question.trim(),
+            response => response.trim(),
+            criterion => criterion.trim(),
+        },
+    )
+    .map(|s| s.trim().to_string())
+}
+
 const REFLECTION_SYSTEM: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../prompts/reflection/system.txt"
@@ -226,6 +249,19 @@ mod tests {
             );
             assert!(!p.contains("<structured_plan>"));
         }
+    }
+
+    #[test]
+    fn judge_rubric_prompt_shows_one_criterion_and_the_json_shape() {
+        let p = judge_rubric_prompt(" Q? ", "The answer.", "Names the enzyme").unwrap();
+        assert!(p.contains("<question>\nQ?\n</question>"), "{p}");
+        assert!(p.contains("<response>\nThe answer.\n</response>"), "{p}");
+        assert!(
+            p.contains("<criterion>\nNames the enzyme\n</criterion>"),
+            "{p}"
+        );
+        assert!(p.contains(r#"{"score": 2}"#), "{p}");
+        assert!(!p.contains("{{") && !p.contains("{%"));
     }
 
     #[test]

@@ -13,12 +13,12 @@ use uuid::Uuid;
 use crate::domain::config::Recipe;
 use crate::domain::credit::{
     CompositeInputs, CreditMode, Lambda, STAGES, composite_reward, format_reward, group_advantages,
-    scalar_advantages, search_reward,
+    scalar_advantages, search_reward, zero_std,
 };
 use crate::domain::data::tasks::RubricSpec;
 use crate::domain::judge::group::{GroupConfig, GroupJudgment, judge_group};
-use crate::domain::judge::score::ScoreSource;
-use crate::domain::judge::{Judge, Origin, Rubric, ScoreMode, TraceView};
+use crate::domain::judge::score::{AnswerScore, ScoreSource};
+use crate::domain::judge::{Granularity, Judge, Origin, Rubric, ScoreMode, TraceView};
 use crate::domain::rubrics::{BufferPolicy, RubricBuffer};
 use crate::domain::trajectory::Stage;
 use crate::infra::db::{self, DbError, judging};
@@ -42,7 +42,9 @@ pub struct StepOptions {
 impl StepOptions {
     /// The paper's settings for a recipe: ablation recipes share the stagewise judge and differ
     /// in credit (Baseline-RL and +Meta-Policy broadcast R4; +SS-GRPO and Full use Λ); DR Tulu
-    /// judges answers only with RLER buffers and the composite reward.
+    /// (method.md B.2-B.7) judges the extracted answer only, one call per (trajectory, rubric),
+    /// scores it with the signed points sum (persistent rubrics keep their dataset weights),
+    /// evolves RLER buffers (K_max = 5) and uses the composite reward.
     pub fn for_recipe(recipe: Recipe, lambda: Lambda, citation: bool) -> Self {
         let stagewise = |credit| StepOptions {
             recipe,
@@ -51,6 +53,8 @@ impl StepOptions {
                 mode: ScoreMode::Stagewise,
                 generate: true,
                 citation: false,
+                granularity: Granularity::PerTrajectory,
+                answer_score: AnswerScore::WeightedMean,
             },
             credit: Credit::Stage(credit),
         };
@@ -64,6 +68,8 @@ impl StepOptions {
                     mode: ScoreMode::AnswerOnly,
                     generate: true,
                     citation,
+                    granularity: Granularity::PerRubric,
+                    answer_score: AnswerScore::SignedPoints,
                 },
                 credit: Credit::Composite { citation },
             },
@@ -160,9 +166,18 @@ impl StepReport {
     }
 }
 
-/// Persistent Answer rubrics from a task's stored specs. Weights map onto {1, 2, 3} (rounded
-/// magnitude, clamped); a negative weight makes a negative rubric (method.md A.4.4, PROPOSED).
+/// Persistent Answer rubrics from a task's stored specs, as RubricEM weighs them. Weights map
+/// onto {1, 2, 3} (rounded magnitude, clamped); a negative weight makes a negative rubric
+/// (method.md A.4.4, PROPOSED).
 pub fn persistent_rubrics(specs: &serde_json::Value) -> Vec<Rubric> {
+    persistent_rubrics_as(AnswerScore::WeightedMean, specs)
+}
+
+/// Persistent Answer rubrics for a scoring rule. RubricEM's weighted mean: weights on
+/// {1, 2, 3} (see [`persistent_rubrics`]). DR Tulu's signed points: the dataset weight as given
+/// (method.md B.2, B.3: `ground_truth.rubrics[].weight` is used unchanged), its magnitude as the
+/// weight and its sign as the polarity (a negative weight is a penalty).
+pub fn persistent_rubrics_as(score: AnswerScore, specs: &serde_json::Value) -> Vec<Rubric> {
     let specs: Vec<RubricSpec> = serde_json::from_value(specs.clone()).unwrap_or_default();
     specs
         .into_iter()
@@ -172,7 +187,10 @@ pub fn persistent_rubrics(specs: &serde_json::Value) -> Vec<Rubric> {
             stage: Stage::Answer,
             title: s.title,
             description: s.description,
-            weight: s.weight.abs().round().clamp(1.0, 3.0),
+            weight: match score {
+                AnswerScore::WeightedMean => s.weight.abs().round().clamp(1.0, 3.0),
+                AnswerScore::SignedPoints => s.weight.abs(),
+            },
             negative: s.weight < 0.0,
             key_terms: s.key_terms,
             origin: Origin::Persistent,
@@ -235,7 +253,7 @@ pub async fn judge_step_guarded(
             None => {
                 let p = tasks
                     .get(&task)
-                    .map(|t| persistent_rubrics(&t.persistent_rubrics))
+                    .map(|t| persistent_rubrics_as(opts.group.answer_score, &t.persistent_rubrics))
                     .unwrap_or_default();
                 (RubricBuffer::with_persistent(p.clone(), step), p)
             }
@@ -409,13 +427,15 @@ fn credit(
         Credit::Composite { citation } => {
             let mut parts = Vec::with_capacity(group.len());
             for ((_, view), t) in group.iter().zip(&judged.trajectories) {
+                // DR Tulu's format check finds cites anywhere in the response; its answer is a
+                // closed <answer>…</answer> only (without one: rubric = citation = 0).
                 let claims = crate::domain::judge::citation::split_claims(
                     view.answer.as_deref().unwrap_or(""),
                 );
                 let inputs = CompositeInputs {
-                    rubric: t.stage_scores[STAGES - 1],
+                    rubric: t.rubric_score,
                     citation: t.citation.map_or(0.0, |c| c.reward),
-                    has_answer: view.answer.is_some(),
+                    has_answer: view.extracted_answer().is_some(),
                     has_cite: claims.iter().any(|c| !c.ids.is_empty()),
                     has_tool_query: view.tool_calls > 0,
                     search_queries: view.tool_calls,
@@ -424,7 +444,8 @@ fn credit(
             }
             let rewards: Vec<f64> = parts.iter().map(|(r, _)| *r).collect();
             let adv = scalar_advantages(&rewards);
-            let degenerate = adv.iter().all(|a| *a == 0.0);
+            // DR Tulu removes groups whose rewards have zero std (method.md B.7): flag them.
+            let degenerate = zero_std(&rewards);
             let rows = judged
                 .trajectories
                 .iter()

@@ -282,6 +282,7 @@ pub async fn pipeline(
             tools: common.tools.clone(),
             cfg: cfg.rollout.clone(),
             seed: Some(cfg.experiment.seed),
+            scaffold: cfg.data.scaffold,
         },
         admission,
         judge,

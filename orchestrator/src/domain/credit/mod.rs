@@ -266,7 +266,8 @@ impl CompositeWeights {
 /// What the composite reward is computed from.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CompositeInputs {
-    /// Rubric score in [0, 1] (0 when no answer was extracted).
+    /// Rubric score: DR Tulu's signed points sum, at most 1 and negative when penalties
+    /// outweigh (method.md B.2; not clipped, as DR Tulu's code). Ignored without an answer.
     pub rubric: f64,
     /// Citation reward 0.6·F1 + 0.4·R_fmt in [0, 1] (0 when no answer).
     pub citation: f64,
@@ -305,6 +306,12 @@ pub fn composite_reward(i: &CompositeInputs, citation_on: bool) -> f64 {
         + w.citation * citation
         + w.format * format_reward(i)
         + w.search * search_reward(i.search_queries)
+}
+
+/// Whether a group's scalar rewards have zero population std: the group carries no signal and
+/// DR Tulu removes it from the batch (method.md B.7). An empty or one-rollout group is one.
+pub fn zero_std(rewards: &[f64]) -> bool {
+    mean_std(rewards.iter().copied()).1 == 0.0
 }
 
 /// Sequence-level GRPO advantages for scalar rewards (the DR Tulu recipe): population std,

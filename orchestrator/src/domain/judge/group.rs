@@ -1,9 +1,11 @@
-//! The per-task judge procedure of one step (method.md A.4.2): generate rubrics by contrasting
-//! the task's rollouts, add them to the buffer, score every rollout (one call each, all in
-//! flight together), turn scores into stage scores with the documented fallbacks, then prune the
-//! buffer by discrimination. Failures never lose a trajectory: a failed generation means no new
-//! rubrics; a failed scoring call falls back to an answer-only call, then to R = 0; every call,
-//! failed or not, is returned for the record.
+//! The per-task judge procedure of one step (method.md A.4.2, B.5): generate rubrics by
+//! contrasting the task's rollouts, add them to the buffer, score every rollout (one call each,
+//! or DR Tulu's one call per (rollout, rubric); all in flight together), turn scores into stage
+//! scores with the documented fallbacks (RubricEM's weighted mean, or DR Tulu's signed points),
+//! then prune the buffer by discrimination. Failures never lose a trajectory: a failed
+//! generation means no new rubrics; a failed scoring call falls back to an answer-only call, then
+//! to R = 0 (per rubric: that rubric scores 0, DR Tulu's rule); every call, failed or not, is
+//! returned for the record.
 
 use std::collections::HashMap;
 
@@ -12,8 +14,10 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::citation::{CitationReward, citation_reward, split_claims};
-use super::score::{ScoreSource, finalize, rubric_variances, stage_means};
-use super::{Judge, Rubric, RubricScore, ScoreMode, TraceView, Usage};
+use super::score::{
+    AnswerScore, ScoreSource, finalize, rubric_points, rubric_variances, stage_means,
+};
+use super::{Granularity, Judge, Rubric, RubricScore, ScoreMode, TraceView, Usage};
 use crate::domain::credit::STAGES;
 use crate::domain::rubrics::{BufferPolicy, RubricBuffer};
 use crate::domain::trajectory::Stage;
@@ -63,15 +67,24 @@ pub struct GroupConfig {
     pub generate: bool,
     /// Compute the DR Tulu citation reward (claim-level judge calls).
     pub citation: bool,
+    /// One scoring call per trajectory, or one per (trajectory, rubric) as DR Tulu.
+    pub granularity: Granularity,
+    /// How the Answer score is aggregated: RubricEM's weighted mean or DR Tulu's signed points.
+    pub answer_score: AnswerScore,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrajectoryJudgment {
     pub trajectory_id: Uuid,
     pub scores: Vec<RubricScore>,
+    /// Stage scores R in [0, 1] (the `stage_scores` rows).
     pub stage_scores: [f64; STAGES],
     pub source: ScoreSource,
     pub citation: Option<CitationReward>,
+    /// The rubric score a scalar reward uses: R4 under the weighted mean; under
+    /// [`AnswerScore::SignedPoints`] DR Tulu's signed, unclipped score (R4 keeps it clipped to
+    /// [0, 1] for the stage rows). 0 when the trajectory could not be scored.
+    pub rubric_score: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -154,6 +167,96 @@ async fn score_one(
     }
 }
 
+/// DR Tulu's granularity: one call per rubric, all in flight together. A failed call scores that
+/// rubric 0 (DR Tulu: judge errors score 0, never crash) and keeps its error in the record; when
+/// every call failed the trajectory has no scores (R = 0, source `failed`). Answer-only without
+/// an extracted answer (none, or never closed): every rubric scores 0 without a call, as DR
+/// Tulu's reward code does. Returns the scores, whether they count as a full scoring (for the
+/// variance statistics), and the call records.
+async fn score_per_rubric(
+    judge: &dyn Judge,
+    question: &str,
+    id: Uuid,
+    view: &TraceView,
+    rubrics: &[Rubric],
+    mode: ScoreMode,
+) -> (Vec<RubricScore>, bool, Vec<CallRecord>) {
+    if mode == ScoreMode::AnswerOnly && view.extracted_answer().is_none() {
+        let scores = rubrics
+            .iter()
+            .map(|r| RubricScore {
+                rubric_id: r.id,
+                score: 0,
+                justification: "no <answer>…</answer> to judge: scored 0 without a call".into(),
+            })
+            .collect();
+        return (scores, true, vec![]);
+    }
+    let results = join_all(
+        rubrics
+            .iter()
+            .map(|r| judge.score_rubric(question, view, r, mode)),
+    )
+    .await;
+    let mut calls = Vec::with_capacity(rubrics.len());
+    let mut scores = Vec::with_capacity(rubrics.len());
+    let mut ok = 0usize;
+    for (r, res) in rubrics.iter().zip(results) {
+        match res {
+            Ok((s, usage)) => {
+                ok += 1;
+                calls.push(record(CallKind::Score, Some(id), Ok(usage)));
+                scores.push(s);
+            }
+            Err(e) => {
+                let why = crate::domain::util::error_chain(&e);
+                tracing::warn!(trajectory = %id, rubric = %r.id, error = %why, "rubric scoring failed; the rubric scores 0");
+                calls.push(record(CallKind::Score, Some(id), Err(&e)));
+                scores.push(RubricScore {
+                    rubric_id: r.id,
+                    score: 0,
+                    justification: format!("judge call failed, scored 0: {why}"),
+                });
+            }
+        }
+    }
+    if ok == 0 && !rubrics.is_empty() {
+        return (vec![], false, calls);
+    }
+    (scores, true, calls)
+}
+
+/// Stage scores, their source and the reward's rubric score of one trajectory.
+fn aggregate(
+    how: AnswerScore,
+    rubrics: &[Rubric],
+    scores: &[RubricScore],
+) -> ([f64; STAGES], ScoreSource, f64) {
+    match how {
+        AnswerScore::WeightedMean => {
+            let (r, source) = finalize(stage_means(rubrics, scores));
+            (r, source, r[STAGES - 1])
+        }
+        AnswerScore::SignedPoints => {
+            let answer: Vec<Rubric> = rubrics
+                .iter()
+                .filter(|r| r.stage == Stage::Answer)
+                .cloned()
+                .collect();
+            let signed = rubric_points(&answer, scores);
+            let mut means = stage_means(rubrics, scores);
+            means[STAGES - 1] = signed.map(|s| s.clamp(0.0, 1.0));
+            let (r, source) = finalize(means);
+            let rubric = if source == ScoreSource::Failed {
+                0.0
+            } else {
+                signed.unwrap_or(0.0)
+            };
+            (r, source, rubric)
+        }
+    }
+}
+
 /// Judge one task's group of rollouts and evolve its buffer in place.
 pub async fn judge_group(
     judge: &dyn Judge,
@@ -183,15 +286,24 @@ pub async fn judge_group(
         }
     }
     let rubrics = buffer.scoring_set();
-    let scored = join_all(
-        group
-            .iter()
-            .map(|(id, v)| score_one(judge, question, *id, v, &rubrics, cfg.mode)),
-    )
+    let scored = join_all(group.iter().map(|(id, v)| {
+        let rubrics = &rubrics;
+        async move {
+            match cfg.granularity {
+                Granularity::PerTrajectory => {
+                    score_one(judge, question, *id, v, rubrics, cfg.mode).await
+                }
+                Granularity::PerRubric => {
+                    score_per_rubric(judge, question, *id, v, rubrics, cfg.mode).await
+                }
+            }
+        }
+    }))
     .await;
     let citations = if cfg.citation {
         join_all(group.iter().map(|(id, v)| async move {
-            let claims = split_claims(v.answer.as_deref().unwrap_or(""));
+            // Claims of the answer DR Tulu extracts (a closed one); none: no claims, no call.
+            let claims = split_claims(v.extracted_answer().unwrap_or(""));
             let known = |x: &str| v.snippets.contains_key(x);
             match judge.claims(question, &claims, &v.snippets).await {
                 Ok((verdicts, usage)) => (
@@ -210,7 +322,8 @@ pub async fn judge_group(
     let mut full_groups = Vec::new();
     for (i, ((id, _), (scores, full, mut c))) in group.iter().zip(scored).enumerate() {
         calls.append(&mut c);
-        let (stage_scores, mut source) = finalize(stage_means(&rubrics, &scores));
+        let (stage_scores, mut source, rubric_score) =
+            aggregate(cfg.answer_score, &rubrics, &scores);
         if !full && source != ScoreSource::Failed {
             source = ScoreSource::Broadcast;
         }
@@ -227,6 +340,7 @@ pub async fn judge_group(
             stage_scores,
             source,
             citation,
+            rubric_score,
         });
     }
     let variances = rubric_variances(&rubrics, &full_groups);

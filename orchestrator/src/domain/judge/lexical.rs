@@ -3,7 +3,8 @@
 //! coverage maps to 0/1/2; negatives are inverted by the aggregation like any judge's. Answer
 //! rubrics lose a level when the answer cites ids it never retrieved. Generation contrasts the
 //! group's stronger and weaker rollouts by term frequency; grounding takes terms that recur
-//! across retrieved snippets. Every score it produces is labelled `lexical`.
+//! across retrieved snippets. Scoring one rubric per call (DR Tulu's granularity) gives the
+//! same score as scoring it among others. Every score it produces is labelled `lexical`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -557,6 +558,22 @@ impl Judge for LexicalJudge {
         mode: ScoreMode,
     ) -> BoxFuture<'a, Result<Scoring, JudgeError>> {
         Box::pin(async move { Ok(self.score_sync(trace, rubrics, mode)) })
+    }
+
+    fn score_rubric<'a>(
+        &'a self,
+        _question: &'a str,
+        trace: &'a TraceView,
+        rubric: &'a Rubric,
+        mode: ScoreMode,
+    ) -> BoxFuture<'a, Result<(RubricScore, Usage), JudgeError>> {
+        Box::pin(async move {
+            let mut s = self.score_sync(trace, std::slice::from_ref(rubric), mode);
+            let score = s.scores.pop().ok_or_else(|| {
+                JudgeError::Input("the lexical judge returned no score for its rubric".into())
+            })?;
+            Ok((score, s.usage))
+        })
     }
 
     fn ground<'a>(

@@ -139,6 +139,19 @@ pub enum ScoreMode {
     AnswerOnly,
 }
 
+/// How many rubrics one scoring call judges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Granularity {
+    /// One call per trajectory scores every rubric (RubricEM).
+    #[default]
+    PerTrajectory,
+    /// One call per (trajectory, rubric), as DR Tulu's reward code does (method.md B.2;
+    /// drtulu.md 2.3): the judge sees the question, the text and a single criterion, and answers
+    /// `{"score": 0|1|2}`.
+    PerRubric,
+}
+
 /// Scores of one trajectory against a rubric set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scoring {
@@ -227,6 +240,16 @@ pub trait Judge: Send + Sync {
         rubrics: &'a [Rubric],
         mode: ScoreMode,
     ) -> BoxFuture<'a, Result<Scoring, JudgeError>>;
+
+    /// Score one trajectory against one rubric (one call), 0/1/2, on the text `mode` gives the
+    /// rubric (answer-only: the final answer). DR Tulu's granularity (method.md B.2).
+    fn score_rubric<'a>(
+        &'a self,
+        question: &'a str,
+        trace: &'a TraceView,
+        rubric: &'a Rubric,
+        mode: ScoreMode,
+    ) -> BoxFuture<'a, Result<(RubricScore, Usage), JudgeError>>;
 
     /// Persistent Answer rubrics for a new task, grounded only in retrieved snippets (method.md
     /// B.3). Snippets are `(id, text)`.

@@ -1,6 +1,7 @@
 //! From raw 0/1/2 rubric scores to stage scores R in [0, 1]: negative inversion, weighted means,
-//! the documented fallbacks for empty stages and failed calls (method.md A.4.4), and the DR
-//! Tulu / HealthBench points score (method.md B.2).
+//! the documented fallbacks for empty stages and failed calls (method.md A.4.4); DR Tulu's
+//! signed points score (method.md B.2, unclipped as its code leaves it) and HealthBench's
+//! clipped one.
 
 use std::collections::HashMap;
 
@@ -37,6 +38,20 @@ impl ScoreSource {
             ScoreSource::Failed => "failed",
         }
     }
+}
+
+/// How a trajectory's Answer score is aggregated from its rubric scores.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerScore {
+    /// RubricEM (method.md A.4.4): weighted mean of contributions, a negative rubric inverted
+    /// (`(2 − s)/2`), weights magnitudes on {1, 2, 3}; R in [0, 1].
+    #[default]
+    WeightedMean,
+    /// DR Tulu (method.md B.2): `S = Σ w·s/2 / max(Σ_{w>0} w, 1)` with signed weights (a
+    /// negative rubric subtracts its weight when its flaw is present); not clipped, as DR Tulu's
+    /// code leaves it, so S ≤ 1 and may be negative. See [`rubric_points`].
+    SignedPoints,
 }
 
 /// Weighted mean of contributions per stage; `None` for a stage with no scored rubric.
@@ -93,13 +108,41 @@ pub fn rubric_variances(rubrics: &[Rubric], group: &[Vec<RubricScore>]) -> HashM
         .collect()
 }
 
-/// The points score of DR Tulu (method.md B.2) and HealthBench: `Σ w·met / max(Σ_{w>0} w, 1)`
-/// over `(points, met)` pairs with `met` in [0, 1] and negative points for penalties, clipped to
-/// [0, 1]. DR Tulu's code does not clip; we clip so that R stays in [0, 1] (HealthBench's rule).
-pub fn points_score(items: &[(f64, f64)]) -> f64 {
+/// DR Tulu's rubric score (method.md B.2; `longform_rubric_rewards.py`, drtulu.md 2.3):
+/// `Σ w·met / max(Σ_{w>0} w, 1)` over `(points, met)` pairs with `met` in [0, 1] and negative
+/// points for penalties. Not clipped: DR Tulu's code leaves it signed (at most 1, negative when
+/// penalties outweigh what was met), and so does this recipe.
+pub fn signed_points(items: &[(f64, f64)]) -> f64 {
     let positive: f64 = items.iter().map(|(w, _)| w.max(0.0)).sum();
     let got: f64 = items.iter().map(|(w, m)| w * m.clamp(0.0, 1.0)).sum();
-    (got / positive.max(1.0)).clamp(0.0, 1.0)
+    got / positive.max(1.0)
+}
+
+/// HealthBench's points score: [`signed_points`] clipped to [0, 1] (HealthBench's rule).
+pub fn points_score(items: &[(f64, f64)]) -> f64 {
+    signed_points(items).clamp(0.0, 1.0)
+}
+
+/// A rubric's signed weight: its magnitude, negated for a negative rubric.
+pub fn signed_weight(r: &Rubric) -> f64 {
+    let w = f64::from(r.weight.abs());
+    if r.negative { -w } else { w }
+}
+
+/// DR Tulu's signed points score of one trajectory's rubric scores: each scored rubric counts
+/// `signed weight × raw/2` (a judge's 2 on a negative rubric means its flaw is fully present, so
+/// its weight is subtracted); `None` when no rubric was scored.
+pub fn rubric_points(rubrics: &[Rubric], scores: &[RubricScore]) -> Option<f64> {
+    let by_id: HashMap<Uuid, &Rubric> = rubrics.iter().map(|r| (r.id, r)).collect();
+    let items: Vec<(f64, f64)> = scores
+        .iter()
+        .filter_map(|s| {
+            by_id
+                .get(&s.rubric_id)
+                .map(|r| (signed_weight(r), f64::from(s.score.min(2)) / 2.0))
+        })
+        .collect();
+    (!items.is_empty()).then(|| signed_points(&items))
 }
 
 #[cfg(test)]
@@ -158,6 +201,25 @@ mod tests {
         let g = vec![vec![score(&a, 0)], vec![score(&a, 2)]];
         // contributions 1 and 0: variance 0.25.
         assert_eq!(rubric_variances(std::slice::from_ref(&a), &g)[&a.id], 0.25);
+    }
+
+    #[test]
+    fn signed_points_subtract_penalties_without_clipping() {
+        let a = rubric(Stage::Answer, 3.0, false);
+        let b = rubric(Stage::Answer, 2.0, true);
+        // a half met (3 · 0.5), b's flaw fully present (−2 · 1): (1.5 − 2) / 3.
+        let s = rubric_points(&[a.clone(), b.clone()], &[score(&a, 1), score(&b, 2)]).unwrap();
+        assert!((s - (-0.5 / 3.0)).abs() < 1e-12);
+        // RubricEM's inverted mean of the same scores: (3 · 0.5 + 2 · 0) / 5 = 0.3.
+        let m = stage_means(&[a.clone(), b.clone()], &[score(&a, 1), score(&b, 2)]);
+        assert_eq!(m[3], Some(0.3));
+        // Only a flaw that is absent: nothing subtracted, denominator floored at 1.
+        assert_eq!(
+            rubric_points(std::slice::from_ref(&b), &[score(&b, 0)]),
+            Some(0.0)
+        );
+        assert_eq!(rubric_points(&[a], &[]), None);
+        assert_eq!(signed_points(&[(5.0, 0.0), (-9.0, 1.0)]), -9.0 / 5.0);
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub struct TraceView {
     pub stage_text: [String; 4],
     /// The text inside `<answer>` (with its `<cite>` tags), if the model answered.
     pub answer: Option<String>,
+    /// The `<answer>` was opened but never closed (the budget cut it).
+    pub answer_unclosed: bool,
     /// Snippets the trajectory retrieved, by id.
     pub snippets: HashMap<String, String>,
     /// Tool calls the model made before answering.
@@ -38,12 +40,19 @@ impl TraceView {
             .get("answer")
             .and_then(|a| a.as_str())
             .map(str::to_string);
+        v.answer_unclosed = t.parsed.get("answer_closed").and_then(|c| c.as_bool()) == Some(false);
         v.tool_calls = t
             .parsed
             .get("tool_calls")
             .and_then(|c| c.as_array())
             .map_or(0, |c| c.len() as u32);
         v
+    }
+
+    /// The answer as DR Tulu's reward code extracts it: a closed `<answer>…</answer>` only
+    /// (drtulu.md 2.4); `None` means rubric and citation rewards are 0 without a judge call.
+    pub fn extracted_answer(&self) -> Option<&str> {
+        self.answer.as_deref().filter(|_| !self.answer_unclosed)
     }
 
     /// The text a rubric of `stage` is judged on in `mode`.

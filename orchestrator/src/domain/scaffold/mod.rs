@@ -1,22 +1,23 @@
 //! The four-stage scaffold (Plan, Research, Review, Answer) as the policy writes it: a tolerant
-//! parser for its tags (`parse`), stage spans over model text, and the SFT rejection rules
-//! (`sft`). This module is the only user of quick-xml.
+//! parser for its tags (`parse`, or `parse_as` for another scaffold's rules), stage spans over
+//! model text, and the SFT rejection rules (`sft`). This module is the only user of quick-xml.
 
 pub mod parse;
 pub mod sft;
 
 pub use parse::{
     Citation, Element, ParseIssue, Parsed, Plan, Review, SelfRubric, ToolCallTag, canonical_tag,
-    extract_boxed, normalize_tool_name, parse, parse_self_rubric,
+    extract_boxed, normalize_tool_name, parse, parse_as, parse_self_rubric,
 };
 
 use serde::{Deserialize, Serialize};
 
 /// Which agent scaffold the policy runs; baselines run on the same engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scaffold {
     /// Plan, Research, Review, Answer with self-rubrics (default).
+    #[default]
     Rubricem,
     /// DR Tulu's think / call_tool / answer / cite grammar.
     Drtulu,
@@ -25,6 +26,13 @@ pub enum Scaffold {
 }
 
 impl Scaffold {
+    /// Whether the scaffold's prompt asks for a `<structured_plan>`: only RubricEM's does, so
+    /// only a RubricEM trajectory without one is malformed (DR Tulu's and ReAct's prompts ask
+    /// for think / call_tool / answer / cite only, method.md B.1).
+    pub fn requires_plan(self) -> bool {
+        self == Scaffold::Rubricem
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Scaffold::Rubricem => "rubricem",

@@ -2,7 +2,10 @@
 //! XML: stray `<` and `&`, unclosed tags, text outside any root. A hand-rolled lexer recognises
 //! only the scaffold's tag vocabulary (and its aliases) and treats everything else as text;
 //! quick-xml parses tag attributes and unescapes entities. Nothing here can panic on any input:
-//! every slice index is a char boundary the lexer found itself.
+//! every slice index is a char boundary the lexer found itself. DR Tulu's think / call_tool /
+//! answer / cite grammar (and ReAct's) is a subset of the vocabulary; [`parse_as`] judges such a
+//! trajectory by its own scaffold's rules (no plan, no review: everything before the answer is
+//! research).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -10,6 +13,7 @@ use std::ops::Range;
 use quick_xml::events::BytesStart;
 use serde::{Deserialize, Serialize};
 
+use super::Scaffold;
 use crate::domain::trajectory::Stage;
 
 /// Canonical tag names. Aliases map onto these in [`canonical_tag`].
@@ -347,10 +351,14 @@ pub struct Citation {
 /// Everything the scaffold parser extracts from one trajectory's model text.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Parsed {
+    /// The scaffold whose rules the text was parsed by (it decides [`Parsed::failed`]).
+    #[serde(default)]
+    pub scaffold: Scaffold,
     /// Byte ranges of the four stages; they partition `0..len` in stage order (some may be empty).
     pub stage_spans: [Range<usize>; 4],
     /// Stages whose marker was found (Plan: `</structured_plan>`, Review: `<review>`, Answer: `<answer>`;
-    /// Research: at least one tool call after the plan).
+    /// Research: at least one tool call after the plan). A scaffold without a plan (DR Tulu,
+    /// ReAct) never has Plan or Review present.
     pub stages_present: [bool; 4],
     pub plan: Option<Plan>,
     /// Revised plans written during Research (partial `<structured_plan>` blocks).
@@ -376,10 +384,18 @@ impl Parsed {
         Stage::Plan
     }
 
-    /// A parse failure as the rollout summaries and evaluations count it: malformed tags, or
-    /// no recognised plan or answer.
+    /// A parse failure as the rollout summaries and evaluations count it, by the rules of the
+    /// scaffold the text was parsed as. RubricEM: malformed tags, or no recognised plan or
+    /// answer. DR Tulu (and ReAct, whose prompt asks for no plan either): no closed
+    /// `<answer>…</answer>`, the one thing DR Tulu's reward code extracts (an answer it cannot
+    /// extract scores 0; think and call_tool are optional, a stray or unclosed `<think>` is not
+    /// an error).
     pub fn failed(&self) -> bool {
-        !self.issues.is_empty() || !self.stages_present[0] || self.answer.is_none()
+        if self.scaffold.requires_plan() {
+            !self.issues.is_empty() || !self.stages_present[0] || self.answer.is_none()
+        } else {
+            self.answer.is_none() || !self.answer_closed
+        }
     }
 
     /// A compact JSON summary for `trajectories.parsed` (citations in the form the SQL expects).
@@ -489,9 +505,29 @@ pub fn extract_boxed(text: &str) -> Option<String> {
     None
 }
 
-/// Parse one trajectory's model text (tool outputs excluded). `known_snippets` are the ids the
-/// trajectory's tool outputs contained, to flag citations that resolve to nothing.
+/// Parse one trajectory's model text (tool outputs excluded) by the RubricEM scaffold's rules.
+/// `known_snippets` are the ids the trajectory's tool outputs contained, to flag citations that
+/// resolve to nothing.
 pub fn parse(text: &str, known_snippets: &dyn Fn(&str) -> bool) -> Parsed {
+    parse_as(Scaffold::Rubricem, text, known_snippets)
+}
+
+/// Parse one trajectory's text by `scaffold`'s rules. Tool calls, answer, `\boxed{}` and
+/// citations are read the same way for every scaffold; the stage spans differ: a scaffold
+/// without a plan (DR Tulu, ReAct) puts everything before `<answer>` in Research and the answer
+/// in Answer (Plan and Review stay empty), and [`Parsed::failed`] asks for no plan.
+pub fn parse_as(scaffold: Scaffold, text: &str, known_snippets: &dyn Fn(&str) -> bool) -> Parsed {
+    let mut p = parse_rubricem(text, known_snippets);
+    p.scaffold = scaffold;
+    if !scaffold.requires_plan() {
+        let b_answer = p.stage_spans[3].start;
+        p.stage_spans = [0..0, 0..b_answer, b_answer..b_answer, b_answer..text.len()];
+        p.stages_present = [false, !p.tool_calls.is_empty(), false, p.answer.is_some()];
+    }
+    p
+}
+
+fn parse_rubricem(text: &str, known_snippets: &dyn Fn(&str) -> bool) -> Parsed {
     let (elems, issues) = build(text, lex(text));
     let len = text.len();
     let mut p = Parsed {

@@ -2,6 +2,9 @@
 //! and validated (every rubric scored once, scores in 0..=2, weights in 1..=3), retried with
 //! backoff through the client (garbage, partial JSON, 429, 5xx and timeouts all retry), with
 //! per-endpoint concurrency from the endpoint pool and tokens and cost accounted per call.
+//! Scoring is one call per trajectory (`rubric_scores`: every rubric, with justifications), or
+//! DR Tulu's one call per (trajectory, rubric) (`rubric_score`: question, answer text and one
+//! criterion in, `{"score": 0|1|2}` out; method.md B.2, drtulu.md 2.3).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
@@ -124,6 +127,12 @@ struct ScoreOut {
     scores: Vec<ScoreItem>,
 }
 
+/// DR Tulu's per-rubric verdict.
+#[derive(Debug, Deserialize)]
+struct PointOut {
+    score: u8,
+}
+
 #[derive(Debug, Deserialize)]
 struct GroundItem {
     #[serde(default)]
@@ -199,6 +208,15 @@ fn score_schema() -> serde_json::Value {
             "additionalProperties": false
         }}},
         "required": ["scores"],
+        "additionalProperties": false
+    })
+}
+
+fn point_schema() -> serde_json::Value {
+    json!({
+        "type": "object",
+        "properties": {"score": {"type": "integer", "enum": [0, 1, 2]}},
+        "required": ["score"],
         "additionalProperties": false
     })
 }
@@ -537,6 +555,59 @@ impl Judge for LlmJudge {
                 .collect();
             scores.sort_by_key(|s| rubrics.iter().position(|r| r.id == s.rubric_id));
             Ok(Scoring { scores, usage })
+        })
+    }
+
+    fn score_rubric<'a>(
+        &'a self,
+        question: &'a str,
+        trace: &'a TraceView,
+        rubric: &'a Rubric,
+        mode: ScoreMode,
+    ) -> BoxFuture<'a, Result<(RubricScore, Usage), JudgeError>> {
+        Box::pin(async move {
+            // The judge reads the judged text and one criterion only (DR Tulu passes the
+            // rubric's description; a rubric without one falls back to its title).
+            let text = trace.text_for(rubric.stage, mode);
+            let text = if text.trim().is_empty() {
+                "(empty)"
+            } else {
+                text
+            };
+            let criterion = if rubric.description.trim().is_empty() {
+                &rubric.title
+            } else {
+                &rubric.description
+            };
+            let user = crate::infra::prompts::judge_rubric_prompt(
+                question,
+                &crate::domain::judge::view::clip_middle(text, self.opts.max_stage_chars),
+                criterion,
+            )
+            .map_err(|e| JudgeError::Prompt {
+                name: "rubric",
+                message: e.to_string(),
+            })?;
+            let (out, usage): (PointOut, Usage) = self
+                .call("rubric_score", point_schema(), user, |p: &PointOut| {
+                    if p.score > 2 {
+                        Err(format!(
+                            "score {} is out of range; allowed: 0, 1, 2",
+                            p.score
+                        ))
+                    } else {
+                        Ok(())
+                    }
+                })
+                .await?;
+            Ok((
+                RubricScore {
+                    rubric_id: rubric.id,
+                    score: out.score,
+                    justification: String::new(),
+                },
+                usage,
+            ))
         })
     }
 

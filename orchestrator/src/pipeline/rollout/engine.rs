@@ -17,7 +17,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::codec::{CodecError, TokenCodec};
-use crate::domain::scaffold::{self, Parsed};
+use crate::domain::scaffold::{self, Parsed, Scaffold};
 use crate::domain::trajectory::{Segment, SegmentKind, Trajectory};
 use crate::infra::llm::{CompletionRequest, FinishReason, LlmClient, LlmError};
 use crate::infra::tools::runner::{ToolResult, ToolRunner};
@@ -114,6 +114,9 @@ pub struct RolloutCtx {
     pub cfg: RolloutConfig,
     /// Sampling seed material (the experiment seed); `None`: unseeded sampling.
     pub seed: Option<u64>,
+    /// The scaffold the policy was prompted with (`data.scaffold`): the finished trajectory is
+    /// parsed by its rules (a DR Tulu trajectory needs no plan).
+    pub scaffold: Scaffold,
 }
 
 impl std::fmt::Debug for RolloutCtx {
@@ -121,6 +124,7 @@ impl std::fmt::Debug for RolloutCtx {
         f.debug_struct("RolloutCtx")
             .field("cfg", &self.cfg)
             .field("seed", &self.seed)
+            .field("scaffold", &self.scaffold)
             .finish_non_exhaustive()
     }
 }
@@ -223,7 +227,11 @@ impl RolloutCtx {
             finish = "prompt_too_long";
         }
 
-        while !too_long {
+        // A prompt over the limit generates nothing (checked once, before the first turn).
+        loop {
+            if too_long {
+                break;
+            }
             let used = (tr.context.len() - prompt_ids.len()) as u32;
             let cap = if forced { budget } else { normal_budget };
             if used >= cap {
@@ -347,7 +355,7 @@ impl RolloutCtx {
             .iter()
             .flat_map(|c| c.snippets.iter().map(|s| s.id.clone()))
             .collect();
-        let parsed = scaffold::parse(&parse_text, &|id| known.contains(id));
+        let parsed = scaffold::parse_as(self.scaffold, &parse_text, &|id| known.contains(id));
         let mut segments = Vec::new();
         let mut offset = 0usize;
         for p in &pieces {

@@ -38,6 +38,7 @@ fn ctx(server: &FakeServer) -> RolloutCtx {
             top_p: 1.0,
         },
         seed: Some(3),
+        scaffold: orchestrator::domain::scaffold::Scaffold::Rubricem,
     }
 }
 

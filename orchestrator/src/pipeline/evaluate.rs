@@ -1,10 +1,14 @@
 //! Evaluation of a run's policy on fixed task subsets (`[eval]`, method.md A.9): which policy
 //! versions are evaluated, the subsets (held out of the training schedule, or drawn from further
 //! task files), and one evaluation: roll out without bank injection, score each answer against
-//! the task's persistent rubrics with the run's judge (plus exact match where the task has a
-//! short known answer), and summarise. Storing it is the caller's (one transaction).
+//! the task's persistent rubrics (the task file's merged with those Postgres holds, where
+//! `orchestrator rubrics init` writes them) with the run's judge (plus exact match where the task
+//! has a short known answer), and summarise; a result without its task's figure (no rubric and
+//! no known answer, a failed judge or rollout) counts as failed. Storing it is the caller's (one
+//! transaction).
 
 use futures::future::join_all;
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -12,6 +16,7 @@ use crate::domain::config::EvalConfig;
 use crate::domain::data::tasks::TaskRow;
 use crate::domain::judge::score::{contribution, stage_means};
 use crate::domain::judge::{Judge, Rubric, ScoreMode, TraceView};
+use crate::infra::db::DbError;
 use crate::infra::db::evaluations::{EvalRow, ResultRow};
 use crate::pipeline::rollout::{Rollout, RolloutCtx, RolloutError, RolloutSlot, RolloutTask};
 
@@ -43,6 +48,18 @@ impl EvalTask {
                 .then(|| row.answer.clone())
                 .flatten()
                 .filter(|a| !a.trim().is_empty()),
+        }
+    }
+
+    /// Whether a result of this task got the figure the task is measured by: the rubric score
+    /// where the task has persistent rubrics, else the exact match against its known answer. A
+    /// result without it (a task with neither rubrics nor a known answer, a judge that failed
+    /// after its retries, a rollout cut by the policy server) is counted as failed.
+    pub fn scored(&self, r: &ResultRow) -> bool {
+        if self.rubrics.is_empty() {
+            r.exact.is_some()
+        } else {
+            r.score.is_some()
         }
     }
 }
@@ -115,6 +132,89 @@ pub async fn evaluate(
     Some((row, results))
 }
 
+/// [`evaluate`] on the subset as Postgres grounds it: each task's persistent rubrics stored in
+/// `tasks.persistent_rubrics` (where `orchestrator rubrics init` writes them) are merged into the
+/// task file's (see [`merge_rubrics`]) just before the evaluation, so rubrics grounded after the
+/// run started count from the next evaluation on. `Ok(None)` when `cancel` fired.
+pub async fn evaluate_stored(
+    pool: &PgPool,
+    run: &EvalRun<'_>,
+    subset: &Subset,
+    cancel: &CancellationToken,
+) -> Result<Option<(EvalRow, Vec<ResultRow>)>, DbError> {
+    let subset = with_stored_rubrics(pool, subset).await?;
+    Ok(evaluate(run, &subset, cancel).await)
+}
+
+/// The subset with each task's stored persistent rubrics merged into its file rubrics. A task
+/// that Postgres does not hold keeps its file rubrics.
+pub async fn with_stored_rubrics(pool: &PgPool, subset: &Subset) -> Result<Subset, DbError> {
+    let ids: Vec<Uuid> = subset.tasks.iter().map(|t| t.rollout.task_id).collect();
+    let stored = crate::infra::db::tasks::get_many(pool, &ids).await?;
+    Ok(Subset {
+        name: subset.name.clone(),
+        tasks: subset
+            .tasks
+            .iter()
+            .map(|t| {
+                let mut t = t.clone();
+                if let Some(row) = stored.get(&t.rollout.task_id) {
+                    let db = crate::pipeline::judging::persistent_rubrics(&row.persistent_rubrics);
+                    t.rubrics = merge_rubrics(&t.rubrics, db);
+                }
+                t
+            })
+            .collect(),
+    })
+}
+
+/// What makes two persistent rubrics the same criterion: the title (case and spacing aside), or
+/// the description when the title is empty (DR Tulu rubrics may have none).
+fn rubric_key(r: &Rubric) -> String {
+    let key = if r.title.trim().is_empty() {
+        &r.description
+    } else {
+        &r.title
+    };
+    key.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
+}
+
+/// Merge a task's stored persistent rubrics into its file rubrics: a stored rubric wins over the
+/// file's rubric(s) of the same key ([`rubric_key`]) and takes its place, a stored rubric of a
+/// new key is added after the file's, and a file rubric no stored one names stays. Postgres is
+/// the later word (`rubrics init --overwrite` regrounds a task; a run's setup stores the file's
+/// non-empty rubrics over the stored ones, so both usually agree).
+pub fn merge_rubrics(file: &[Rubric], stored: Vec<Rubric>) -> Vec<Rubric> {
+    if stored.is_empty() {
+        return file.to_vec();
+    }
+    let mut by_key: Vec<(String, Vec<Rubric>)> = Vec::new();
+    for r in stored {
+        let k = rubric_key(&r);
+        match by_key.iter_mut().find(|(key, _)| *key == k) {
+            Some((_, v)) => v.push(r),
+            None => by_key.push((k, vec![r])),
+        }
+    }
+    let mut out = Vec::with_capacity(file.len() + by_key.len());
+    for f in file {
+        let k = rubric_key(f);
+        match by_key.iter_mut().find(|(key, _)| *key == k) {
+            // The first file rubric of the key gives its place to the stored ones (the list is
+            // left empty, so further file rubrics of that key are dropped).
+            Some((_, v)) => out.append(v),
+            None => out.push(f.clone()),
+        }
+    }
+    for (_, v) in by_key {
+        out.extend(v);
+    }
+    out
+}
+
 fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
     let (s, k) = xs.fold((0.0, 0usize), |(s, k), x| (s + x, k + 1));
     (k > 0).then(|| s / k as f64)
@@ -129,7 +229,7 @@ fn summarise(
 ) -> EvalRow {
     // Results come in (task, sample) order: result i belongs to task i / samples.
     let n = run.samples.max(1) as usize;
-    let has_rubrics = |i: usize| !subset.tasks[i / n].rubrics.is_empty();
+    let unscored = |i: usize, r: &ResultRow| !subset.tasks[i / n].scored(r);
     EvalRow {
         run_id: run.run_id,
         policy_version: run.version,
@@ -147,7 +247,7 @@ fn summarise(
         failed: results
             .iter()
             .enumerate()
-            .filter(|(i, r)| r.score.is_none() && has_rubrics(*i))
+            .filter(|(i, r)| unscored(*i, r))
             .count() as i32,
         parse_failures: results.iter().filter(|r| r.parse_failed).count() as i32,
         model_tokens: results.iter().map(|r| i64::from(r.num_model_tokens)).sum(),
@@ -214,7 +314,11 @@ async fn score_one(
         return (row, 0.0);
     }
     if task.rubrics.is_empty() {
-        row.error = Some("no persistent rubrics".into());
+        row.error = Some(if task.answer.is_some() {
+            "no persistent rubrics (exact match only)".into()
+        } else {
+            "no persistent rubrics and no known answer: the task cannot be scored".into()
+        });
         return (row, 0.0);
     }
     if answer.is_none() {
@@ -319,7 +423,8 @@ impl Pipeline {
                     judge: self.judge.as_ref(),
                     gate: self.admission.clone(),
                 };
-                let Some((row, results)) = evaluate(&er, subset, cancel).await else {
+                let Some((row, results)) = evaluate_stored(&self.pool, &er, subset, cancel).await?
+                else {
                     tracing::warn!(version, subset = %subset.name, "evaluation interrupted; it reruns on resume");
                     return Ok(false);
                 };
@@ -361,6 +466,35 @@ impl Pipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_rubrics_replace_by_title_or_description_and_add_new_ones() {
+        let r = |title: &str, description: &str| Rubric {
+            id: Uuid::now_v7(),
+            stage: crate::domain::trajectory::Stage::Answer,
+            title: title.into(),
+            description: description.into(),
+            weight: 1.0,
+            negative: false,
+            key_terms: vec![],
+            origin: crate::domain::judge::Origin::Persistent,
+        };
+        let file = [
+            r("Protein", "f1"),
+            r("", "only the description"),
+            r("compound", "f3"),
+            r("protein", "f4 (a second file rubric of the title)"),
+        ];
+        let stored = vec![
+            r(" protein ", "s1"),
+            r("", "Only  the Description"),
+            r("new", "s3"),
+        ];
+        let merged = merge_rubrics(&file, stored);
+        let got: Vec<&str> = merged.iter().map(|x| x.description.as_str()).collect();
+        assert_eq!(got, ["s1", "Only  the Description", "f3", "s3"]);
+        assert_eq!(merge_rubrics(&file, vec![]), file.to_vec());
+    }
 
     #[test]
     fn due_versions() {

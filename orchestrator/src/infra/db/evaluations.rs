@@ -17,7 +17,10 @@ pub struct EvalRow {
     pub samples: i32,
     pub score: Option<f64>,
     pub exact: Option<f64>,
+    /// Results with a rubric score.
     pub judged: i32,
+    /// Results without their task's figure (see `pipeline::evaluate::EvalTask::scored`): no
+    /// rubric and no known answer, a judge failed after its retries, or the rollout was cut.
     pub failed: i32,
     pub parse_failures: i32,
     pub model_tokens: i64,

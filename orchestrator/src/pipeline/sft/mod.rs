@@ -1,14 +1,17 @@
 //! SFT data construction (method.md A.3): scaffold trajectories written as ChatML JSONL for
 //! `trainer sft`. The offline teacher follows the research world's known evidence chains: it
-//! plans with a self-rubric built from what the question needs, searches the real local index
-//! hop by hop, evaluates its state after each result, reviews the checklist against the
-//! retrieved snippet ids and answers with `<cite>` spans over sentences of the retrieved
-//! snippets. Every trajectory passes the A.3 rejection rules (`scaffold::sft::check`) or is
-//! dropped with the rule it broke; a task whose evidence the index does not return is dropped
-//! as `evidence_not_found`. Rows: `messages` (system, user, assistant = the whole trace) and
-//! `segments` (model text vs tool output, so tool spans carry no loss). `teacher` writes the
-//! same rows with a teacher model behind an OpenAI-compatible endpoint, for any task file.
+//! plans with a self-rubric written from the question alone (`plan`: no gold rubric and no known
+//! answer reaches the plan), searches the real local index hop by hop along the known chain,
+//! evaluates its state after each result, reviews its checklist against the retrieved snippet
+//! ids and answers with `<cite>` spans over sentences of the retrieved snippets (an exact
+//! task's known answer boxed). Every trajectory passes the A.3 rejection rules
+//! (`scaffold::sft::check`) or is dropped with the rule it broke; a task whose evidence the
+//! index does not return is dropped as `evidence_not_found`. Rows: `messages` (system, user,
+//! assistant = the whole trace) and `segments` (model text vs tool output, so tool spans carry
+//! no loss). `teacher` writes the same rows with a teacher model behind an OpenAI-compatible
+//! endpoint, for any task file (it sees the question only).
 
+pub mod plan;
 pub mod teacher;
 
 use std::collections::{BTreeMap, HashMap};
@@ -87,40 +90,19 @@ pub async fn teach(
     if hops.is_empty() || hops.len() as u32 > max_tool_calls {
         return Err("too_many_hops".into());
     }
-    // The plan is written before searching, so it names what is needed, never the answer.
-    let checklist: String = task
-        .rubrics
+    // The plan is written before searching from the question alone (`plan`): no gold rubric
+    // and no known answer reaches it, so the warm start teaches planning, not the answer key.
+    let plan = plan::from_question(&task.query, format_of(task));
+    let checklist: String = plan.checklist.iter().map(|c| format!("- {c}\n")).collect();
+    let plan_steps: String = plan
+        .steps
         .iter()
-        .map(|r| {
-            format!(
-                "- The {} in the chain, stated with a snippet that supports it.\n",
-                r.title
-            )
-        })
+        .enumerate()
+        .map(|(i, s)| format!("{}. {s}\n", i + 1))
         .collect();
     let mut segments = Vec::new();
     let mut rounds_text: Vec<String> = Vec::new();
-    let mut found: Vec<(String, String, String)> = Vec::new(); // (rubric title, snippet id, sentence)
-    let plan_steps: String = hops
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            if i == 0 {
-                let title = docs
-                    .get(&r.evidence[0])
-                    .map(|d| d.title.as_str())
-                    .unwrap_or("");
-                format!("1. Search for {title} to establish the {}.\n", r.title)
-            } else {
-                format!(
-                    "{}. Search for the {} found in step {i} to establish the {}.\n",
-                    i + 1,
-                    hops[i - 1].title,
-                    r.title
-                )
-            }
-        })
-        .collect();
+    let mut found: Vec<(String, String)> = Vec::new(); // (snippet id, sentence)
     for (h, r) in hops.iter().enumerate() {
         let Some(doc) = docs.get(&r.evidence[0]) else {
             return Err("evidence_not_found".into());
@@ -129,20 +111,19 @@ pub async fn teach(
         let mut text = String::new();
         if h == 0 {
             text.push_str(&format!(
-                "<think>\nThe question needs {} linked facts; each must come from a search.\n</think>\n\
-                 <structured_plan>\n<deep_analysis>\nThe question asks: {}\nIt needs a chain of {} searches; no step can be guessed.\n</deep_analysis>\n\
+                "<think>\nThe question needs {} facts; each must come from a search.\n</think>\n\
+                 <structured_plan>\n<deep_analysis>\nThe question asks: {}\n{}\n</deep_analysis>\n\
                  <rubric>\nKnowledge checklist:\n{checklist}Analytical criteria:\n- Connect each fact to the next link of the chain.\n\
-                 Negative constraints:\n- Do not state a fact that no retrieved snippet supports.\n</rubric>\n\
+                 Negative constraints:\n- Do not state a fact that no retrieved snippet supports.\n- Do not guess a link of the chain from memory.\n</rubric>\n\
                  <research_plan>\n{plan_steps}</research_plan>\n</structured_plan>\n",
-                task.rubrics.len(),
+                plan.checklist.len(),
                 task.query,
-                hops.len()
+                plan.analysis
             ));
         } else {
-            let (t, _, sentence) = &found[found.len() - 1];
+            let (id, sentence) = &found[found.len() - 1];
             text.push_str(&format!(
-                "<think>\nThe last result gives the {t}.\n</think>\n<state_evaluation>\nCovered: {sentence} Missing: the {}. Continue searching.\n</state_evaluation>\n",
-                r.title
+                "<think>\nThe last result names the next entity of the chain.\n</think>\n<state_evaluation>\nCovered: {sentence} (snippet {id}). Missing: what that entity leads to. Continue searching.\n</state_evaluation>\n"
             ));
         }
         text.push_str(&format!("<call_tool name=\"{tool}\">{query}</call_tool>"));
@@ -168,7 +149,7 @@ pub async fn teach(
                 sentence_with(&s.text, &rr.key_terms).map(|sent| (s.id.clone(), sent.to_string()))
             });
             match hit {
-                Some((id, sent)) => found.push((rr.title.clone(), id, sent)),
+                Some((id, sent)) => found.push((id, sent)),
                 None => return Err("evidence_not_found".into()),
             }
         }
@@ -182,13 +163,27 @@ pub async fn teach(
             text: format!("\n{}\n", res.output_text),
         });
     }
-    let review: String = found
+    // Each checklist item with the snippets that satisfy it: one fact per item when the chain
+    // gave as many facts as the plan has items (they come in the same order), else the chain.
+    let ids: Vec<&str> = found.iter().map(|(id, _)| id.as_str()).collect();
+    let mut chain = ids.clone();
+    chain.dedup();
+    let review: String = plan
+        .checklist
         .iter()
-        .map(|(t, id, _)| format!("- {t}: supported by snippet {id}.\n"))
+        .enumerate()
+        .map(|(i, c)| {
+            let by = if ids.len() == plan.checklist.len() {
+                format!("snippet {}", ids[i])
+            } else {
+                format!("the retrieved chain (snippets {})", chain.join(", "))
+            };
+            format!("- {c} Covered by {by}.\n")
+        })
         .collect();
     let claims: Vec<String> = found
         .iter()
-        .map(|(_, id, sent)| format!("<cite id=\"{id}\">{sent}</cite>"))
+        .map(|(id, sent)| format!("<cite id=\"{id}\">{sent}</cite>"))
         .collect();
     let boxed = if format_of(task) == AnswerFormat::Exact {
         format!("\nThe answer is \\boxed{{{}}}.", task.answer)
@@ -199,7 +194,7 @@ pub async fn teach(
         "<think>\nEvery checklist item now has evidence.\n</think>\n<state_evaluation>\nAll {} checklist items are covered by retrieved snippets.\n</state_evaluation>\n\
          <review>\n<rubric_review>\n{review}</rubric_review>\n<writing_plan>\nState each link of the chain in order, each with its snippet.\n</writing_plan>\n</review>\n\
          <answer>\n{}{boxed}\n</answer>",
-        found.len(),
+        plan.checklist.len(),
         claims.join("\n")
     );
     rounds_text.push(last.clone());

@@ -1,0 +1,130 @@
+//! The offline SFT teacher writes its plan (the `<structured_plan>`, self-rubric included) from
+//! the question alone: for research-world tasks with persistent rubrics and known answers, no
+//! gold rubric title or description, no rubric key term and no known answer appears in any
+//! row's plan unless the question itself says it. The searches still follow the known evidence
+//! chain and the final answer may still give the known answer. Real local BM25 index.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::collections::HashMap;
+
+use orchestrator::domain::data::world::{WorldTask, generate};
+use orchestrator::domain::scaffold::Scaffold;
+use orchestrator::domain::scaffold::parse::parse;
+use orchestrator::infra::prompts::system_prompt;
+use orchestrator::infra::tools::setup::{ToolSetup, build};
+use orchestrator::pipeline::sft::offline;
+
+/// Every `<structured_plan>…</structured_plan>` of a trace, lowercased.
+fn plans(trace: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = trace;
+    while let Some(i) = rest.find("<structured_plan>") {
+        let tail = &rest[i..];
+        let end = tail
+            .find("</structured_plan>")
+            .map_or(tail.len(), |e| e + "</structured_plan>".len());
+        out.push(tail[..end].to_lowercase());
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// Whether `needle` (lowercase) occurs in `hay` (lowercase) as whole words.
+fn has_words(hay: &str, needle: &str) -> bool {
+    let needle = needle.trim();
+    if needle.is_empty() {
+        return false;
+    }
+    let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    hay.match_indices(needle).any(|(i, m)| {
+        !word(hay[..i].chars().next_back()) && !word(hay[i + m.len()..].chars().next())
+    })
+}
+
+/// Gold text of a task that the question does not itself contain.
+fn gold_not_in_question(t: &WorldTask) -> Vec<(&'static str, String)> {
+    let q = t.query.to_lowercase();
+    let mut gold = vec![("known answer", t.answer.to_lowercase())];
+    for r in &t.rubrics {
+        gold.push(("rubric title", r.title.to_lowercase()));
+        gold.push(("rubric description", r.description.to_lowercase()));
+        for k in &r.key_terms {
+            gold.push(("rubric key term", k.to_lowercase()));
+        }
+    }
+    gold.retain(|(_, g)| !g.trim().is_empty() && !has_words(&q, g));
+    gold
+}
+
+#[tokio::test]
+async fn the_offline_plan_sees_the_question_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Twelve tasks: four of each kind (2-hop exact, 3-hop exact, 4-hop long report).
+    let world = generate(11, 160, 12);
+    let idx = tmp.path().join("idx");
+    orchestrator::infra::tools::local_search::LocalIndex::build(&world.docs, Some(&idx)).unwrap();
+    let tools = build(
+        &ToolSetup {
+            index: Some(idx),
+            index_tool: None,
+            web: false,
+            mcp_urls: vec![],
+        },
+        None,
+    )
+    .await
+    .unwrap();
+    let docs: HashMap<_, _> = world
+        .docs
+        .iter()
+        .map(|d| (d.id.clone(), d.clone()))
+        .collect();
+    let system = system_prompt(Scaffold::Rubricem, &tools.specs(), 10).unwrap();
+
+    // The world's own tasks, and the same tasks with distinctive gold titles and descriptions
+    // (which no plan written from the question could contain).
+    let marked: Vec<WorldTask> = world
+        .tasks
+        .iter()
+        .map(|t| {
+            let mut t = t.clone();
+            for (j, r) in t.rubrics.iter_mut().enumerate() {
+                r.title = format!("gold criterion {j} on the {}", r.title);
+                r.description = format!("Gold description {j}: {}", r.description);
+            }
+            t
+        })
+        .collect();
+    for tasks in [&world.tasks, &marked] {
+        let (rows, stats) = offline(tasks, &docs, &tools, "google_search", &system, 10).await;
+        assert_eq!(stats.written, tasks.len(), "every task kept: {stats:?}");
+        for (row, t) in rows.iter().zip(tasks) {
+            assert_eq!(row.id, t.id);
+            let trace = &row.messages[2].content;
+            let ps = plans(trace);
+            assert!(!ps.is_empty(), "{}: a plan", t.id);
+            for p in &ps {
+                for (what, g) in gold_not_in_question(t) {
+                    assert!(
+                        !has_words(p, &g),
+                        "{}: the plan holds the {what} {g:?}:\n{p}",
+                        t.id
+                    );
+                }
+            }
+            // The plan is a real self-rubric: checklist items under their headings.
+            let parsed = parse(trace, &|_| true);
+            let rubric = parsed.plan.and_then(|p| p.rubric).expect("a self-rubric");
+            assert!(!rubric.knowledge.is_empty(), "{}: {}", t.id, rubric.raw);
+            assert!(!rubric.negative.is_empty(), "{}: {}", t.id, rubric.raw);
+            // Still trained towards the right answer.
+            if t.answer_format == "exact" {
+                assert!(
+                    trace.contains(&format!("\\boxed{{{}}}", t.answer)),
+                    "{}: {trace}",
+                    t.id
+                );
+            }
+        }
+    }
+}

@@ -144,7 +144,7 @@ async fn echo_inner(pool: PgPool) {
     let pool_cfg = EndpointPool::new(
         Role::Judge,
         "echo-judge",
-        &[url.clone()],
+        std::slice::from_ref(&url),
         4,
         Duration::from_secs(5),
         1000,

@@ -670,3 +670,40 @@ async fn the_circuit_breaker_writes_nothing_for_a_dead_judge_and_judges_once_it_
     assert_eq!(r.failed, 0);
     assert_eq!(count(&pool, STAGE_ROWS, fx.run).await, 6 * 4);
 }
+
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn a_trajectory_whose_scoring_failed_is_left_out_of_its_groups_statistics(pool: PgPool) {
+    let judge_srv = FakeJudge::start().await;
+    // The marker is in one trajectory's answer: its stagewise call and its answer-only fallback
+    // both fail, so it has no score at all.
+    *judge_srv.state.fail_score_marker.write().unwrap() = Some("FAILME".into());
+    let judge = llm_judge(&judge_srv.url(), Duration::from_secs(5));
+    let fx = fixture(&pool, "full", &["strong", "weak", "fairFAILME"], &[]).await;
+    let opts = StepOptions::for_recipe(Recipe::Full, Lambda::default(), false);
+    let r = judge_step(&pool, &judge, &opts, fx.run, 0).await.unwrap();
+    assert_eq!(r.failed, 2, "one per task");
+    for task in 0..2 {
+        let t = &fx.trajectories[task * 3..task * 3 + 3];
+        let failed = stage_scores(&pool, t[2].id).await;
+        assert!(failed.iter().all(|r| r.4 == "failed" && r.3 == 0.0));
+        // With the failed one left out, the two scored rollouts are a group of two: their
+        // advantages are exactly +1 and -1 in every stage where they differ (a zero R = 0 from
+        // the failure would have shifted both).
+        let (a, b) = (
+            stage_scores(&pool, t[0].id).await,
+            stage_scores(&pool, t[1].id).await,
+        );
+        for k in 0..4 {
+            if (a[k].2 - b[k].2).abs() > 1e-6 {
+                assert!((a[k].3 + b[k].3).abs() < 1e-4, "{a:?} {b:?}");
+                assert!((a[k].3.abs() - 1.0).abs() < 1e-3, "{a:?} {b:?}");
+            }
+        }
+    }
+    // And it never reaches a train batch.
+    let (batch, stats) = orchestrator::pipeline::batch::build(&pool, fx.run, 0, judge.model())
+        .await
+        .unwrap();
+    assert_eq!(stats.failed_scoring, 2);
+    assert_eq!(batch.seqs.len(), 4);
+}

@@ -388,9 +388,30 @@ fn credit(
     judged: &GroupJudgment,
 ) -> Result<Credited, crate::domain::credit::CreditError> {
     let scores: Vec<[f64; STAGES]> = judged.trajectories.iter().map(|t| t.stage_scores).collect();
+    // Trajectories whose scoring failed have no reward: they are left out of the group's
+    // statistics (their R = 0 would move everyone else's advantage) and get advantage 0; the
+    // batch builder leaves them out of training.
+    let live: Vec<usize> = (0..scores.len())
+        .filter(|&i| judged.trajectories[i].source != ScoreSource::Failed)
+        .collect();
     match opts.credit {
         Credit::Stage(mode) => {
-            let g = group_advantages(mode, &scores)?;
+            let live_scores: Vec<[f64; STAGES]> = live.iter().map(|&i| scores[i]).collect();
+            let mut g = crate::domain::credit::GroupAdvantages {
+                advantages: vec![[0.0; STAGES]; scores.len()],
+                returns: scores.clone(),
+                degenerate: true,
+                std: [0.0; STAGES],
+            };
+            if !live.is_empty() {
+                let lg = group_advantages(mode, &live_scores)?;
+                g.degenerate = lg.degenerate || live.len() < 2;
+                g.std = lg.std;
+                for (j, &i) in live.iter().enumerate() {
+                    g.advantages[i] = lg.advantages[j];
+                    g.returns[i] = lg.returns[j];
+                }
+            }
             let rows = judged
                 .trajectories
                 .iter()
@@ -443,9 +464,14 @@ fn credit(
                 parts.push((composite_reward(&inputs, citation), inputs));
             }
             let rewards: Vec<f64> = parts.iter().map(|(r, _)| *r).collect();
-            let adv = scalar_advantages(&rewards);
+            let live_rewards: Vec<f64> = live.iter().map(|&i| rewards[i]).collect();
+            let live_adv = scalar_advantages(&live_rewards);
+            let mut adv = vec![0.0; rewards.len()];
+            for (j, &i) in live.iter().enumerate() {
+                adv[i] = live_adv[j];
+            }
             // DR Tulu removes groups whose rewards have zero std (method.md B.7): flag them.
-            let degenerate = zero_std(&rewards);
+            let degenerate = zero_std(&live_rewards) || live.len() < 2;
             let rows = judged
                 .trajectories
                 .iter()

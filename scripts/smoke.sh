@@ -89,7 +89,7 @@ case "$LAYOUT" in
       --device cpu >"$DIR/policy.log" 2>&1 &
     PIDS+=($!)
     wait_up "$POLICY_URL" "$DIR/policy.log"
-    "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" --lr "${SMOKE_RL_LR:-2e-4}" \
+    "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" \
       --checkpoint-dir "$DIR/checkpoints" --threads 1 --device cpu \
       --publish-url "$POLICY_URL" --publish-dir "$ROOT/$DIR/published" >"$DIR/trainer.log" 2>&1 &
     PIDS+=($!)
@@ -97,7 +97,7 @@ case "$LAYOUT" in
   shared)
     POLICY_URL="$TRAINER_URL"
     say "starting trainer serve on $TRAINER_URL (policy server and trainer)"
-    "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" --lr "${SMOKE_RL_LR:-2e-4}" \
+    "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" \
       --checkpoint-dir "$DIR/checkpoints" --device cpu >"$DIR/trainer.log" 2>&1 &
     PIDS+=($!)
     ;;
@@ -105,9 +105,13 @@ case "$LAYOUT" in
 esac
 wait_up "$TRAINER_URL" "$DIR/trainer.log"
 
+# The RL learning rate is the experiment's (`[trainer]`, sent to the trainer at start);
+# SMOKE_RL_LR overrides it.
+LR_SET=()
+if [[ -n "${SMOKE_RL_LR:-}" ]]; then LR_SET=(--set "trainer.lr=$SMOKE_RL_LR"); fi
 # shellcheck disable=SC2086
 "$BIN/orchestrator" run --experiment "$EXPERIMENT" --policy-url "$POLICY_URL" \
-  --trainer-url "$TRAINER_URL" ${SMOKE_ARGS:-} | tee "$DIR/run.log"
+  --trainer-url "$TRAINER_URL" ${LR_SET[@]+"${LR_SET[@]}"} ${SMOKE_ARGS:-} | tee "$DIR/run.log"
 EXP=$(grep -o 'registered as [0-9a-f-]*' "$DIR/run.log" | awk '{print $3}' | tail -1)
 if [[ -n "$EXP" ]]; then
   "$BIN/orchestrator" report "$EXP" --out "$DIR/reports"

@@ -707,3 +707,36 @@ async fn a_trajectory_whose_scoring_failed_is_left_out_of_its_groups_statistics(
     assert_eq!(stats.failed_scoring, 2);
     assert_eq!(batch.seqs.len(), 4);
 }
+
+#[tokio::test]
+async fn a_run_does_not_start_against_a_judge_that_does_not_answer() {
+    use orchestrator::domain::config::{Config, Overrides};
+    use orchestrator::pipeline::setup::probe_judge;
+    // A closed port: bind, read the address, drop the listener.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let cfg = |url: &str| {
+        Config::load(
+            "smoke",
+            &Overrides {
+                sets: vec![
+                    "judge.kind=llm".into(),
+                    format!("judge.urls=[\"{url}\"]"),
+                    "judge.model=fake-judge".into(),
+                    "retry.max_retries=0".into(),
+                ],
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let err = probe_judge(&cfg(&dead)).await.unwrap_err().to_string();
+    assert!(
+        err.contains("the judge does not answer") && err.contains(&dead),
+        "{err}"
+    );
+    let live = FakeJudge::start().await;
+    probe_judge(&cfg(&live.url())).await.unwrap();
+}

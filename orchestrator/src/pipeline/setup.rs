@@ -196,6 +196,19 @@ pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError
     })
 }
 
+/// The judge is probed like the policy (every endpoint must answer a chat completion): a run
+/// never starts against a judge that does not answer. The offline lexical judge needs none.
+pub async fn probe_judge(cfg: &Config) -> Result<(), PipelineError> {
+    if cfg.judge.kind != crate::domain::config::JudgeKind::Llm {
+        return Ok(());
+    }
+    let c = LlmClient::for_role(cfg, Role::Judge, &cfg.judge.pool()).map_err(setup)?;
+    crate::infra::llm::detect_all(&c, Role::Judge)
+        .await
+        .map_err(|e| setup(format!("the judge does not answer: {e}")))?;
+    Ok(())
+}
+
 /// The pipeline of one run.
 pub async fn pipeline(
     cfg: &Config,
@@ -227,14 +240,7 @@ pub async fn pipeline(
     // Fail early, naming the URL, when the trainer does not answer.
     trainer.state().await?;
     let judge = crate::infra::llm::judge::from_config(cfg).map_err(setup)?;
-    // The judge (and the embeddings endpoint) are probed like the policy: a run never starts
-    // against a judge that does not answer.
-    if cfg.judge.kind == crate::domain::config::JudgeKind::Llm {
-        let c = LlmClient::for_role(cfg, Role::Judge, &cfg.judge.pool()).map_err(setup)?;
-        crate::infra::llm::detect_all(&c, Role::Judge)
-            .await
-            .map_err(|e| setup(format!("the judge does not answer: {e}")))?;
-    }
+    probe_judge(cfg).await?;
     let memory = if recipe.reflects() {
         let embedder = crate::pipeline::bank::Embedder::from_config(cfg)?;
         if let crate::pipeline::bank::Embedder::Remote(c) = &embedder {

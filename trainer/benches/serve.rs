@@ -59,6 +59,7 @@ async fn serve(dir: &Path) -> (String, std::sync::Arc<AppState>) {
             checkpoint_every: 0,
             max_body_bytes: 4096 << 20,
             max_model_len: loaded.max_model_len,
+            api_token: None,
         },
         None,
     );

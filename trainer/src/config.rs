@@ -10,6 +10,8 @@ use anyhow::{Context, bail};
 use crate::bench::BenchSpec;
 use crate::cli::{Cli, Command, ServeArgs, TokenizerCommand};
 use crate::model::{LoraConfig, Qwen3Config};
+use crate::service::ApiToken;
+use crate::service::auth::{TOKEN_ENV, check_bind};
 use crate::service::load::LoadOptions;
 use crate::sft::SftOptions;
 use crate::train::TrainConfig;
@@ -52,6 +54,9 @@ pub struct ServeSettings {
     pub checkpoint_dir: Option<PathBuf>,
     pub checkpoint_every: u64,
     pub max_body_bytes: usize,
+    /// The bearer token every route but `/health` requires (`TRAINER_API_TOKEN`); needed to
+    /// bind to anything but loopback.
+    pub api_token: Option<ApiToken>,
     /// Publishing each new version to inference servers; `None`: no publishing.
     pub publish: Option<PublishSettings>,
 }
@@ -141,13 +146,21 @@ impl Task {
                     seed,
                 }))
             }
-            Command::Serve(a) => Task::Serve(Box::new(ServeSettings::from_args(*a)?)),
+            Command::Serve(a) => {
+                let token = std::env::var(TOKEN_ENV).ok();
+                Task::Serve(Box::new(ServeSettings::from_args(*a, token.as_deref())?))
+            }
         })
     }
 }
 
 impl ServeSettings {
-    fn from_args(a: ServeArgs) -> anyhow::Result<Self> {
+    /// The settings of `trainer serve`'s arguments, with `token` the value of
+    /// `TRAINER_API_TOKEN` (unset or empty: none). Bound beyond loopback without a token it
+    /// refuses to start.
+    fn from_args(a: ServeArgs, token: Option<&str>) -> anyhow::Result<Self> {
+        let api_token = ApiToken::from_value(token)?;
+        check_bind(a.bind, api_token.as_ref())?;
         let device = parse_device(&a.device)?;
         if a.threads < 0 {
             bail!("--threads = {}; allowed: 0 (default) or more", a.threads);
@@ -199,6 +212,7 @@ impl ServeSettings {
             checkpoint_dir: a.checkpoint_dir,
             checkpoint_every: a.checkpoint_every,
             max_body_bytes: a.max_body_mb << 20,
+            api_token,
             publish,
         })
     }
@@ -230,12 +244,47 @@ mod tests {
     use super::*;
 
     fn serve(args: &[&str]) -> anyhow::Result<ServeSettings> {
+        serve_with_token(args, None)
+    }
+
+    /// As `trainer serve ARGS` with `TRAINER_API_TOKEN` = `token`.
+    fn serve_with_token(args: &[&str], token: Option<&str>) -> anyhow::Result<ServeSettings> {
         let mut argv = vec!["trainer", "serve", "--model", "/m"];
         argv.extend_from_slice(args);
-        match Task::from_cli(Cli::try_parse_from(argv)?)? {
-            Task::Serve(s) => Ok(*s),
+        match Cli::try_parse_from(argv)?.command {
+            Command::Serve(a) => ServeSettings::from_args(*a, token),
             other => anyhow::bail!("not serve: {other:?}"),
         }
+    }
+
+    #[test]
+    fn serve_beyond_loopback_needs_a_token() {
+        let s = serve(&["--device", "cpu"]).unwrap();
+        assert!(s.api_token.is_none());
+        let e = serve(&["--device", "cpu", "--bind", "0.0.0.0:8100"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--bind = 0.0.0.0:8100") && e.contains("TRAINER_API_TOKEN"),
+            "{e}"
+        );
+        let token = "0123456789abcdef-token";
+        let s =
+            serve_with_token(&["--device", "cpu", "--bind", "0.0.0.0:8100"], Some(token)).unwrap();
+        let t = s.api_token.unwrap();
+        assert!(t.matches(token.as_bytes()));
+        assert!(!format!("{t:?}").contains(token));
+        // A token on loopback is required too; a short one is refused by length.
+        assert!(
+            serve_with_token(&["--device", "cpu"], Some(token))
+                .unwrap()
+                .api_token
+                .is_some()
+        );
+        let e = serve_with_token(&["--device", "cpu"], Some("short"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("TRAINER_API_TOKEN is 5 bytes"), "{e}");
     }
 
     #[test]

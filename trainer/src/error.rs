@@ -30,8 +30,19 @@ pub enum TrainerError {
         got: Vec<i64>,
         want: Vec<i64>,
     },
+    #[error("weights: `{name}` has dtype {got}, expected {want}")]
+    Dtype {
+        name: String,
+        got: String,
+        want: String,
+    },
+    #[error("weights: `{0}` holds values that are not finite (NaN or infinite)")]
+    NotFinite(String),
     #[error("batch: {0}")]
     Batch(String),
+    /// libtorch (or the step) panicked; caught at the step's or the generation round's edge.
+    #[error("panicked: {0}")]
+    Panicked(String),
     /// What is asked for contradicts the settings the trainer holds (a checkpoint of another
     /// fine-tune mode or LoRA shape).
     #[error("settings: {0}")]
@@ -51,6 +62,19 @@ impl TrainerError {
         let path = path.into();
         move |source| Self::Json { path, source }
     }
+}
+
+/// The message of a caught panic (`std::panic::catch_unwind`'s payload).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_string()))
+        .map(|m| {
+            // libtorch's messages carry a C++ backtrace after the first line.
+            m.lines().next().unwrap_or_default().to_string()
+        })
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 pub type Result<T, E = TrainerError> = std::result::Result<T, E>;

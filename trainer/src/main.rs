@@ -96,6 +96,7 @@ fn serve(s: ServeSettings) -> anyhow::Result<()> {
             checkpoint_every: s.checkpoint_every,
             max_body_bytes: s.max_body_bytes,
             max_model_len: loaded.max_model_len,
+            api_token: s.api_token,
         };
         let state = AppState::new(
             loaded.policy,

@@ -92,6 +92,21 @@ struct Slot {
     decay: bool,
 }
 
+/// The optimizer's moments and step count at one moment ([`AdamW::state`]).
+pub struct AdamWState {
+    moments: BTreeMap<String, (Tensor, Tensor)>,
+    step: u64,
+}
+
+impl std::fmt::Debug for AdamWState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdamWState")
+            .field("params", &self.moments.len())
+            .field("step", &self.step)
+            .finish()
+    }
+}
+
 /// AdamW over a fixed list of named parameters.
 pub struct AdamW {
     pub cfg: AdamWConfig,
@@ -189,6 +204,7 @@ impl AdamW {
                     continue;
                 }
                 let g = g.to_kind(Kind::Float) * clip;
+                // New moment tensors, never an in-place write: `state` shares the old ones.
                 s.m = &s.m * b1 + &g * (1.0 - b1);
                 s.v = &s.v * b2 + &g * &g * (1.0 - b2);
                 let denom = s.v.sqrt() / bc2.sqrt() + eps;
@@ -202,6 +218,44 @@ impl AdamW {
             }
         });
         (norm, lr)
+    }
+
+    /// The moments and step count as they are now, for [`AdamW::restore`] after a failed step.
+    /// The moments are shared, not copied: [`AdamW::step`] replaces them with new tensors and
+    /// never writes them in place, so the shared tensors keep this moment's values.
+    pub fn state(&self) -> AdamWState {
+        AdamWState {
+            moments: self
+                .slots
+                .iter()
+                .map(|(n, s)| (n.clone(), (s.m.shallow_clone(), s.v.shallow_clone())))
+                .collect(),
+            step: self.step,
+        }
+    }
+
+    /// Put back the moments and step count of [`AdamW::state`]; refused (nothing changes) when
+    /// the state is of another parameter list.
+    pub fn restore(&mut self, state: AdamWState) -> Result<()> {
+        if state.moments.len() != self.slots.len()
+            || state
+                .moments
+                .keys()
+                .zip(self.slots.keys())
+                .any(|(a, b)| a != b)
+        {
+            return Err(TrainerError::Config(format!(
+                "optimizer state of {} parameters does not match the optimizer's {}",
+                state.moments.len(),
+                self.slots.len()
+            )));
+        }
+        for (slot, (m, v)) in self.slots.values_mut().zip(state.moments.into_values()) {
+            slot.m = m;
+            slot.v = v;
+        }
+        self.step = state.step;
+        Ok(())
     }
 
     /// Save moments and step to `dir/optimizer.safetensors` + `dir/optimizer.json`.

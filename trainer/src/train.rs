@@ -13,7 +13,7 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{Result, TrainerError};
 use crate::loss::{self, Aggregation, PolicyLossConfig};
 use crate::model::{Fwd, Qwen3};
-use crate::optim::{AdamW, AdamWConfig};
+use crate::optim::{AdamW, AdamWConfig, AdamWState};
 
 /// One training sequence. Arrays are aligned with `tokens`: entry t describes token t.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,12 +32,41 @@ pub struct Sequence {
     pub advantages: Vec<f32>,
 }
 
+/// What a sequence is checked against: the model's vocabulary and its position limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqLimits {
+    /// Token ids must be in `0..vocab`.
+    pub vocab: i64,
+    /// At most this many tokens (`max_position_embeddings`: the rotary tables end there).
+    pub max_positions: usize,
+}
+
+impl SeqLimits {
+    /// The limits of `model`.
+    pub fn of(model: &Qwen3) -> Self {
+        Self {
+            vocab: model.cfg.vocab_size,
+            max_positions: model.max_positions(),
+        }
+    }
+}
+
 impl Sequence {
-    pub fn validate(&self, i: usize, vocab: i64, rl: bool) -> Result<()> {
+    /// Everything a step will rely on, checked before it starts: lengths (at least 2 tokens, at
+    /// most the model's positions), aligned arrays, token ids in the vocabulary, and for RL a
+    /// finite advantage for every counted token's stage. A sequence that passes cannot fail the
+    /// step on its data.
+    pub fn validate(&self, i: usize, limits: SeqLimits, rl: bool) -> Result<()> {
         let n = self.tokens.len();
         let bad = |m: String| Err(TrainerError::Batch(format!("sequence {i}: {m}")));
         if n < 2 {
             return bad(format!("{n} tokens; at least 2 are needed"));
+        }
+        if n > limits.max_positions {
+            return bad(format!(
+                "{n} tokens exceed the model's {} positions (max_position_embeddings)",
+                limits.max_positions
+            ));
         }
         if self.loss_mask.len() != n {
             return bad(format!(
@@ -48,6 +77,7 @@ impl Sequence {
         if self.loss_mask[0] {
             return bad("the first token cannot count in the loss (nothing predicts it)".into());
         }
+        let vocab = limits.vocab;
         if let Some(t) = self.tokens.iter().find(|&&t| t < 0 || t >= vocab) {
             return bad(format!("token id {t} is outside the vocabulary 0..{vocab}"));
         }
@@ -70,8 +100,25 @@ impl Sequence {
             if let Some(a) = self.advantages.iter().find(|a| !a.is_finite()) {
                 return bad(format!("advantage {a} is not finite"));
             }
+            // Every counted token's stage must name an advantage: what `prepare` computes.
+            let stages = self.stages_or_none();
+            if let Err(e) = loss::per_token_advantages(&self.advantages, &stages, &self.loss_mask) {
+                return bad(match e {
+                    TrainerError::Batch(m) => m,
+                    e => e.to_string(),
+                });
+            }
         }
         Ok(())
+    }
+
+    /// The stage of every token (-1 throughout when the sequence carries none).
+    fn stages_or_none(&self) -> Vec<i8> {
+        if self.stages.is_empty() {
+            vec![-1i8; self.tokens.len()]
+        } else {
+            self.stages.clone()
+        }
     }
 }
 
@@ -154,6 +201,13 @@ struct Sums {
     tis: f64,
     tis_min: f64,
     tis_max: f64,
+}
+
+/// What a step changes, as it was before ([`Trainer::snapshot`]).
+#[derive(Debug)]
+pub struct Snapshot {
+    params: Vec<(String, Tensor)>,
+    opt: AdamWState,
 }
 
 pub struct Trainer {
@@ -345,6 +399,65 @@ impl Trainer {
         Ok(())
     }
 
+    /// Bytes the trainable parameters take (what [`Trainer::snapshot`] copies).
+    pub fn trainable_bytes(&self) -> usize {
+        self.model
+            .trainable()
+            .iter()
+            .map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes())
+            .sum()
+    }
+
+    /// What a step changes, kept so a failed step can be undone ([`Trainer::rollback`]): a CPU
+    /// copy of the trainable parameters and the optimizer's state. `None` when the parameters
+    /// take more than `max_bytes` (a full fine-tune of a large model), or the copy fails.
+    pub fn snapshot(&self, max_bytes: usize) -> Option<Snapshot> {
+        if self.trainable_bytes() > max_bytes {
+            return None;
+        }
+        let params = self
+            .model
+            .trainable()
+            .into_iter()
+            .map(|(n, t)| {
+                let copy = t
+                    .detach()
+                    .f_to_device_(Device::Cpu, t.kind(), false, true)?;
+                Ok((n, copy))
+            })
+            .collect::<Result<Vec<_>>>()
+            .ok()?;
+        Some(Snapshot {
+            params,
+            opt: self.opt.state(),
+        })
+    }
+
+    /// Put the parameters and optimizer state of `snap` back (gradients cleared). Fails only
+    /// when the snapshot is of another parameter list, or libtorch cannot copy.
+    pub fn rollback(&mut self, snap: Snapshot) -> Result<()> {
+        let current = self.model.trainable();
+        if current.len() != snap.params.len()
+            || current.iter().zip(&snap.params).any(|(a, b)| a.0 != b.0)
+        {
+            return Err(TrainerError::Config(format!(
+                "a snapshot of {} tensors does not match the model's {} trainable tensors",
+                snap.params.len(),
+                current.len()
+            )));
+        }
+        tch::no_grad(|| -> Result<()> {
+            for ((_, cur), (_, saved)) in current.iter().zip(&snap.params) {
+                let mut cur = cur.shallow_clone();
+                cur.f_copy_(saved)?;
+            }
+            Ok(())
+        })?;
+        self.opt.restore(snap.opt)?;
+        self.opt.zero_grad();
+        Ok(())
+    }
+
     /// Whether [`Trainer::set_config`] would accept `cfg` (nothing changes).
     pub fn check_config(&self, cfg: &TrainConfig) -> Result<()> {
         Self::check(&self.model, self.reference.as_ref(), cfg)
@@ -417,8 +530,9 @@ impl Trainer {
         if seqs.is_empty() {
             return Err(TrainerError::Batch("empty batch".into()));
         }
+        let limits = SeqLimits::of(&self.model);
         for (i, s) in seqs.iter().enumerate() {
-            s.validate(i, self.model.cfg.vocab_size, rl)?;
+            s.validate(i, limits, rl)?;
         }
         Ok(())
     }
@@ -554,12 +668,8 @@ impl Trainer {
         let adv = if rl {
             let mut out = Vec::new();
             for s in &rows {
-                let stages = if s.stages.is_empty() {
-                    vec![-1i8; s.tokens.len()]
-                } else {
-                    s.stages.clone()
-                };
-                let a = loss::per_token_advantages(&s.advantages, &stages, &s.loss_mask)?;
+                let a =
+                    loss::per_token_advantages(&s.advantages, &s.stages_or_none(), &s.loss_mask)?;
                 out.push(a[1..].to_vec());
             }
             out

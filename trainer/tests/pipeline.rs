@@ -72,6 +72,7 @@ async fn start_trainer(model: &Path, ckpt: &Path, addr: &str) -> (Trainer, Strin
             checkpoint_every: 0,
             max_body_bytes: 64 << 20,
             max_model_len: loaded.max_model_len,
+            api_token: None,
         },
         None,
     );

@@ -100,6 +100,7 @@ async fn start(
             checkpoint_every: 0,
             max_body_bytes: 64 << 20,
             max_model_len: loaded.max_model_len,
+            api_token: None,
         },
         publisher,
     );

@@ -159,7 +159,9 @@ impl Batch {
         Ok(out)
     }
 
-    /// Decode and validate (lengths, mask bytes 0/1, stages -1..=3, finite floats).
+    /// Decode and validate (lengths, mask bytes 0/1, stages -1..=3, finite floats). Never
+    /// panics: any body either decodes to the batch whose encoding it is, byte for byte, or is
+    /// an error (`tests/decode.rs` checks both on arbitrary and mutated bodies).
     pub fn decode(body: &[u8]) -> Result<Batch, WireError> {
         if body.len() < HEADER {
             return Err(WireError::Short { len: body.len() });
@@ -201,7 +203,9 @@ impl Batch {
                 }
             };
             heads.push((len, u32_at(p + 4), u32_at(p + 8) as i32, n_adv, phase));
-            expected = expected.saturating_add(len.saturating_mul(10) + n_adv * 4);
+            expected = expected
+                .saturating_add(len.saturating_mul(10))
+                .saturating_add(n_adv.saturating_mul(4));
         }
         if expected != body.len() {
             return Err(WireError::Length {

@@ -74,6 +74,78 @@ impl Qwen3Config {
             .unwrap_or(10000.0)
     }
 
+    /// Where `self` differs from `served` in anything the model computes with (sizes, position
+    /// limit, rotary base, norm epsilon, tying, bias, activation), as `field = ours, served
+    /// theirs` items; empty when the two build the same function shapes and positions.
+    /// Metadata (`extra`: token ids, dtype names, architectures) does not count.
+    pub fn architecture_diff(&self, served: &Self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut int = |name: &str, a: i64, b: i64| {
+            if a != b {
+                out.push(format!("{name} = {a}, served {b}"));
+            }
+        };
+        int("vocab_size", self.vocab_size, served.vocab_size);
+        int("hidden_size", self.hidden_size, served.hidden_size);
+        int(
+            "intermediate_size",
+            self.intermediate_size,
+            served.intermediate_size,
+        );
+        int(
+            "num_hidden_layers",
+            self.num_hidden_layers,
+            served.num_hidden_layers,
+        );
+        int(
+            "num_attention_heads",
+            self.num_attention_heads,
+            served.num_attention_heads,
+        );
+        int(
+            "num_key_value_heads",
+            self.num_key_value_heads,
+            served.num_key_value_heads,
+        );
+        int("head_dim", self.head_dim(), served.head_dim());
+        int(
+            "max_position_embeddings",
+            self.max_position_embeddings,
+            served.max_position_embeddings,
+        );
+        let mut other = |name: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{name} = {a}, served {b}"));
+            }
+        };
+        other(
+            "rope_theta",
+            self.theta().to_string(),
+            served.theta().to_string(),
+        );
+        other(
+            "rms_norm_eps",
+            self.rms_norm_eps.to_string(),
+            served.rms_norm_eps.to_string(),
+        );
+        other(
+            "tie_word_embeddings",
+            self.tie_word_embeddings.to_string(),
+            served.tie_word_embeddings.to_string(),
+        );
+        other(
+            "attention_bias",
+            self.attention_bias.to_string(),
+            served.attention_bias.to_string(),
+        );
+        other(
+            "hidden_act",
+            self.hidden_act.clone(),
+            served.hidden_act.clone(),
+        );
+        out
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(TrainerError::Config(m));
         for (name, v) in [

@@ -1,10 +1,12 @@
 //! LoRA adapters as files: the PEFT adapter format (`adapter_model.safetensors` +
-//! `adapter_config.json`) that PEFT and vLLM load unchanged, written from and attached to a
-//! model. The layer itself and its config live in `linear` (re-exported here).
+//! `adapter_config.json`) that PEFT and vLLM load unchanged, written from a model, and read,
+//! checked whole against a model (staged) and only then attached to it. The layer itself and its
+//! config live in `linear` (re-exported here).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
 pub use super::linear::{Lora, LoraConfig, LoraTarget};
 use super::qwen3::Qwen3;
@@ -84,42 +86,107 @@ pub fn read_adapter_config(dir: &Path) -> Result<LoraConfig> {
     Ok(cfg)
 }
 
-/// Attach the adapters of a PEFT directory to the model (replacing any attached).
-pub fn load_adapter(model: &mut Qwen3, dir: &Path) -> Result<LoraConfig> {
+/// An adapter read and checked whole against a model, not yet attached: every targeted
+/// projection's A `[r, d_in]` and B `[d_out, r]` (f32, finite, on the model's device), nothing
+/// missing and nothing extra. [`StagedAdapter::attach`] then swaps it in and cannot fail, so a
+/// refused adapter leaves the model as it was.
+#[derive(Debug)]
+pub struct StagedAdapter {
+    cfg: LoraConfig,
+    /// Module name -> (A, B).
+    pairs: BTreeMap<String, (Tensor, Tensor)>,
+}
+
+impl StagedAdapter {
+    pub fn config(&self) -> &LoraConfig {
+        &self.cfg
+    }
+
+    /// Replace every projection's adapter by the staged one (none on projections the adapter
+    /// does not target); the base weights stop training (an adapter is what trains).
+    pub fn attach(mut self, model: &mut Qwen3) -> LoraConfig {
+        model.set_trainable(false);
+        let (scale, dropout) = (self.cfg.scale(), self.cfg.dropout);
+        for (name, _, proj) in model.projections_mut() {
+            proj.lora = self.pairs.remove(&name).map(|(a, b)| Lora {
+                a: a.set_requires_grad(true),
+                b: b.set_requires_grad(true),
+                scale,
+                dropout,
+            });
+        }
+        self.cfg
+    }
+}
+
+/// Read the adapter of a PEFT directory and check it tensor by tensor against a model's
+/// projections (`Qwen3::projection_shapes`) on `device`: names, shapes for the config's rank,
+/// dtype (floating point; stored as f32) and finite values. The model is not touched.
+pub fn stage_adapter(
+    projections: &[(String, LoraTarget, [i64; 2])],
+    device: Device,
+    dir: &Path,
+) -> Result<StagedAdapter> {
     let cfg = read_adapter_config(dir)?;
-    let device: Device = model.device;
-    let mut tensors = super::weights::read_file(
-        &dir.join("adapter_model.safetensors"),
-        device,
-        Some(Kind::Float),
-        None,
-    )?;
-    let scale = cfg.scale();
-    for (name, target, proj) in model.projections_mut() {
-        proj.lora = None;
-        if !cfg.targets.contains(&target) {
+    let path = dir.join("adapter_model.safetensors");
+    let mut tensors = super::weights::read_file(&path, device, Some(Kind::Float), None)?;
+    let mut pairs = BTreeMap::new();
+    for (name, target, [d_out, d_in]) in projections {
+        if !cfg.targets.contains(target) {
             continue;
         }
-        let take = |t: &mut std::collections::BTreeMap<String, tch::Tensor>, ab: &str| {
+        let mut take = |ab: &str, shape: [i64; 2]| -> Result<Tensor> {
             // PEFT may or may not keep the adapter name ("default") in the key.
             let plain = format!("base_model.model.{name}.{ab}.weight");
             let named = format!("base_model.model.{name}.{ab}.default.weight");
-            t.remove(&plain)
-                .or_else(|| t.remove(&named))
-                .ok_or(TrainerError::MissingTensor(plain))
+            let (key, t) = match tensors.remove(&plain) {
+                Some(t) => (plain, t),
+                None => match tensors.remove(&named) {
+                    Some(t) => (named, t),
+                    None => return Err(TrainerError::MissingTensor(plain)),
+                },
+            };
+            check_tensor(&key, &t, &shape)?;
+            Ok(t)
         };
-        let a = take(&mut tensors, "lora_A")?.set_requires_grad(true);
-        let b = take(&mut tensors, "lora_B")?.set_requires_grad(true);
-        proj.lora = Some(Lora {
-            a,
-            b,
-            scale,
-            dropout: cfg.dropout,
-        });
+        let a = take("lora_A", [cfg.r, *d_in])?;
+        let b = take("lora_B", [*d_out, cfg.r])?;
+        pairs.insert(name.clone(), (a, b));
     }
     if !tensors.is_empty() {
         let names: Vec<&str> = tensors.keys().map(String::as_str).take(8).collect();
         return Err(TrainerError::UnexpectedTensors(names.join(", ")));
     }
-    Ok(cfg)
+    Ok(StagedAdapter { cfg, pairs })
+}
+
+/// One adapter tensor: the expected shape, stored as f32 (`read_file` converts every floating
+/// dtype; anything else is refused), finite throughout.
+fn check_tensor(name: &str, t: &Tensor, shape: &[i64]) -> Result<()> {
+    if t.size() != shape {
+        return Err(TrainerError::Shape {
+            name: name.into(),
+            got: t.size(),
+            want: shape.to_vec(),
+        });
+    }
+    if t.kind() != Kind::Float {
+        return Err(TrainerError::Dtype {
+            name: name.into(),
+            got: format!("{:?}", t.kind()),
+            want: "a floating-point dtype (F32, F16, BF16, F64)".into(),
+        });
+    }
+    let finite = tch::no_grad(|| t.f_isfinite()?.f_all()?.f_int64_value(&[]))?;
+    if finite != 1 {
+        return Err(TrainerError::NotFinite(name.into()));
+    }
+    Ok(())
+}
+
+/// Attach the adapters of a PEFT directory to the model (replacing any attached), after
+/// checking them whole ([`stage_adapter`]); on error the model is unchanged.
+pub fn load_adapter(model: &mut Qwen3, dir: &Path) -> Result<LoraConfig> {
+    let staged = stage_adapter(&model.projection_shapes(), model.device, dir)?;
+    Ok(staged.attach(model))
 }

@@ -91,9 +91,10 @@ pub struct Qwen3 {
     pub kind: Kind,
 }
 
-/// Takes named tensors out of a map, checking shapes.
+/// Takes named tensors out of a map, checking shapes and dtypes.
 struct Take<'a> {
     map: &'a mut BTreeMap<String, Tensor>,
+    kind: Kind,
 }
 
 impl Take<'_> {
@@ -107,6 +108,13 @@ impl Take<'_> {
                 name: name.into(),
                 got: t.size(),
                 want: shape.to_vec(),
+            });
+        }
+        if t.kind() != self.kind {
+            return Err(TrainerError::Dtype {
+                name: name.into(),
+                got: format!("{:?}", t.kind()),
+                want: format!("{:?}", self.kind),
             });
         }
         Ok(t)
@@ -132,7 +140,10 @@ impl Qwen3 {
         if cfg.tie_word_embeddings {
             tensors.remove("lm_head.weight");
         }
-        let mut t = Take { map: &mut tensors };
+        let mut t = Take {
+            map: &mut tensors,
+            kind,
+        };
         let bias = cfg.attention_bias;
         let proj = |t: &mut Take, name: &str, o: i64, i: i64, b: bool| -> Result<Proj> {
             Ok(Proj {
@@ -267,6 +278,29 @@ impl Qwen3 {
         out.push(("model.norm.weight".to_string(), vec![h]));
         if !cfg.tie_word_embeddings {
             out.push(("lm_head.weight".to_string(), vec![v, h]));
+        }
+        out
+    }
+
+    /// The position limit: sequences (prompt and generated tokens together) of at most this many
+    /// tokens; the rotary tables end there.
+    pub fn max_positions(&self) -> usize {
+        usize::try_from(self.cfg.max_position_embeddings).unwrap_or(0)
+    }
+
+    /// Every projection's full HF module name, LoRA target kind and weight shape
+    /// `[d_out, d_in]`, in the order of [`Qwen3::projections_mut`].
+    pub fn projection_shapes(&self) -> Vec<(String, LoraTarget, [i64; 2])> {
+        let mut out = Vec::new();
+        for (l, layer) in self.layers.iter().enumerate() {
+            for (n, target, proj) in layer.projections() {
+                let s = proj.weight.size();
+                let (o, i) = (
+                    s.first().copied().unwrap_or(0),
+                    s.get(1).copied().unwrap_or(0),
+                );
+                out.push((format!("model.layers.{l}.{n}"), target, [o, i]));
+            }
         }
         out
     }

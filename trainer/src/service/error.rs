@@ -14,6 +14,9 @@ pub enum ApiError {
     /// 400: the request is malformed or out of range.
     #[error("{0}")]
     BadRequest(String),
+    /// 401: the server requires a bearer token and the request has none or another.
+    #[error("{0}")]
+    Unauthorized(String),
     /// 404: the named model, adapter or checkpoint does not exist.
     #[error("{0}")]
     NotFound(String),
@@ -26,7 +29,8 @@ pub enum ApiError {
     /// 501: this server was started without what the request needs.
     #[error("{0}")]
     NotImplemented(String),
-    /// 503: the generation worker is gone.
+    /// 503: the server is unhealthy (a step that could not be undone, a stopped generation
+    /// worker), so it refuses work until it is restored or restarted.
     #[error("{0}")]
     Unavailable(String),
 }
@@ -51,6 +55,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -88,7 +93,14 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let body = wire::ErrorBody::new(status.as_u16(), self.to_string());
-        (status, Json(body)).into_response()
+        let mut r = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        r
     }
 }
 

@@ -2,7 +2,9 @@
 //! (its KV cache, sampler and stop state) and advances all of them a token per round in one
 //! batched forward (`Qwen3::decode_step`: batched projections and MLPs, per-row RoPE positions,
 //! masked attention over each row's own cache), taking the policy lock per round so a train
-//! step can slip in between tokens. Logprobs are the
+//! step can slip in between tokens. A sample ends at the model's position limit whatever
+//! `max_tokens` says, and a forward pass that fails (a libtorch panic, caught) fails only the
+//! requests it served. Logprobs are the
 //! model's raw log-softmax of the sampled token (vLLM's default `raw_logprobs`), so they equal
 //! the trainer's own log-probs of the same tokens. Sampling runs in Rust on a per-sequence
 //! seeded generator, so a request with a seed is reproducible whatever else is in flight.
@@ -58,7 +60,19 @@ struct Seq {
     ids: Vec<u32>,
     logprobs: Vec<f32>,
     rng: StdRng,
-    done: Option<(&'static str, Option<serde_json::Value>)>,
+    /// Tokens it may generate: the model's positions less its prompt.
+    room: usize,
+    done: Option<Done>,
+}
+
+/// How a sample ended.
+enum Done {
+    /// `stop` or `length`, and the stop string or EOS id.
+    Finished(&'static str, Option<serde_json::Value>),
+    /// Its request was dropped (the client left).
+    Abort,
+    /// The forward pass failed; the request gets this message.
+    Failed(String),
 }
 
 struct Pending {
@@ -127,7 +141,20 @@ fn last_logits(t: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(t.select(1, v - 1).view([-1]).to_kind(Kind::Float)).unwrap_or_default()
 }
 
-/// The worker loop: runs until every sender is dropped.
+/// What a request gets while the policy lock is poisoned.
+const POISONED: &str = "policy lock poisoned (POST /v1/restore or restart the trainer)";
+
+/// Run `f` (a forward pass: reads the model, changes nothing), turning a panic from libtorch
+/// into an error message so the worker and the policy lock outlive it.
+fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .map_err(|p| format!("{what} failed: {}", crate::error::panic_message(&*p)))
+}
+
+/// The worker loop: runs until every sender is dropped. A failed forward pass fails the
+/// requests it served and the loop goes on; a poisoned policy lock fails requests until a
+/// restore repairs it. A sample never runs past the model's position limit (it ends with
+/// `length` there), whatever `max_tokens` asks.
 pub fn run_worker(
     policy: Arc<Mutex<Policy>>,
     tokenizer: Arc<tokenizers::Tokenizer>,
@@ -155,27 +182,48 @@ pub fn run_worker(
         }
         stats.waiting.store(incoming.len(), Relaxed);
         if !incoming.is_empty() {
-            let Ok(p) = policy.lock() else { return };
+            let Ok(p) = policy.lock() else {
+                for job in incoming {
+                    let _ = job.reply.send(Err(POISONED.into()));
+                }
+                continue;
+            };
+            let room = p.trainer.model.max_positions();
             for job in incoming {
-                let id = next_job;
-                next_job += 1;
                 let n = job.params.n.max(1);
+                if job.prompt.is_empty() || job.prompt.len() >= room {
+                    let _ = job.reply.send(Err(format!(
+                        "a prompt of {} tokens leaves no room in the model's {room} positions",
+                        job.prompt.len()
+                    )));
+                    continue;
+                }
                 stats
                     .prompt_tokens
                     .fetch_add(job.prompt.len() as u64, Relaxed);
                 let prompt: Vec<i64> = job.prompt.iter().map(|&t| i64::from(t)).collect();
-                let prefill = tch::no_grad(|| {
-                    let mut cache = KvCache::new(p.trainer.model.layers.len());
-                    let ids = Tensor::from_slice(&prompt)
-                        .view([1, -1])
-                        .to_device(p.trainer.model.device);
-                    let logits = p
-                        .trainer
-                        .model
-                        .forward_cached(&ids, &mut cache, Fwd::POLICY);
-                    (cache, last_logits(&logits))
+                let prefill = guarded("prefill", || {
+                    tch::no_grad(|| {
+                        let mut cache = KvCache::new(p.trainer.model.layers.len());
+                        let ids = Tensor::from_slice(&prompt)
+                            .view([1, -1])
+                            .to_device(p.trainer.model.device);
+                        let logits = p
+                            .trainer
+                            .model
+                            .forward_cached(&ids, &mut cache, Fwd::POLICY);
+                        (cache, last_logits(&logits))
+                    })
                 });
-                let (cache, next) = prefill;
+                let (cache, next) = match prefill {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let _ = job.reply.send(Err(e));
+                        continue;
+                    }
+                };
+                let id = next_job;
+                next_job += 1;
                 let mut base = Some(cache);
                 for s in 0..n {
                     let seed = job.params.seed.map_or_else(
@@ -202,6 +250,7 @@ pub fn run_worker(
                         ids: Vec::new(),
                         logprobs: Vec::new(),
                         rng: StdRng::seed_from_u64(seed),
+                        room: room - job.prompt.len(),
                         done: None,
                     });
                 }
@@ -224,11 +273,11 @@ pub fn run_worker(
             let mut toks: Vec<i64> = Vec::new();
             for (i, s) in seqs.iter_mut().enumerate() {
                 let Some(job) = jobs.get(&s.job) else {
-                    s.done = Some(("abort", None));
+                    s.done = Some(Done::Abort);
                     continue;
                 };
                 if job.reply.is_closed() {
-                    s.done = Some(("abort", None));
+                    s.done = Some(Done::Abort);
                     continue;
                 }
                 let prm = &job.params;
@@ -237,11 +286,11 @@ pub fn run_worker(
                 s.logprobs.push(lp);
                 stats.generated_tokens.fetch_add(1, Relaxed);
                 if !prm.ignore_eos && eos.contains(&tok) {
-                    s.done = Some(("stop", Some(serde_json::json!(tok))));
+                    s.done = Some(Done::Finished("stop", Some(serde_json::json!(tok))));
                 } else if let Some(stop) = stop_hit(&tokenizer, &s.ids, &prm.stop) {
-                    s.done = Some(("stop", Some(serde_json::json!(stop))));
-                } else if s.ids.len() >= prm.max_tokens {
-                    s.done = Some(("length", None));
+                    s.done = Some(Done::Finished("stop", Some(serde_json::json!(stop))));
+                } else if s.ids.len() >= prm.max_tokens || s.ids.len() >= s.room {
+                    s.done = Some(Done::Finished("length", None));
                 } else {
                     cont.push(i);
                     toks.push(i64::from(tok));
@@ -252,18 +301,32 @@ pub fn run_worker(
                     .iter()
                     .map(|&i| std::mem::take(&mut seqs[i].cache))
                     .collect();
-                let rows = {
-                    let Ok(p) = policy.lock() else { return };
-                    tch::no_grad(|| p.trainer.model.decode_step(&toks, &mut caches, Fwd::POLICY))
+                let rows = match policy.lock() {
+                    Ok(p) => guarded("decode step", || {
+                        tch::no_grad(|| {
+                            let rows = p.trainer.model.decode_step(&toks, &mut caches, Fwd::POLICY);
+                            let v = rows.size()[1] as usize;
+                            (v, Vec::<f32>::try_from(rows.view([-1])).unwrap_or_default())
+                        })
+                    }),
+                    Err(_) => Err(POISONED.to_string()),
                 };
-                let v = rows.size()[1] as usize;
-                let flat = Vec::<f32>::try_from(rows.view([-1])).unwrap_or_default();
-                for (j, (&i, c)) in cont.iter().zip(caches).enumerate() {
-                    seqs[i].cache = c;
-                    seqs[i].next = flat
-                        .get(j * v..(j + 1) * v)
-                        .map(<[f32]>::to_vec)
-                        .unwrap_or_default();
+                match rows {
+                    Ok((v, flat)) => {
+                        for (j, (&i, c)) in cont.iter().zip(caches).enumerate() {
+                            seqs[i].cache = c;
+                            seqs[i].next = flat
+                                .get(j * v..(j + 1) * v)
+                                .map(<[f32]>::to_vec)
+                                .unwrap_or_default();
+                        }
+                    }
+                    // The caches may be half-appended: every sequence of the round ends.
+                    Err(e) => {
+                        for &i in &cont {
+                            seqs[i].done = Some(Done::Failed(e.clone()));
+                        }
+                    }
                 }
             }
         }
@@ -276,16 +339,25 @@ pub fn run_worker(
                 continue;
             }
             let s = seqs.swap_remove(i);
-            let Some((reason, stop)) = s.done else {
+            let Some(done) = s.done else {
                 continue;
+            };
+            let (reason, stop) = match done {
+                Done::Finished(reason, stop) => (reason, stop),
+                Done::Abort => {
+                    jobs.remove(&s.job);
+                    continue;
+                }
+                Done::Failed(e) => {
+                    if let Some(job) = jobs.remove(&s.job) {
+                        let _ = job.reply.send(Err(e));
+                    }
+                    continue;
+                }
             };
             let Some(job) = jobs.get_mut(&s.job) else {
                 continue;
             };
-            if reason == "abort" {
-                jobs.remove(&s.job);
-                continue;
-            }
             let mut text = tokenizer
                 .decode(&s.ids, job.params.skip_special_tokens)
                 .unwrap_or_default();

@@ -9,8 +9,8 @@ use wire::TrainSettings;
 
 use crate::checkpoint;
 use crate::error::{Result, TrainerError};
-use crate::model::Qwen3;
 use crate::model::lora::{self, LoraConfig};
+use crate::model::{Qwen3, Qwen3Config};
 use crate::train::{TrainConfig, Trainer};
 
 use super::Policy;
@@ -169,6 +169,18 @@ pub fn build_policy(opts: &LoadOptions, checkpoint: Option<&Path>) -> Result<Pol
                 (m, Some(cfg), st.policy_version)
             } else {
                 let m = Qwen3::load(ck, opts.device, kind)?;
+                // The checkpoint must be the model directory's architecture and context: the
+                // server advertises the directory's.
+                let want = Qwen3Config::from_file(&dir.join("config.json"))?;
+                let diff = m.cfg.architecture_diff(&want);
+                if !diff.is_empty() {
+                    return Err(TrainerError::Mismatch(format!(
+                        "checkpoint {} is not a fine-tune of {}: {}",
+                        ck.display(),
+                        dir.display(),
+                        diff.join("; ")
+                    )));
+                }
                 m.set_trainable(true);
                 (m, None, st.policy_version)
             }

@@ -9,9 +9,19 @@
 //! `/tokenize`, `/detokenize`, `/v1/load_lora_adapter`), and vLLM's disk weight-transfer API
 //! (see `weights`), so one `trainer serve` can be the policy server a trainer publishes to.
 //! A restore publishes the restored weights, so servers never keep serving the replaced policy.
-//! Binds to loopback unless told otherwise. The trainer routes answer with the `wire` crate's
-//! typed replies (`wire::api`); every refusal on every route is an `ApiError`.
+//! Binds to loopback unless told otherwise; bound elsewhere it needs a bearer token (`auth`).
+//! The trainer routes answer with the `wire` crate's typed replies (`wire::api`); every refusal
+//! on every route is an `ApiError`.
+//!
+//! Every route checks a request whole before it touches the policy: lengths against the
+//! model's position limit with checked arithmetic, adapters and weights tensor by tensor in a
+//! staging copy swapped in only when complete, a train batch (every phase) before any optimizer
+//! step, and `?dry_run=true` runs exactly those checks. A step that still fails half-way is
+//! undone from a snapshot ([`ROLLBACK_MAX_BYTES`]); one that cannot be undone marks the server
+//! unhealthy: `GET /health` answers 503 naming why, and every route that reads or changes the
+//! policy refuses with 503 until `POST /v1/restore` rebuilds it or the process restarts.
 
+pub mod auth;
 mod error;
 pub mod generate;
 pub mod load;
@@ -19,9 +29,10 @@ mod openai;
 mod weights;
 
 use std::net::SocketAddr;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Query, State};
@@ -37,12 +48,18 @@ use wire::{
 };
 
 use crate::checkpoint::{self, CheckpointState};
-use crate::error::{Result, TrainerError};
+use crate::error::{Result, TrainerError, panic_message};
 use crate::model::lora::{self, LoraConfig};
 use crate::publish::{Published, Publisher};
-use crate::train::{Sequence, StepMetrics, TrainConfig, Trainer};
+use crate::train::{SeqLimits, Sequence, StepMetrics, TrainConfig, Trainer};
 
+pub use auth::ApiToken;
 pub use error::{ApiError, ApiResult};
+
+/// Trainable parameters of at most this many bytes (every LoRA adapter; full fine-tunes of
+/// small models) are copied to the CPU before each train step, so a step that fails half-way is
+/// undone; a step over larger parameters that fails marks the server unhealthy instead.
+pub const ROLLBACK_MAX_BYTES: usize = 1 << 30;
 
 /// The served policy. Behind a mutex (tch tensors are `Send` but not `Sync`): the generation
 /// worker holds it for one token round, a train step for the whole step.
@@ -70,8 +87,11 @@ pub struct ServeConfig {
     pub checkpoint_every: u64,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
-    /// Model context length reported to clients.
+    /// Model context length reported to clients (generation is also held to the model's own
+    /// position limit).
     pub max_model_len: usize,
+    /// Required as `Authorization: Bearer` on every route but `/health` when set (`auth`).
+    pub api_token: Option<ApiToken>,
 }
 
 pub struct AppState {
@@ -93,6 +113,11 @@ pub struct AppState {
     session: std::sync::Mutex<Option<String>>,
     /// Between `/start_weight_update` and `/finish_weight_update`.
     updating: AtomicBool,
+    /// Why the policy's state is unknown (a train step failed and could not be undone); `None`
+    /// while healthy. Cleared by a restore, which rebuilds the policy.
+    broken: std::sync::Mutex<Option<String>>,
+    /// False once the generation worker has stopped (or could not start).
+    worker_alive: Arc<AtomicBool>,
 }
 
 /// A JSON request body that may be empty (then the default).
@@ -112,11 +137,29 @@ fn write_version_dir(p: &Policy, dir: &std::path::Path) -> Result<()> {
     })
 }
 
-/// The batch's sequences split by phase: (reflection = Phase A, task = Phase B).
-fn to_sequences(batch: wire::Batch) -> (Vec<Sequence>, Vec<Sequence>) {
+/// A train batch checked whole, split by phase: (reflection = Phase A, task = Phase B).
+#[derive(Debug)]
+struct CheckedBatch {
+    rl: bool,
+    reflection: Vec<Sequence>,
+    task: Vec<Sequence>,
+}
+
+/// Check every sequence of the batch, both phases, against the model's limits (numbered as in
+/// the batch) before anything trains, so a refused batch changes nothing and a dry run refuses
+/// exactly what a step would: reflection sequences only in an RL batch, an SFT batch not empty,
+/// and each sequence as [`Sequence::validate`] (length against the position limit, ids, stages
+/// and advantages).
+fn check_batch(batch: wire::Batch, limits: SeqLimits) -> Result<CheckedBatch> {
+    let rl = batch.rl;
     let mut reflection = Vec::new();
     let mut task = Vec::new();
-    for s in batch.seqs {
+    for (i, s) in batch.seqs.into_iter().enumerate() {
+        if !rl && s.phase == wire::Phase::Reflection {
+            return Err(TrainerError::Batch(format!(
+                "sequence {i}: reflection (phase 1) sequences need an RL batch (flags bit 0)"
+            )));
+        }
         let phase = s.phase;
         let seq = Sequence {
             tokens: s.tokens.into_iter().map(i64::from).collect(),
@@ -125,12 +168,72 @@ fn to_sequences(batch: wire::Batch) -> (Vec<Sequence>, Vec<Sequence>) {
             behaviour_logprobs: s.behaviour_logprobs,
             advantages: s.advantages,
         };
+        seq.validate(i, limits, rl)?;
         match phase {
             wire::Phase::Reflection => reflection.push(seq),
             wire::Phase::Task => task.push(seq),
         }
     }
-    (reflection, task)
+    if !rl && task.is_empty() {
+        return Err(TrainerError::Batch(
+            "an SFT batch needs at least one sequence".into(),
+        ));
+    }
+    Ok(CheckedBatch {
+        rl,
+        reflection,
+        task,
+    })
+}
+
+/// How a train step failed.
+#[derive(Debug)]
+pub(crate) enum StepFailure {
+    /// Everything the step changed was undone: the policy is as it was before.
+    RolledBack(TrainerError),
+    /// The step could not be undone: what the policy holds is unknown.
+    Unrecoverable(String),
+}
+
+/// Run `step` on the policy so that it either completes or leaves the policy as it was: the
+/// trainable parameters (up to `max_bytes`) and the optimizer state are kept before it, and an
+/// error or a panic (libtorch: out of memory, a kernel failure) puts them and the version back.
+/// Without a snapshot (larger parameters) or when undoing fails, the failure is
+/// `Unrecoverable`. Panics are caught here, with the policy lock held by the caller, so the lock
+/// is never poisoned.
+pub(crate) fn guarded_step<T>(
+    p: &mut Policy,
+    max_bytes: usize,
+    step: impl FnOnce(&mut Policy) -> Result<T>,
+) -> std::result::Result<T, StepFailure> {
+    let snapshot = catch_unwind(AssertUnwindSafe(|| p.trainer.snapshot(max_bytes)))
+        .ok()
+        .flatten();
+    let version = p.version;
+    let err = match catch_unwind(AssertUnwindSafe(|| step(p))) {
+        Ok(Ok(v)) => return Ok(v),
+        Ok(Err(e)) => e,
+        Err(panic) => TrainerError::Panicked(panic_message(&*panic)),
+    };
+    let Some(snapshot) = snapshot else {
+        return Err(StepFailure::Unrecoverable(format!(
+            "{err}; the step could not be undone: its trainable parameters ({} bytes) exceed              the rollback budget of {max_bytes} bytes",
+            p.trainer.trainable_bytes()
+        )));
+    };
+    match catch_unwind(AssertUnwindSafe(|| p.trainer.rollback(snapshot))) {
+        Ok(Ok(())) => {
+            p.version = version;
+            Err(StepFailure::RolledBack(err))
+        }
+        Ok(Err(e)) => Err(StepFailure::Unrecoverable(format!(
+            "{err}; undoing the step failed too: {e}"
+        ))),
+        Err(panic) => Err(StepFailure::Unrecoverable(format!(
+            "{err}; undoing the step panicked: {}",
+            panic_message(&*panic)
+        ))),
+    }
 }
 
 impl AppState {
@@ -146,12 +249,20 @@ impl AppState {
         let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(generate::GenStats::default());
         let (tx, rx) = mpsc::channel(4096);
+        let worker_alive = Arc::new(AtomicBool::new(true));
         {
             let (p, t, s) = (policy.clone(), tokenizer.clone(), stats.clone());
-            std::thread::Builder::new()
+            let alive = worker_alive.clone();
+            let started = std::thread::Builder::new()
                 .name("generate".into())
-                .spawn(move || generate::run_worker(p, t, eos, s, rx))
-                .ok();
+                .spawn(move || {
+                    generate::run_worker(p, t, eos, s, rx);
+                    alive.store(false, Ordering::SeqCst);
+                });
+            if let Err(e) = started {
+                tracing::error!(error = %e, "the generation worker could not start");
+                worker_alive.store(false, Ordering::SeqCst);
+            }
         }
         Arc::new(Self {
             policy,
@@ -166,7 +277,50 @@ impl AppState {
             load_opts: std::sync::Mutex::new(None),
             session: std::sync::Mutex::new(None),
             updating: AtomicBool::new(false),
+            broken: std::sync::Mutex::new(None),
+            worker_alive,
         })
+    }
+
+    /// Why the server cannot be trusted now, or `None` when it is healthy: the generation
+    /// worker stopped, the policy lock is poisoned, or a step could not be undone.
+    pub fn unhealthy(&self) -> Option<String> {
+        if !self.worker_alive.load(Ordering::SeqCst) {
+            return Some("the generation worker stopped; restart the trainer".into());
+        }
+        if self.policy.is_poisoned() {
+            return Some(
+                "the policy lock was poisoned by a panic; POST /v1/restore or restart".into(),
+            );
+        }
+        self.broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Record that the policy's state is unknown: `/health` answers 503 with `reason`, and the
+    /// routes that read or change the policy refuse until a restore rebuilds it.
+    pub fn mark_unhealthy(&self, reason: impl Into<String>) {
+        let reason = reason.into();
+        tracing::error!(%reason, "trainer serve is unhealthy");
+        *self.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+    }
+
+    /// 503 naming why, while unhealthy.
+    fn ensure_healthy(&self) -> ApiResult<()> {
+        match self.unhealthy() {
+            None => Ok(()),
+            Some(why) => Err(ApiError::Unavailable(format!(
+                "trainer unhealthy: {why} (GET /health)"
+            ))),
+        }
+    }
+
+    /// The limits the policy's model puts on sequences (vocabulary, positions).
+    fn limits(&self) -> ApiResult<SeqLimits> {
+        let p = self.policy.lock().map_err(|_| ApiError::poisoned())?;
+        Ok(SeqLimits::of(&p.trainer.model))
     }
 
     /// Enable `POST /v1/restore` (and structural `POST /v1/settings` changes) by recording how
@@ -272,6 +426,7 @@ async fn train_step(
     Query(q): Query<TrainQuery>,
     body: Bytes,
 ) -> ApiResult<Response> {
+    s.ensure_healthy()?;
     // A real step holds the training lock from here on; a dry run never takes it.
     let _guard = if q.dry_run {
         None
@@ -299,15 +454,20 @@ async fn train_step(
     let t0 = std::time::Instant::now();
     let batch = wire::Batch::decode(&body)
         .map_err(|e| ApiError::bad_request(format!("train batch rejected: {e}")))?;
-    let rl = batch.rl;
-    let (reflection, seqs) = to_sequences(batch);
-    if !rl && !reflection.is_empty() {
-        return Err(ApiError::bad_request(
-            "reflection (phase 1) sequences need an RL batch (flags bit 0)",
-        ));
-    }
+    // The whole batch, both phases, is checked before anything trains; a dry run stops here.
+    let CheckedBatch {
+        rl,
+        reflection,
+        task: seqs,
+    } = check_batch(batch, s.limits()?)?;
     if q.dry_run {
-        return dry_run(&s, rl, &reflection, &seqs, t0).map(|r| Json(r).into_response());
+        return Ok(Json(DryRunReply {
+            sequences: seqs.len() + reflection.len(),
+            reflection_sequences: reflection.len(),
+            tokens: seqs.iter().chain(&reflection).map(|x| x.tokens.len()).sum(),
+            decode_seconds: t0.elapsed().as_secs_f64(),
+        })
+        .into_response());
     }
     let decode_seconds = t0.elapsed().as_secs_f64();
     if let Some(want) = q.expect_version {
@@ -320,41 +480,61 @@ async fn train_step(
     }
     let state = s.clone();
     let (metrics, reflection, version, checkpoint, publish_dir, settings_hash) =
-        tokio::task::spawn_blocking(move || -> Result<StepOutcome> {
+        tokio::task::spawn_blocking(move || -> ApiResult<StepOutcome> {
             let (metrics, refl_metrics, version, publish_dir, hash) = {
-                let mut p = state
-                    .policy
-                    .lock()
-                    .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
-                // Phase A (the meta-policy's deferred batch) is its own optimizer step, before
-                // Phase B, with its ratio against the candidates' generation-time log-probs;
-                // together they are one policy version.
-                let ma = if reflection.is_empty() {
-                    None
-                } else {
-                    Some(p.trainer.reflection_step(&reflection)?)
-                };
-                // An RL batch without task sequences (only reflections, or nothing the client
-                // could learn from) takes no Phase B update; the version still advances, so the
-                // client's steps and versions stay aligned.
-                let m = match (rl, seqs.is_empty(), &ma) {
-                    (true, true, _) => StepMetrics::default(),
-                    (true, _, _) => p.trainer.rl_step(&seqs)?,
-                    (false, _, _) => p.trainer.sft_step(&seqs)?,
-                };
-                p.version += 1;
-                let version = p.version;
-                // Write the new version for the servers while holding the lock (weights are
-                // stable).
-                let dir = match &state.publisher {
-                    Some(publ) => {
-                        let dir = publ.blocking_lock().dir_of(version);
-                        write_version_dir(&p, &dir)?;
-                        Some(dir)
+                let mut p = state.policy.lock().map_err(|_| ApiError::poisoned())?;
+                let before = p.version;
+                let done = guarded_step(&mut p, ROLLBACK_MAX_BYTES, |p| {
+                    // Phase A (the meta-policy's deferred batch) is its own optimizer step,
+                    // before Phase B, with its ratio against the candidates' generation-time
+                    // log-probs; together they are one policy version.
+                    let ma = if reflection.is_empty() {
+                        None
+                    } else {
+                        Some(p.trainer.reflection_step(&reflection)?)
+                    };
+                    // An RL batch without task sequences (only reflections, or nothing the
+                    // client could learn from) takes no Phase B update; the version still
+                    // advances, so the client's steps and versions stay aligned.
+                    let m = match (rl, seqs.is_empty()) {
+                        (true, true) => StepMetrics::default(),
+                        (true, false) => p.trainer.rl_step(&seqs)?,
+                        (false, _) => p.trainer.sft_step(&seqs)?,
+                    };
+                    p.version += 1;
+                    let version = p.version;
+                    // Write the new version for the servers while holding the lock (weights
+                    // are stable); a failed write undoes the step with the rest.
+                    let dir = match &state.publisher {
+                        Some(publ) => {
+                            let dir = publ.blocking_lock().dir_of(version);
+                            write_version_dir(p, &dir)?;
+                            Some(dir)
+                        }
+                        None => None,
+                    };
+                    Ok((m, ma, version, dir, p.settings.hash()))
+                });
+                match done {
+                    Ok(v) => v,
+                    Err(StepFailure::RolledBack(e)) => {
+                        tracing::warn!(error = %e, "train step failed and was undone");
+                        return Err(match e {
+                            TrainerError::Batch(_) => ApiError::from(e),
+                            e => ApiError::internal(format!(
+                                "train step failed and was undone (the policy is still at \
+                                 version {before}): {e}"
+                            )),
+                        });
                     }
-                    None => None,
-                };
-                (m, ma, version, dir, p.settings.hash())
+                    Err(StepFailure::Unrecoverable(why)) => {
+                        let why = format!("train step at version {before} failed: {why}");
+                        state.mark_unhealthy(why.clone());
+                        return Err(ApiError::internal(format!(
+                            "{why}; the trainer is now unhealthy: POST /v1/restore or restart it"
+                        )));
+                    }
+                }
             };
             let ckpt = if state.cfg.checkpoint_every > 0
                 && (version as u64).is_multiple_of(state.cfg.checkpoint_every)
@@ -394,38 +574,6 @@ async fn train_step(
     .into_response())
 }
 
-/// `?dry_run=true`: validate the decoded batch against the model, train nothing.
-fn dry_run(
-    s: &AppState,
-    rl: bool,
-    reflection: &[Sequence],
-    seqs: &[Sequence],
-    t0: std::time::Instant,
-) -> ApiResult<DryRunReply> {
-    let vocab = s
-        .policy
-        .lock()
-        .map_err(|_| ApiError::poisoned())?
-        .trainer
-        .model
-        .cfg
-        .vocab_size;
-    if let Some(e) = reflection
-        .iter()
-        .chain(seqs)
-        .enumerate()
-        .find_map(|(i, sq)| sq.validate(i, vocab, rl).err())
-    {
-        return Err(ApiError::bad_request(e.to_string()));
-    }
-    Ok(DryRunReply {
-        sequences: seqs.len() + reflection.len(),
-        reflection_sequences: reflection.len(),
-        tokens: seqs.iter().chain(reflection).map(|x| x.tokens.len()).sum(),
-        decode_seconds: t0.elapsed().as_secs_f64(),
-    })
-}
-
 /// A path under the checkpoint root given by a client: relative, made of plain names only.
 fn relative_path(raw: &str, what: &str) -> ApiResult<PathBuf> {
     use std::path::Component;
@@ -448,6 +596,8 @@ async fn save_checkpoint(
     body: Bytes,
 ) -> ApiResult<Json<CheckpointReply>> {
     let req: CheckpointRequest = optional_json(&body)?;
+    // Weights whose state is unknown are never saved as a checkpoint.
+    s.ensure_healthy()?;
     let sub = match req.subdir.as_deref() {
         Some(d) => Some(relative_path(d, "subdir")?.display().to_string()),
         None => None,
@@ -474,6 +624,8 @@ async fn save_checkpoint(
 }
 
 /// Replace the policy by a checkpoint (or by the model as loaded at start) and set the session.
+/// The policy is built whole first and swapped in only when complete; a restore also repairs a
+/// server marked unhealthy by a step that could not be undone (the policy is rebuilt).
 async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<RestoreReply>> {
     let req: RestoreRequest = optional_json(&body)?;
     let Some(opts) = s.load_options() else {
@@ -504,11 +656,12 @@ async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<
     let version = tokio::task::spawn_blocking(move || -> Result<i64> {
         let fresh = load::build_policy(&opts, ck.as_deref())?;
         let version = fresh.version;
-        let mut p = st
-            .policy
-            .lock()
-            .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+        // The whole policy is replaced, so a lock poisoned by an earlier panic is sound again.
+        let mut p = st.policy.lock().unwrap_or_else(PoisonError::into_inner);
         *p = fresh;
+        drop(p);
+        st.policy.clear_poison();
+        *st.broken.lock().unwrap_or_else(PoisonError::into_inner) = None;
         Ok(version)
     })
     .await??;
@@ -667,9 +820,8 @@ async fn post_settings(
 async fn get_state(
     State(s): State<Arc<AppState>>,
 ) -> ApiResult<Json<StateReply<LoraConfig, TrainConfig>>> {
-    let Ok(p) = s.policy.lock() else {
-        return Err(ApiError::poisoned());
-    };
+    // Read-only, so it answers even through a poisoned lock (`/health` tells that apart).
+    let p = s.policy.lock().unwrap_or_else(PoisonError::into_inner);
     Ok(Json(StateReply {
         policy_version: p.version.into(),
         optimizer_step: p.trainer.opt.step,
@@ -712,7 +864,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/restore", post(restore))
         .route("/v1/settings", get(get_settings).post(post_settings))
         .route("/v1/state", get(get_state))
-        .route("/health", get(|| async { "ok" }))
+        .route("/health", get(health))
         .route(
             "/version",
             get(|| async {
@@ -723,12 +875,27 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(openai::routes())
         .merge(weights::routes())
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ))
         .with_state(state)
+}
+
+/// `GET /health`: "ok", or 503 naming why the server cannot be trusted (`AppState::unhealthy`).
+/// Never needs the token.
+async fn health(State(s): State<Arc<AppState>>) -> Response {
+    match s.unhealthy() {
+        None => "ok".into_response(),
+        Some(why) => ApiError::Unavailable(format!("unhealthy: {why}")).into_response(),
+    }
 }
 
 /// Serve until Ctrl-C / SIGTERM; an in-flight train step finishes first.
 pub async fn serve(state: Arc<AppState>) -> Result<()> {
     let addr = state.cfg.bind;
+    auth::check_bind(addr, state.cfg.api_token.as_ref())
+        .map_err(|e| TrainerError::Config(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| TrainerError::Config(format!("cannot bind {addr}: {e}")))?;
@@ -742,4 +909,175 @@ pub async fn serve(state: Arc<AppState>) -> Result<()> {
         })
         .await
         .map_err(|e| TrainerError::Config(format!("server error: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::model::{LoraTarget, Qwen3, Qwen3Config};
+
+    fn policy() -> Policy {
+        let cfg: Qwen3Config = serde_json::from_value(serde_json::json!({
+            "vocab_size": 64, "hidden_size": 16, "intermediate_size": 24,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "head_dim": 8, "max_position_embeddings": 32, "tie_word_embeddings": true
+        }))
+        .unwrap();
+        let mut m = Qwen3::random(cfg, 5, 0.3, tch::Device::Cpu, tch::Kind::Float).unwrap();
+        let lora = LoraConfig {
+            r: 2,
+            alpha: 4.0,
+            dropout: 0.0,
+            targets: LoraTarget::ALL.to_vec(),
+        };
+        m.add_lora(&lora, 1).unwrap();
+        let mut train = TrainConfig::default();
+        train.optim.lr = 0.05;
+        train.loss.kl_coef = 0.0;
+        Policy {
+            trainer: Trainer::new(m, train).unwrap(),
+            version: 3,
+            lora: Some(lora),
+            base: "test".into(),
+            seed: 1,
+            settings: TrainSettings::default(),
+        }
+    }
+
+    fn batch(adv: f32) -> Vec<Sequence> {
+        (0..2)
+            .map(|i| Sequence {
+                tokens: (0..12).map(|k| (k * 5 + i * 3) % 64).collect(),
+                loss_mask: (0..12).map(|k| k >= 4).collect(),
+                stages: vec![-1; 12],
+                behaviour_logprobs: vec![],
+                advantages: vec![if i == 0 { adv } else { -adv }],
+            })
+            .collect()
+    }
+
+    fn values(p: &Policy) -> Vec<Vec<f32>> {
+        p.trainer
+            .model
+            .trainable()
+            .iter()
+            .map(|(_, t)| Vec::<f32>::try_from(t.detach().flatten(0, -1)).unwrap())
+            .collect()
+    }
+
+    /// A step that errs or panics after an optimizer update is undone exactly: parameters,
+    /// optimizer moments and step, and the version; the next step then equals the same step on
+    /// a policy that never failed.
+    #[test]
+    fn a_step_that_fails_half_way_is_undone_exactly() {
+        let mut p = policy();
+        let mut twin = policy();
+        p.trainer.rl_step(&batch(1.0)).unwrap();
+        twin.trainer.rl_step(&batch(1.0)).unwrap();
+        let before = values(&p);
+        let failed = guarded_step(&mut p, ROLLBACK_MAX_BYTES, |p| {
+            p.trainer.rl_step(&batch(0.5))?;
+            p.version += 1;
+            Err::<(), _>(TrainerError::Config("the publish directory is full".into()))
+        });
+        assert!(
+            matches!(failed, Err(StepFailure::RolledBack(TrainerError::Config(ref m))) if m.contains("full")),
+            "{failed:?}"
+        );
+        assert_eq!(values(&p), before);
+        assert_eq!((p.version, p.trainer.opt.step), (3, 1));
+        let panicked = guarded_step(&mut p, ROLLBACK_MAX_BYTES, |p| -> Result<()> {
+            p.trainer.rl_step(&batch(0.5))?;
+            panic!("CUDA out of memory (simulated)");
+        });
+        assert!(
+            matches!(panicked, Err(StepFailure::RolledBack(TrainerError::Panicked(ref m))) if m.contains("out of memory")),
+            "{panicked:?}"
+        );
+        assert_eq!(values(&p), before);
+        assert_eq!((p.version, p.trainer.opt.step), (3, 1));
+        // The moments came back too: the next step is the never-failed twin's.
+        let ok = guarded_step(&mut p, ROLLBACK_MAX_BYTES, |p| {
+            p.trainer.rl_step(&batch(-1.0))
+        });
+        assert!(ok.is_ok());
+        twin.trainer.rl_step(&batch(-1.0)).unwrap();
+        assert_eq!(values(&p), values(&twin));
+    }
+
+    #[test]
+    fn a_failed_step_without_a_snapshot_is_unrecoverable() {
+        let mut p = policy();
+        let bytes = p.trainer.trainable_bytes();
+        assert!(bytes > 0 && bytes < ROLLBACK_MAX_BYTES);
+        let r = guarded_step(&mut p, bytes - 1, |p| p.trainer.rl_step(&batch(1.0)));
+        assert!(r.is_ok(), "a step that succeeds needs no snapshot");
+        let r = guarded_step(&mut p, bytes - 1, |_| -> Result<()> {
+            Err(TrainerError::Config("boom".into()))
+        });
+        let Err(StepFailure::Unrecoverable(why)) = r else {
+            panic!("{r:?}");
+        };
+        assert!(
+            why.contains("boom") && why.contains(&format!("budget of {} bytes", bytes - 1)),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_batch_is_checked_whole_in_its_own_numbering() {
+        let limits = SeqLimits {
+            vocab: 64,
+            max_positions: 8,
+        };
+        let seq = |n: usize, phase| wire::WireSequence {
+            tokens: (0..n as u32).collect(),
+            loss_mask: (0..n).map(|k| k > 0).collect(),
+            stages: vec![0; n],
+            behaviour_logprobs: vec![0.0; n],
+            advantages: vec![1.0],
+            phase,
+            ..Default::default()
+        };
+        let b = |rl, seqs| wire::Batch {
+            policy_version: 0,
+            rl,
+            seqs,
+        };
+        let ok = check_batch(
+            b(
+                true,
+                vec![seq(8, wire::Phase::Reflection), seq(3, wire::Phase::Task)],
+            ),
+            limits,
+        )
+        .unwrap();
+        assert_eq!((ok.reflection.len(), ok.task.len()), (1, 1));
+        let e = check_batch(
+            b(
+                true,
+                vec![seq(8, wire::Phase::Reflection), seq(9, wire::Phase::Task)],
+            ),
+            limits,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("sequence 1: 9 tokens exceed the model's 8 positions"),
+            "{e}"
+        );
+        let e = check_batch(b(false, vec![seq(3, wire::Phase::Reflection)]), limits)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sequence 0: reflection"), "{e}");
+        let e = check_batch(b(false, vec![]), limits)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SFT batch needs at least one"), "{e}");
+        assert!(
+            check_batch(b(true, vec![]), limits).is_ok(),
+            "an empty RL step"
+        );
+    }
 }

@@ -3,7 +3,8 @@
 //! `return_tokens_as_token_ids`, stop strings, temperature, top-p, n, max_tokens, seed),
 //! `/v1/chat/completions` (the model's chat template), `/tokenize`, `/detokenize`, and
 //! `/v1/load_lora_adapter` (makes an adapter directory the served and trained policy under a
-//! name; the optimizer restarts on the new adapter's tensors).
+//! name, after checking it whole; the optimizer restarts on the new adapter's tensors). Every
+//! generation request is held to the context with overflow-checked lengths.
 
 use std::sync::Arc;
 
@@ -124,7 +125,9 @@ fn check_model(s: &AppState, model: &str) -> ApiResult<()> {
     }
 }
 
-fn check_params(s: &AppState, prompt_len: usize, p: &GenParams) -> ApiResult<()> {
+/// The request's sampling values and lengths: prompt plus `max_tokens` (added with overflow
+/// checked) within `context`, the tokens the server serves.
+fn check_params(prompt_len: usize, p: &GenParams, context: usize) -> ApiResult<()> {
     let bad = |m: String| Err(ApiError::BadRequest(m));
     if p.n == 0 || p.n > MAX_N {
         return bad(format!("n = {} is out of range; allowed: 1..={MAX_N}", p.n));
@@ -138,23 +141,30 @@ fn check_params(s: &AppState, prompt_len: usize, p: &GenParams) -> ApiResult<()>
     if prompt_len == 0 {
         return bad("empty prompt".into());
     }
-    if prompt_len + p.max_tokens > s.cfg.max_model_len {
-        return bad(format!(
-            "prompt ({prompt_len} tokens) + max_tokens ({}) exceeds the context of {} tokens",
-            p.max_tokens, s.cfg.max_model_len
-        ));
+    if p.max_tokens == 0 {
+        return bad("max_tokens = 0; allowed: at least 1".into());
     }
-    Ok(())
+    match prompt_len.checked_add(p.max_tokens) {
+        Some(total) if total <= context => Ok(()),
+        _ => bad(format!(
+            "prompt ({prompt_len} tokens) + max_tokens ({}) exceeds the context of {context} \
+             tokens",
+            p.max_tokens
+        )),
+    }
 }
 
-/// Check the request against the limits, then generate.
+/// Check the request against the limits (the advertised context and the model's own position
+/// limit, whichever is smaller; the vocabulary), then generate.
 async fn run(s: &AppState, prompt: Vec<u32>, params: GenParams) -> ApiResult<Vec<Sample>> {
-    check_params(s, prompt.len(), &params)?;
-    let vocab = s
-        .policy
-        .lock()
-        .map(|p| p.trainer.model.cfg.vocab_size)
-        .unwrap_or(0);
+    s.ensure_healthy()?;
+    let limits = s.limits()?;
+    check_params(
+        prompt.len(),
+        &params,
+        s.cfg.max_model_len.min(limits.max_positions),
+    )?;
+    let vocab = limits.vocab;
     if let Some(t) = prompt.iter().find(|&&t| i64::from(t) >= vocab) {
         return Err(ApiError::bad_request(format!(
             "token id {t} is out of range; the vocabulary has {vocab} ids"
@@ -352,18 +362,44 @@ struct LoadLora {
     lora_path: String,
 }
 
+/// Make an adapter directory the served and trained adapter: read and checked whole against
+/// the model first (`lora::stage_adapter`: names, shapes, dtype, finite values; nothing missing,
+/// nothing extra) without holding the policy, then swapped in at once with a fresh optimizer.
+/// A refused adapter (400) changes nothing.
 async fn load_lora(
     State(s): State<Arc<AppState>>,
     Json(b): Json<LoadLora>,
 ) -> ApiResult<Json<Value>> {
+    s.ensure_healthy()?;
+    // A train step on this process would race the swap.
+    let Ok(_guard) = s.training.try_lock() else {
+        return Err(ApiError::conflict("a train step is running"));
+    };
     let st = s.clone();
     let path = std::path::PathBuf::from(&b.lora_path);
-    let res = tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
-        let mut p = st
-            .policy
-            .lock()
-            .map_err(|_| crate::TrainerError::Config("policy lock poisoned".into()))?;
-        let cfg = crate::model::lora::load_adapter(&mut p.trainer.model, &path)?;
+    let refuse = |e: String| ApiError::bad_request(format!("cannot load {}: {e}", b.lora_path));
+    let res = tokio::task::spawn_blocking(move || -> ApiResult<()> {
+        let (projections, device) = {
+            let p = st.policy.lock().map_err(|_| ApiError::poisoned())?;
+            if p.trainer.reference.is_some() {
+                return Err(ApiError::bad_request(
+                    "this policy is a full fine-tune with a frozen reference copy (KL term); an \
+                     adapter cannot be trained against it",
+                ));
+            }
+            let m = &p.trainer.model;
+            (m.projection_shapes(), m.device)
+        };
+        // Read and check the adapter without holding the policy: generation goes on meanwhile.
+        let staged = crate::model::lora::stage_adapter(&projections, device, &path)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let mut p = st.policy.lock().map_err(|_| ApiError::poisoned())?;
+        if p.trainer.model.projection_shapes() != projections {
+            return Err(ApiError::conflict(
+                "the policy changed while the adapter was read; send the request again",
+            ));
+        }
+        let cfg = staged.attach(&mut p.trainer.model);
         // The optimizer held the previous adapter's tensors: start it afresh on the new ones.
         let params = p.trainer.model.trainable();
         p.trainer.opt = crate::optim::AdamW::new(params, p.trainer.cfg.optim.clone());
@@ -371,7 +407,11 @@ async fn load_lora(
         Ok(())
     })
     .await;
-    res?.map_err(|e| ApiError::bad_request(format!("cannot load {}: {e}", b.lora_path)))?;
+    match res? {
+        Ok(()) => {}
+        Err(ApiError::BadRequest(e)) => return Err(refuse(e)),
+        Err(e) => return Err(e),
+    }
     s.add_alias(b.lora_name.clone(), 8);
     Ok(Json(json!({"loaded": b.lora_name})))
 }

@@ -3,8 +3,11 @@
 //! that publishes (`--publish-url`): `POST /start_weight_update`, `POST /update_weights
 //! {"update_info": {"path": DIR}}` (a model directory: config.json + safetensors of the same
 //! architecture), `POST /finish_weight_update {"weight_version": "vN"}`; plus `POST
-//! /v1/unload_lora_adapter`. The new weights replace the served ones between two decode
-//! rounds; sequences in flight continue on them (vLLM's `keep` mode).
+//! /v1/unload_lora_adapter`. The new weights are read into a staging model and checked whole
+//! (every tensor's name, shape and dtype; the config's sizes, position limit, rotary base and
+//! norms equal to the served model's) before they replace the served ones between two decode
+//! rounds; sequences in flight continue on them (vLLM's `keep` mode). A refused update changes
+//! nothing.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -64,6 +67,7 @@ async fn update(
     State(s): State<Arc<AppState>>,
     Json(b): Json<UpdateBody>,
 ) -> ApiResult<Json<Value>> {
+    s.ensure_healthy()?;
     if !s.updating.load(Ordering::SeqCst) {
         return Err(ApiError::bad_request(
             "no weight update in progress: call POST /start_weight_update first",
@@ -82,7 +86,7 @@ async fn update(
     };
     let st = s.clone();
     let res = tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
-        let (device, kind, shapes) = {
+        let (device, kind, served) = {
             let p = st
                 .policy
                 .lock()
@@ -93,21 +97,17 @@ async fn update(
                 ));
             }
             let m = &p.trainer.model;
-            (m.device, m.kind, Qwen3::shapes(&m.cfg))
+            (m.device, m.kind, m.cfg.clone())
         };
-        // Read the new weights without holding the policy: generation goes on meanwhile.
+        // Read the new weights into a staging model without holding the policy: generation
+        // goes on meanwhile. Loading checks every tensor's name, shape and dtype.
         let fresh = Qwen3::load(&dir, device, kind)?;
-        let got = Qwen3::shapes(&fresh.cfg);
-        if got != shapes {
-            let diff = got
-                .iter()
-                .zip(&shapes)
-                .find(|(a, b)| a != b)
-                .map(|((n, a), (_, b))| format!("{n}: {a:?} vs served {b:?}"))
-                .unwrap_or_else(|| format!("{} tensors vs served {}", got.len(), shapes.len()));
+        let diff = fresh.cfg.architecture_diff(&served);
+        if !diff.is_empty() {
             return Err(TrainerError::Config(format!(
-                "{} does not match the served architecture ({diff})",
-                dir.display()
+                "{} does not match the served model: {}",
+                dir.display(),
+                diff.join("; ")
             )));
         }
         fresh.set_trainable(true);
@@ -115,6 +115,12 @@ async fn update(
             .policy
             .lock()
             .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+        if !p.trainer.model.cfg.architecture_diff(&served).is_empty() || p.lora.is_some() {
+            return Err(TrainerError::Config(
+                "the served policy changed while the weights were read; send the request again"
+                    .into(),
+            ));
+        }
         p.trainer.model = fresh;
         // The optimizer held the previous tensors: start it afresh on the new ones.
         let params = p.trainer.model.trainable();

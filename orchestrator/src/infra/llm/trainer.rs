@@ -1,8 +1,16 @@
 //! The trainer service's HTTP API as the pipeline uses it (`trainer serve`): state, train steps
 //! with the compact `wire` batch, checkpoints into a sub-directory, restore, health, and the
 //! queue depth of inference servers for admission control. Lives here because reqwest does.
+//! When `TRAINER_API_TOKEN` is set (a trainer bound beyond loopback requires it), every request
+//! carries it as `Authorization: Bearer`; the token is registered with `secrets` and never
+//! printed.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The environment variable holding the trainer's API token (the same one `trainer serve`
+/// reads).
+pub const TOKEN_ENV: &str = "TRAINER_API_TOKEN";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainerError {
@@ -79,17 +87,50 @@ pub struct Restored {
     pub published_name: Option<String>,
 }
 
+/// The trainer's API token: sent only in the (sensitive) `Authorization` header; `Debug` shows
+/// `TrainerToken(***)`.
+#[derive(Clone)]
+struct TrainerToken(Arc<str>);
+
+impl std::fmt::Debug for TrainerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TrainerToken(***)")
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct TrainerClient {
     http: reqwest::Client,
     url: String,
+    token: Option<TrainerToken>,
 }
 
 impl TrainerClient {
+    /// A client for the trainer at `url`, sending the token of `TRAINER_API_TOKEN` when set.
     pub fn new(http: reqwest::Client, url: &str) -> Self {
         Self {
             http,
             url: url.trim_end_matches('/').to_string(),
+            token: None,
+        }
+        .with_api_token(super::secrets::env_key(TOKEN_ENV).as_deref())
+    }
+
+    /// The same client sending `token` (none: no `Authorization` header).
+    pub fn with_api_token(mut self, token: Option<&str>) -> Self {
+        self.token = token.map(|t| {
+            super::secrets::register(t);
+            TrainerToken(Arc::from(t))
+        });
+        self
+    }
+
+    /// A request to `path` on the trainer, with the token when there is one.
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let rb = self.http.request(method, format!("{}{path}", self.url));
+        match &self.token {
+            Some(t) => rb.bearer_auth(&*t.0),
+            None => rb,
         }
     }
 
@@ -122,6 +163,7 @@ impl TrainerClient {
             .ok()
             .map(|b| b.error.message)
             .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(300).collect());
+        let message = super::secrets::redact(&message).into_owned();
         if status.as_u16() == 409 {
             return Err(TrainerError::Conflict {
                 url: self.url.clone(),
@@ -139,8 +181,7 @@ impl TrainerClient {
 
     pub async fn health(&self) -> bool {
         matches!(
-            self.http
-                .get(format!("{}/health", self.url))
+            self.request(reqwest::Method::GET, "/health")
                 .timeout(Duration::from_secs(5))
                 .send()
                 .await,
@@ -150,8 +191,7 @@ impl TrainerClient {
 
     pub async fn state(&self) -> Result<TrainerState, TrainerError> {
         let resp = self
-            .http
-            .get(format!("{}/v1/state", self.url))
+            .request(reqwest::Method::GET, "/v1/state")
             .timeout(Duration::from_secs(30))
             .send()
             .await
@@ -162,8 +202,7 @@ impl TrainerClient {
     /// The optimisation settings the trainer holds.
     pub async fn settings(&self) -> Result<wire::SettingsReply, TrainerError> {
         let resp = self
-            .http
-            .get(format!("{}/v1/settings", self.url))
+            .request(reqwest::Method::GET, "/v1/settings")
             .timeout(Duration::from_secs(30))
             .send()
             .await
@@ -179,8 +218,7 @@ impl TrainerClient {
         settings: &wire::TrainSettings,
     ) -> Result<wire::SettingsReply, TrainerError> {
         let resp = self
-            .http
-            .post(format!("{}/v1/settings", self.url))
+            .request(reqwest::Method::POST, "/v1/settings")
             .json(settings)
             .send()
             .await
@@ -210,14 +248,13 @@ impl TrainerClient {
         settings_hash: Option<&str>,
     ) -> Result<TrainReply, TrainerError> {
         let body = batch.encode()?;
-        let mut url = format!("{}/v1/train_step?expect_version={expect_version}", self.url);
+        let mut path = format!("/v1/train_step?expect_version={expect_version}");
         if let Some(h) = settings_hash {
-            url.push_str("&settings_hash=");
-            url.push_str(h);
+            path.push_str("&settings_hash=");
+            path.push_str(h);
         }
         let resp = self
-            .http
-            .post(url)
+            .request(reqwest::Method::POST, &path)
             .header("content-type", "application/octet-stream")
             .body(body)
             .send()
@@ -230,8 +267,7 @@ impl TrainerClient {
     /// relative to the trainer's checkpoint root.
     pub async fn checkpoint(&self, subdir: &str) -> Result<String, TrainerError> {
         let resp = self
-            .http
-            .post(format!("{}/v1/checkpoint", self.url))
+            .request(reqwest::Method::POST, "/v1/checkpoint")
             .json(&wire::api::CheckpointRequest {
                 subdir: Some(subdir.to_string()),
             })
@@ -258,8 +294,7 @@ impl TrainerClient {
         session: &str,
     ) -> Result<Restored, TrainerError> {
         let resp = self
-            .http
-            .post(format!("{}/v1/restore", self.url))
+            .request(reqwest::Method::POST, "/v1/restore")
             .json(&wire::api::RestoreRequest {
                 checkpoint: checkpoint.map(str::to_string),
                 session: Some(session.to_string()),

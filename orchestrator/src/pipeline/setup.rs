@@ -480,14 +480,17 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
     }
     if cfg.eval.enabled() {
         lines.push(format!(
-            "  eval: {} held-out tasks{} every {} steps",
+            "  eval: {} held-out tasks{}, {}",
             cfg.eval.held_out,
             cfg.eval
                 .sets
                 .iter()
                 .map(|s| format!(", {} ({})", s.name, s.size))
                 .collect::<String>(),
-            cfg.eval.every
+            match cfg.eval.every {
+                0 => "at the start and after the last step".to_string(),
+                n => format!("every {n} steps"),
+            }
         ));
     }
     lines.join("\n")

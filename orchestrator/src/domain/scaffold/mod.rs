@@ -6,8 +6,9 @@ pub mod parse;
 pub mod sft;
 
 pub use parse::{
-    Citation, Element, ParseIssue, Parsed, Plan, Review, SelfRubric, ToolCallTag, canonical_tag,
-    extract_boxed, normalize_tool_name, parse, parse_as, parse_self_rubric,
+    Citation, Element, MAX_UNCLOSED_TEXT, ParseIssue, Parsed, Plan, Review, SelfRubric,
+    ToolCallTag, canonical_tag, elements, extract_boxed, normalize_tool_name, parse, parse_as,
+    parse_self_rubric,
 };
 
 use serde::{Deserialize, Serialize};

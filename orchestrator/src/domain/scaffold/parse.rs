@@ -6,6 +6,15 @@
 //! answer / cite grammar (and ReAct's) is a subset of the vocabulary; [`parse_as`] judges such a
 //! trajectory by its own scaffold's rules (no plan, no review: everything before the answer is
 //! research).
+//!
+//! Time and memory are linear in the text on any input (hostile model output included). The
+//! tree is built in one pass as the lexer finds tags (a closing tag finds its element through its
+//! kind's innermost open element, never by scanning the open ones), and is the same tree as
+//! before: an unclosed element spans to where an ancestor closes or the text ends. What is read
+//! from it is bounded: the text of a kind read at every occurrence (`call_tool`,
+//! `state_evaluation`, `cite`) ends at the next opening tag of that kind, so those texts never
+//! overlap, and an unclosed element's text ends at most [`MAX_UNCLOSED_TEXT`] bytes after its
+//! opening tag. Everything else parses as before.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -39,6 +48,14 @@ pub const TAGS: &[&str] = &[
 /// main text and of teacher outputs: `analysis`, `rubrics`, `rubrics_review`, `scratchpad`,
 /// and `call` as a closer of `call_tool`.
 pub fn canonical_tag(name: &str) -> Option<&'static str> {
+    canonical_kind(name).and_then(|k| TAGS.get(k).copied())
+}
+
+/// How many kinds of tag there are (a kind is an index into [`TAGS`]).
+const KINDS: usize = TAGS.len();
+
+/// The tag's kind: its canonical name's index in [`TAGS`].
+fn canonical_kind(name: &str) -> Option<usize> {
     const ALIASES: &[(&str, &str)] = &[
         ("analysis", "deep_analysis"),
         ("rubrics", "rubric"),
@@ -46,13 +63,11 @@ pub fn canonical_tag(name: &str) -> Option<&'static str> {
         ("scratchpad", "think"),
         ("call", "call_tool"),
     ];
-    if let Some(t) = TAGS.iter().find(|t| t.eq_ignore_ascii_case(name)) {
-        return Some(t);
+    if let Some(k) = TAGS.iter().position(|t| t.eq_ignore_ascii_case(name)) {
+        return Some(k);
     }
-    ALIASES
-        .iter()
-        .find(|(a, _)| a.eq_ignore_ascii_case(name))
-        .map(|(_, c)| *c)
+    let (_, canonical) = ALIASES.iter().find(|(a, _)| a.eq_ignore_ascii_case(name))?;
+    TAGS.iter().position(|t| t == canonical)
 }
 
 /// Tool-name variants teachers and models produce, normalised to the production names.
@@ -83,12 +98,14 @@ pub fn normalize_tool_name(raw: &str) -> String {
 enum Lexeme {
     Open {
         name: &'static str,
+        kind: usize,
         attrs: BTreeMap<String, String>,
         span: Range<usize>,
         self_closing: bool,
     },
     Close {
         name: &'static str,
+        kind: usize,
         span: Range<usize>,
     },
 }
@@ -96,9 +113,18 @@ enum Lexeme {
 /// Longest a tag may be (attributes included) before we stop believing it is one.
 const MAX_TAG_LEN: usize = 4096;
 
-fn lex(text: &str) -> Vec<Lexeme> {
+/// Longest tag name (or alias) looked at; every name in the vocabulary is shorter.
+const MAX_NAME_LEN: usize = 32;
+
+/// Most bytes of text read from one unclosed element (its text ends here, or at the next opening
+/// tag of its kind for `call_tool`, `state_evaluation` and `cite`, whichever comes first). About
+/// 250k tokens of English: above any trajectory a policy's context holds, so it only cuts hostile
+/// megabyte-scale text.
+pub const MAX_UNCLOSED_TEXT: usize = 1 << 20;
+
+/// Hand each recognised tag to `emit`, in document order (no list of them is kept).
+fn lex(text: &str, mut emit: impl FnMut(Lexeme)) {
     let bytes = text.as_bytes();
-    let mut out = Vec::new();
     let mut i = 0;
     while let Some(off) = memchr_lt(&bytes[i..]) {
         let start = i + off;
@@ -108,17 +134,21 @@ fn lex(text: &str) -> Vec<Lexeme> {
         } else {
             (false, start + 1)
         };
+        // Look at one byte past the longest name, so a longer run is refused without scanning it.
+        let name_limit = (name_start + MAX_NAME_LEN + 1).min(bytes.len());
         let mut name_end = name_start;
-        while name_end < bytes.len()
+        while name_end < name_limit
             && (bytes[name_end].is_ascii_alphanumeric() || bytes[name_end] == b'_')
         {
             name_end += 1;
         }
-        if name_end == name_start || name_end - name_start > 32 {
+        if name_end == name_start || name_end - name_start > MAX_NAME_LEN {
             continue;
         }
         // name_start..name_end is ASCII, so these are char boundaries.
-        let Some(name) = canonical_tag(&text[name_start..name_end]) else {
+        let Some((kind, name)) = canonical_kind(&text[name_start..name_end])
+            .and_then(|k| TAGS.get(k).map(|name| (k, *name)))
+        else {
             continue;
         };
         // The tag must end at '>' before any other '<' and within MAX_TAG_LEN.
@@ -150,20 +180,20 @@ fn lex(text: &str) -> Vec<Lexeme> {
         let span = start..gt + 1;
         i = gt + 1;
         if closing {
-            out.push(Lexeme::Close { name, span });
+            emit(Lexeme::Close { name, kind, span });
         } else {
             let inner = &text[name_start..gt];
             let self_closing = inner.ends_with('/');
             let inner = inner.strip_suffix('/').unwrap_or(inner);
-            out.push(Lexeme::Open {
+            emit(Lexeme::Open {
                 name,
+                kind,
                 attrs: parse_attrs(inner, name_end - name_start),
                 span,
                 self_closing,
             });
         }
     }
-    out
 }
 
 fn memchr_lt(b: &[u8]) -> Option<usize> {
@@ -234,14 +264,40 @@ pub enum ParseIssue {
 
 /// Build elements in document order from the lexemes: a closing tag closes the nearest open
 /// element of its name (implicitly closing anything opened after it); stray closers are noted.
-fn build(text: &str, lexemes: Vec<Lexeme>) -> (Vec<Element>, Vec<ParseIssue>) {
-    let mut elems: Vec<Element> = Vec::new();
-    let mut stack: Vec<usize> = Vec::new();
-    let mut issues = Vec::new();
-    for lx in lexemes {
+/// Linear: each kind's innermost open element is known (and each open element links to the next
+/// one of its kind below it), so a closing tag finds its element without scanning, and every
+/// element is popped once. Lexemes are consumed as the lexer finds them.
+fn build(text: &str) -> Tree {
+    let mut b = Builder::default();
+    lex(text, |lx| b.add(lx));
+    b.finish(text.len())
+}
+
+#[derive(Default)]
+struct Builder {
+    elems: Vec<Element>,
+    kinds: Vec<usize>,
+    /// Open elements, outermost first: the element, and the stack position of the next open
+    /// element of its kind below it.
+    stack: Vec<(usize, Option<usize>)>,
+    /// Per kind, the stack position of its innermost open element.
+    innermost: [Option<usize>; KINDS],
+    issues: Vec<ParseIssue>,
+}
+
+impl Builder {
+    fn add(&mut self, lx: Lexeme) {
+        let Self {
+            elems,
+            kinds,
+            stack,
+            innermost,
+            issues,
+        } = self;
         match lx {
             Lexeme::Open {
                 name,
+                kind,
                 attrs,
                 span,
                 self_closing,
@@ -254,43 +310,75 @@ fn build(text: &str, lexemes: Vec<Lexeme>) -> (Vec<Element>, Vec<ParseIssue>) {
                     content: span.end..span.end,
                     close: self_closing.then_some(span.end..span.end),
                     depth: stack.len(),
-                    parent: stack.last().copied(),
+                    parent: stack.last().map(|&(e, _)| e),
                 });
-                if !self_closing {
-                    stack.push(idx);
+                kinds.push(kind);
+                if !self_closing && let Some(slot) = innermost.get_mut(kind) {
+                    stack.push((idx, slot.replace(stack.len())));
                 }
             }
-            Lexeme::Close { name, span } => {
-                match stack.iter().rposition(|&e| elems[e].name == name) {
-                    Some(pos) => {
-                        for &e in &stack[pos + 1..] {
-                            elems[e].content.end = span.start;
-                            issues.push(ParseIssue::Unclosed {
-                                tag: elems[e].name.into(),
-                                at: elems[e].open.start,
-                            });
-                        }
-                        let e = stack[pos];
-                        elems[e].content.end = span.start;
-                        elems[e].close = Some(span);
-                        stack.truncate(pos);
-                    }
-                    None => issues.push(ParseIssue::StrayClose {
+            Lexeme::Close { name, kind, span } => {
+                let found = innermost
+                    .get(kind)
+                    .copied()
+                    .flatten()
+                    .and_then(|pos| stack.get(pos).map(|&(e, _)| (pos, e)));
+                let Some((pos, e)) = found else {
+                    issues.push(ParseIssue::StrayClose {
                         tag: name.into(),
                         at: span.start,
-                    }),
+                    });
+                    return;
+                };
+                for &(inner, _) in stack.get(pos + 1..).unwrap_or_default() {
+                    elems[inner].content.end = span.start;
+                    issues.push(ParseIssue::Unclosed {
+                        tag: elems[inner].name.into(),
+                        at: elems[inner].open.start,
+                    });
                 }
+                // Pop innermost first, so each kind's innermost is restored in turn.
+                for &(popped, below) in stack.get(pos..).unwrap_or_default().iter().rev() {
+                    if let Some(slot) = kinds.get(popped).and_then(|&k| innermost.get_mut(k)) {
+                        *slot = below;
+                    }
+                }
+                elems[e].content.end = span.start;
+                elems[e].close = Some(span);
+                stack.truncate(pos);
             }
         }
     }
-    for &e in &stack {
-        elems[e].content.end = text.len();
-        issues.push(ParseIssue::Unclosed {
-            tag: elems[e].name.into(),
-            at: elems[e].open.start,
-        });
+
+    /// Elements still open at the end of the text end there, unclosed.
+    fn finish(mut self, len: usize) -> Tree {
+        for &(e, _) in &self.stack {
+            self.elems[e].content.end = len;
+            self.issues.push(ParseIssue::Unclosed {
+                tag: self.elems[e].name.into(),
+                at: self.elems[e].open.start,
+            });
+        }
+        Tree {
+            elems: self.elems,
+            kinds: self.kinds,
+            issues: self.issues,
+        }
     }
-    (elems, issues)
+}
+
+/// What [`build`] makes: the elements, each one's kind (index into [`TAGS`]), the issues.
+struct Tree {
+    elems: Vec<Element>,
+    kinds: Vec<usize>,
+    issues: Vec<ParseIssue>,
+}
+
+/// The tolerant tree of a text: its scaffold elements in document order (each within its
+/// parent) and the issues found while building it. What [`parse`] reads its fields from.
+pub fn elements(text: &str) -> (Vec<Element>, Vec<ParseIssue>) {
+    let tree = build(text);
+    (tree.elems, tree.issues)
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -299,6 +387,8 @@ pub struct ToolCallTag {
     pub name: String,
     /// Attributes other than `name` (e.g. `limit`, `year`, `fieldsOfStudy`).
     pub attrs: BTreeMap<String, String>,
+    /// The call's text, entity-unescaped: up to its closing tag, or when unclosed up to the next
+    /// `<call_tool>` (at most [`MAX_UNCLOSED_TEXT`] bytes).
     pub query: String,
     /// Byte range of the whole `<call_tool …>…</call_tool>` in the model text.
     pub span: Range<usize>,
@@ -404,8 +494,40 @@ impl Parsed {
     }
 }
 
+/// The bytes of an element's content that are read as its text: all of it when closed; when
+/// unclosed, at most [`MAX_UNCLOSED_TEXT`] bytes (cut at a char boundary); never past `until`
+/// (the next opening tag of its kind, for the kinds read at every occurrence).
+fn text_range(text: &str, e: &Element, until: Option<usize>) -> Range<usize> {
+    let mut end = e.content.end;
+    if e.close.is_none() {
+        end = end.min(text.floor_char_boundary(e.content.start.saturating_add(MAX_UNCLOSED_TEXT)));
+    }
+    if let Some(u) = until {
+        end = end.min(u);
+    }
+    // `until` is an opening tag after this element's, so never before its content starts.
+    e.content.start..end.max(e.content.start)
+}
+
 fn content(text: &str, e: &Element) -> String {
-    unescape_text(text[e.content.clone()].trim())
+    content_until(text, e, None)
+}
+
+fn content_until(text: &str, e: &Element, until: Option<usize>) -> String {
+    unescape_text(text[text_range(text, e, until)].trim())
+}
+
+/// For each element, where the next element of its kind opens (if one does).
+fn next_of_kind(elems: &[Element], kinds: &[usize]) -> Vec<Option<usize>> {
+    let mut next = vec![None; elems.len()];
+    let mut seen: [Option<usize>; KINDS] = [None; KINDS];
+    for ((e, &kind), n) in elems.iter().zip(kinds).zip(next.iter_mut()).rev() {
+        if let Some(slot) = seen.get_mut(kind) {
+            *n = *slot;
+            *slot = Some(e.open.start);
+        }
+    }
+    next
 }
 
 fn first_within<'a>(elems: &'a [Element], parent: usize, name: &str) -> Option<&'a Element> {
@@ -528,7 +650,12 @@ pub fn parse_as(scaffold: Scaffold, text: &str, known_snippets: &dyn Fn(&str) ->
 }
 
 fn parse_rubricem(text: &str, known_snippets: &dyn Fn(&str) -> bool) -> Parsed {
-    let (elems, issues) = build(text, lex(text));
+    let Tree {
+        elems,
+        kinds,
+        issues,
+    } = build(text);
+    let next = next_of_kind(&elems, &kinds);
     let len = text.len();
     let mut p = Parsed {
         issues,
@@ -580,27 +707,35 @@ fn parse_rubricem(text: &str, known_snippets: &dyn Fn(&str) -> bool) -> Parsed {
             .count()
             .saturating_sub(1);
     }
-    for e in elems
+    for (e, until) in elems
         .iter()
-        .filter(|e| e.name == "call_tool" && e.open.start < b_answer)
+        .zip(&next)
+        .filter(|(e, _)| e.name == "call_tool" && e.open.start < b_answer)
     {
-        let mut attrs = e.attrs.clone();
-        let name = attrs
-            .remove("name")
-            .map(|n| normalize_tool_name(&n))
+        let name = e
+            .attrs
+            .get("name")
+            .map(|n| normalize_tool_name(n))
             .unwrap_or_default();
+        let attrs = e
+            .attrs
+            .iter()
+            .filter(|(k, _)| *k != "name")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         p.tool_calls.push(ToolCallTag {
             name,
             attrs,
-            query: content(text, e),
+            query: content_until(text, e, *until),
             span: e.outer(),
             closed: e.close.is_some(),
         });
     }
     p.state_evaluations = elems
         .iter()
-        .filter(|e| e.name == "state_evaluation")
-        .map(|e| content(text, e))
+        .zip(&next)
+        .filter(|(e, _)| e.name == "state_evaluation")
+        .map(|(e, until)| content_until(text, e, *until))
         .collect();
     if let Some(r) = review_el {
         p.review = Some(Review {
@@ -610,15 +745,17 @@ fn parse_rubricem(text: &str, known_snippets: &dyn Fn(&str) -> bool) -> Parsed {
     }
     if let Some(a) = answer_el {
         let ans = &elems[a];
-        p.answer = Some(text[ans.content.clone()].trim().to_string());
+        let ans_text = &text[text_range(text, ans, None)];
+        p.answer = Some(ans_text.trim().to_string());
         p.answer_closed = ans.close.is_some();
-        p.boxed = extract_boxed(&text[ans.content.clone()]);
+        p.boxed = extract_boxed(ans_text);
         let outer = ans.outer();
-        for c in elems
+        for (c, until) in elems
             .iter()
+            .zip(&next)
             .skip(a + 1)
-            .take_while(|e| e.open.start < outer.end)
-            .filter(|e| e.name == "cite")
+            .take_while(|(e, _)| e.open.start < outer.end)
+            .filter(|(e, _)| e.name == "cite")
         {
             let raw_ids = c
                 .attrs
@@ -639,7 +776,7 @@ fn parse_rubricem(text: &str, known_snippets: &dyn Fn(&str) -> bool) -> Parsed {
             p.citations.push(Citation {
                 known: !ids.is_empty() && unknown_ids.is_empty(),
                 ids,
-                claim: content(text, c),
+                claim: content_until(text, c, *until),
                 unknown_ids,
             });
         }

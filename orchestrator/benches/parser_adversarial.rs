@@ -20,7 +20,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use orchestrator::domain::scaffold::{Parsed, parse};
+use orchestrator::domain::scaffold::parse;
 
 /// Counts live heap bytes and their high-water mark.
 struct Counting;
@@ -189,44 +189,6 @@ fn trajectory(seed: usize) -> String {
     s
 }
 
-/// Bytes of text the parse result holds (strings it extracted or copied).
-fn held_text(p: &Parsed) -> usize {
-    let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
-    let mut n = 0;
-    if let Some(plan) = &p.plan {
-        n += opt(&plan.deep_analysis) + opt(&plan.research_plan);
-        if let Some(r) = &plan.rubric {
-            n += r.raw.len();
-            for v in [&r.knowledge, &r.analytical, &r.negative, &r.other] {
-                n += v.iter().map(String::len).sum::<usize>();
-            }
-        }
-    }
-    for t in &p.tool_calls {
-        n += t.name.len() + t.query.len();
-        n += t
-            .attrs
-            .iter()
-            .map(|(k, v)| k.len() + v.len())
-            .sum::<usize>();
-    }
-    n += p.state_evaluations.iter().map(String::len).sum::<usize>();
-    if let Some(r) = &p.review {
-        n += opt(&r.rubric_review) + opt(&r.writing_plan);
-    }
-    n += opt(&p.answer) + opt(&p.boxed);
-    for c in &p.citations {
-        n += c.claim.len();
-        n += c
-            .ids
-            .iter()
-            .chain(&c.unknown_ids)
-            .map(String::len)
-            .sum::<usize>();
-    }
-    n
-}
-
 fn main() {
     let max_s: f64 = std::env::args()
         .skip(1)
@@ -286,7 +248,7 @@ fn main() {
         let p = parse(text, &|id| id.len() < 3);
         let first = t0.elapsed().as_secs_f64();
         let peak = PEAK.load(Ordering::Relaxed) - base;
-        let held = held_text(&p);
+        let held = p.held_text();
         let (calls, issues) = (p.tool_calls.len(), p.issues.len());
         drop(p);
         // Time: best of up to 5 more runs within the time allowance.

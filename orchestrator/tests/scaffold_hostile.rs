@@ -16,7 +16,7 @@ use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use orchestrator::domain::scaffold::{
-    MAX_UNCLOSED_TEXT, ParseIssue, Parsed, Scaffold, elements, parse, parse_as,
+    MAX_UNCLOSED_TEXT, ParseIssue, Scaffold, elements, parse, parse_as,
 };
 use proptest::prelude::*;
 
@@ -77,44 +77,6 @@ fn peak_heap<T>(f: impl FnOnce() -> T) -> (T, usize) {
     (out, peak.max(0) as usize)
 }
 
-/// Bytes of text a parse result holds.
-fn held_text(p: &Parsed) -> usize {
-    let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
-    let mut n = 0;
-    if let Some(plan) = &p.plan {
-        n += opt(&plan.deep_analysis) + opt(&plan.research_plan);
-        if let Some(r) = &plan.rubric {
-            n += r.raw.len();
-            for v in [&r.knowledge, &r.analytical, &r.negative, &r.other] {
-                n += v.iter().map(String::len).sum::<usize>();
-            }
-        }
-    }
-    for t in &p.tool_calls {
-        n += t.name.len() + t.query.len();
-        n += t
-            .attrs
-            .iter()
-            .map(|(k, v)| k.len() + v.len())
-            .sum::<usize>();
-    }
-    n += p.state_evaluations.iter().map(String::len).sum::<usize>();
-    if let Some(r) = &p.review {
-        n += opt(&r.rubric_review) + opt(&r.writing_plan);
-    }
-    n += opt(&p.answer) + opt(&p.boxed);
-    for c in &p.citations {
-        n += c.claim.len();
-        n += c
-            .ids
-            .iter()
-            .chain(&c.unknown_ids)
-            .map(String::len)
-            .sum::<usize>();
-    }
-    n
-}
-
 /// `count` unclosed `<call_tool>`, each followed by query words, in `total` bytes.
 fn nested_call_tools(count: usize, total: usize) -> String {
     let each = total / count;
@@ -146,7 +108,7 @@ fn nested_unclosed_call_tools_at_200_kb_parse_within_a_memory_bound() {
         "peak heap {peak} B for {} B of input",
         text.len()
     );
-    let held = held_text(&p);
+    let held = p.held_text();
     assert!(
         held <= text.len(),
         "held {held} B of text for {} B",
@@ -217,7 +179,7 @@ fn nested_cites_and_state_evaluations_extract_linear_text() {
     closed.push_str(&"</cite>".repeat(n));
     closed.push_str("</answer>");
     let p = parse(&closed, &|_| true);
-    let held = held_text(&p);
+    let held = p.held_text();
     assert!(
         held <= 2 * closed.len(),
         "held {held} B for {} B",
@@ -389,7 +351,7 @@ fn check_parse(text: &str) -> Result<(), TestCaseError> {
     let claims: usize = p.citations.iter().map(|c| c.claim.len()).sum();
     prop_assert!(queries <= len && evals <= len && claims <= len);
     // Everything extracted: a constant factor of the input.
-    let held = held_text(&p);
+    let held = p.held_text();
     prop_assert!(held <= 16 * len + 64, "held {} for {} bytes", held, len);
     let d = parse_as(Scaffold::Drtulu, text, &|_| false);
     prop_assert_eq!(d.stage_spans[3].end, len);

@@ -325,7 +325,8 @@ pub fn missing_inputs(cfg: &Config, recipes: &[Recipe]) -> Vec<String> {
         out.push(format!("data.tasks = {}: no such file", d.tasks.display()));
     }
     if d.index.as_os_str().is_empty() {
-        let keys: Vec<&str> = ["SERPER_API_KEY", "S2_API_KEY"]
+        use crate::infra::tools::setup::{S2_KEY_ENV, SERPER_KEY_ENV};
+        let keys: Vec<&str> = [SERPER_KEY_ENV, S2_KEY_ENV]
             .into_iter()
             .filter(|k| {
                 std::env::var(k)

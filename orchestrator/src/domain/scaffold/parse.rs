@@ -489,6 +489,50 @@ impl Parsed {
     }
 
     /// A compact JSON summary for `trajectories.parsed` (citations in the form the SQL expects).
+    /// Bytes of text this result holds (every string it extracted or copied from the input):
+    /// what the parser's linear bound is stated over (tests/scaffold_hostile.rs, the
+    /// parser_adversarial bench).
+    pub fn held_text(&self) -> usize {
+        let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+        let mut n = 0;
+        if let Some(plan) = &self.plan {
+            n += opt(&plan.deep_analysis) + opt(&plan.research_plan);
+            if let Some(r) = &plan.rubric {
+                n += r.raw.len();
+                for v in [&r.knowledge, &r.analytical, &r.negative, &r.other] {
+                    n += v.iter().map(String::len).sum::<usize>();
+                }
+            }
+        }
+        for t in &self.tool_calls {
+            n += t.name.len() + t.query.len();
+            n += t
+                .attrs
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>();
+        }
+        n += self
+            .state_evaluations
+            .iter()
+            .map(String::len)
+            .sum::<usize>();
+        if let Some(r) = &self.review {
+            n += opt(&r.rubric_review) + opt(&r.writing_plan);
+        }
+        n += opt(&self.answer) + opt(&self.boxed);
+        for c in &self.citations {
+            n += c.claim.len();
+            n += c
+                .ids
+                .iter()
+                .chain(&c.unknown_ids)
+                .map(String::len)
+                .sum::<usize>();
+        }
+        n
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
     }

@@ -4,7 +4,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{DbError, pg_text};
+use super::{DbError, pg_json, pg_text};
 
 /// One evaluation's summary (the `evaluations` row).
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -118,12 +118,12 @@ pub async fn record(pool: &PgPool, e: &EvalRow, results: &[ResultRow]) -> Result
         .bind(r.sample_index)
         .bind(pg_text(&r.finish_reason).as_ref())
         .bind(r.answer.as_deref().map(|a| pg_text(a).into_owned()))
-        .bind(sanitize(&r.parsed))
+        .bind(pg_json(&r.parsed))
         .bind(r.num_model_tokens)
         .bind(r.tool_calls)
         .bind(r.parse_failed)
         .bind(r.score.filter(|x| x.is_finite()))
-        .bind(sanitize(&r.rubric_scores))
+        .bind(pg_json(&r.rubric_scores))
         .bind(r.exact)
         .bind(r.error.as_deref().map(|a| pg_text(a).into_owned()))
         .execute(&mut *tx)
@@ -131,19 +131,6 @@ pub async fn record(pool: &PgPool, e: &EvalRow, results: &[ResultRow]) -> Result
     }
     tx.commit().await?;
     Ok(())
-}
-
-/// JSON as Postgres `jsonb` accepts it (no NUL in strings).
-fn sanitize(v: &serde_json::Value) -> serde_json::Value {
-    match v {
-        serde_json::Value::String(s) => serde_json::Value::String(pg_text(s).into_owned()),
-        serde_json::Value::Array(a) => a.iter().map(sanitize).collect(),
-        serde_json::Value::Object(o) => o
-            .iter()
-            .map(|(k, x)| (pg_text(k).into_owned(), sanitize(x)))
-            .collect(),
-        other => other.clone(),
-    }
 }
 
 /// Every evaluation of a run, by subset then version.

@@ -39,6 +39,9 @@ pub enum SetupError {
 
 pub const SERPER_URL: &str = "https://google.serper.dev";
 pub const S2_URL: &str = "https://api.semanticscholar.org";
+/// Environment variables holding the web tools' keys.
+pub const SERPER_KEY_ENV: &str = "SERPER_API_KEY";
+pub const S2_KEY_ENV: &str = "S2_API_KEY";
 
 /// Build the runner. Later sources win on a name clash (an MCP server's `google_search`
 /// replaces the local stand-in), and the clash is logged.
@@ -87,13 +90,10 @@ pub async fn build(
         };
         let google = Arc::new(super::search_apis::GoogleSearch::new(
             SERPER_URL,
-            "SERPER_API_KEY",
+            SERPER_KEY_ENV,
         )?);
         add(&mut runner, "google_search", google, limits);
-        let s2 = Arc::new(super::search_apis::SnippetSearch::new(
-            S2_URL,
-            "S2_API_KEY",
-        )?);
+        let s2 = Arc::new(super::search_apis::SnippetSearch::new(S2_URL, S2_KEY_ENV)?);
         add(&mut runner, "snippet_search", s2, limits);
         let browser = Arc::new(super::browse::Browser::new(
             super::ssrf::AddressGuard::new(Vec::new()),

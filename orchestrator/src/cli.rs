@@ -505,6 +505,15 @@ pub enum RaceCleanArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FactArg {
+    Off,
+    /// Cited pages from the agent's trace only.
+    Trace,
+    /// The trace first, else the page fetched with the browse tool.
+    Browse,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum HbAggregationArg {
     /// OpenAI simple-evals: the mean of unclipped per-example scores, clipped to [0, 1].
     Clipped,
@@ -610,7 +619,8 @@ pub struct EvalArgs {
     pub no_judge: bool,
     /// Replace a grader template: NAME=FILE (e.g. criterion=healthbench_grader.jinja), or FILE
     /// alone when the benchmark uses one template. Names: criterion, verdict, coverage, race,
-    /// clean, three_class, equivalence, ingredients, precision.
+    /// clean, three_class, equivalence, ingredients, precision, citations (SQA), facts, dedupe,
+    /// fact_support (DRB FACT).
     #[arg(long, env = "ORCH_EVAL_GRADER_TEMPLATE")]
     pub grader_template: Vec<String>,
     /// HealthBench aggregation.
@@ -625,6 +635,14 @@ pub struct EvalArgs {
     /// DRB RACE: clean the target article with a judge call (llm, the protocol) or locally.
     #[arg(long, env = "ORCH_EVAL_RACE_CLEAN", value_enum, default_value_t = RaceCleanArg::Llm)]
     pub race_clean: RaceCleanArg,
+    /// DRB FACT citation checking beside RACE: off, pages from the agent's trace (DR Tulu's
+    /// route; offline), or the trace then the browse tool (needs the network).
+    #[arg(long, env = "ORCH_EVAL_FACT", value_enum, default_value_t = FactArg::Off)]
+    pub fact: FactArg,
+    /// FACT with `browse`: address blocks the fetcher may reach although private, loopback or
+    /// link-local (refused by default), e.g. 127.0.0.1/32 for a local mirror.
+    #[arg(long = "fact-allow", value_delimiter = ',')]
+    pub fact_allow: Vec<String>,
     /// Attempts per judge call when its reply does not parse.
     #[arg(long, env = "ORCH_EVAL_PARSE_ATTEMPTS", default_value_t = 3)]
     pub parse_attempts: u32,

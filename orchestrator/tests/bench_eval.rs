@@ -702,3 +702,232 @@ async fn a_killed_eval_resumes_without_regenerating_or_regrading(pool: sqlx::PgP
     );
     assert!(dir.path().join("o2/summary.md").exists() && dir.path().join("o2/scores.svg").exists());
 }
+
+/// SQA-CS2 with AstaBench's sections JSON: ingredient recall, answer precision and citation
+/// precision / recall (a quote that supports, one that does not, a title-only source at half
+/// credit, a section without citations), and their mean; a plain-text answer has no citations
+/// and scores 0 on both citation metrics. Expected values computed by hand in the comments.
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn sqa_rubric_answer_precision_and_citation_precision_recall(pool: sqlx::PgPool) {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = [
+        json!({"case_id": "sqa-1", "question": "How do fibres change concrete?", "annotator": "a", "agreement": false,
+               "low_length": 300, "high_length": 600, "length_weight": 0.05, "expertise_weight": 0.05,
+               "citations_weight": 0.2, "excerpts_weight": 0.1,
+               "ingredients": [
+                   {"name": "ing_1", "criterion": "Reports the strength gain", "weight": 0.6, "evidence": [], "examples": []},
+                   {"name": "ing_2", "criterion": "Discusses long-term behaviour", "weight": 0.4, "evidence": [], "examples": ["creep"]}]}),
+        json!({"case_id": "sqa-2", "question": "Same question, plain answer?",
+               "ingredients": [
+                   {"name": "ing_1", "criterion": "Reports the strength gain", "weight": 0.6, "evidence": [], "examples": []},
+                   {"name": "ing_2", "criterion": "Discusses long-term behaviour", "weight": 0.4, "evidence": [], "examples": []}]}),
+    ];
+    let path = dir.path().join("rubrics_v2.jsonl");
+    std::fs::write(
+        &path,
+        rows.iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .unwrap();
+    let items = load(Benchmark::SqaCsV2, &path, &LoadOptions::default()).unwrap();
+    let report = json!({"response": {"sections": [
+        {"title": "Strength", "text": "Concrete cracks under load. Strength rose 12 percent [1]. Costs fell 30 percent [2].",
+         "citations": [
+             {"id": "[1]", "title": "Fibre tests", "snippets": ["Tests showed strength rose 12 percent."]},
+             {"id": "[2]", "title": "Costs", "snippets": ["Costs were stable over the decade."]}]},
+        {"title": "Toughness", "text": "Fibres add 5 percent toughness [3].",
+         "citations": [{"id": "[3]", "title": "Fibre toughness", "snippets": []}]},
+        {"title": "Outlook", "text": "Further work is needed. More tests help.", "citations": []}]}});
+    let answers: HashMap<String, String> = [
+        ("sqa-1".to_string(), report.to_string()),
+        ("sqa-2".to_string(), "Strength rose 12 percent.".to_string()),
+    ]
+    .into();
+    let g = FakeGrader::start().await;
+    g.evidence("Reports the strength gain", "strength");
+    g.evidence("Discusses long-term behaviour", "durability");
+    *g.state.irrelevant.write().unwrap() = "further work".into();
+    let s = bench::run(
+        &pool,
+        spec(
+            "sqa",
+            Benchmark::SqaCsV2,
+            items,
+            answers,
+            vec![judge(&g, "grader")],
+            GradeOptions::default(),
+        ),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let j = &s.judges[0];
+    assert_eq!((j.scored, j.failed), (2, 0), "{:?}", j.first_errors);
+    // Two cited sections of sqa-1 get a citation call; the uncited one and sqa-2 do not.
+    assert_eq!(g.calls("citations"), 2);
+    let scores: HashMap<String, serde_json::Value> =
+        sqlx::query_as::<_, (String, serde_json::Value)>(
+            "SELECT s.item_id, s.metrics FROM bench_scores s JOIN bench_runs r ON r.id = s.run_id WHERE r.name = 'sqa'",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let m1 = &scores["sqa-1"];
+    let close = |v: &serde_json::Value, x: f64| (v.as_f64().unwrap() - x).abs() < 1e-9;
+    // Ingredients: strength present (2/2 x 0.6), long-term absent -> 0.6.
+    assert!(close(&m1["ingredient_recall"], 0.6), "{m1}");
+    // Three paragraphs, the outlook one irrelevant -> 2/3.
+    assert!(close(&m1["answer_precision"], 2.0 / 3.0), "{m1}");
+    // Claims: "cracks" (no id, extrapolatory), "12 percent [1]" attributable, "30 percent
+    // [2]" not supported (extrapolatory), "[3]" title-only supports -> attributable and a
+    // half-credit claim; the uncited section adds its 2 sentences as extrapolatory.
+    // recall = (2 - 0.5) / (2 + 4) = 0.25; precision = mean(1, 0, 0.5) = 0.5.
+    assert!(close(&m1["citation_recall"], 0.25), "{m1}");
+    assert!(close(&m1["citation_precision"], 0.5), "{m1}");
+    assert_eq!(m1["half_credit_citations"], json!(1));
+    let m2 = &scores["sqa-2"];
+    assert!(close(&m2["citation_recall"], 0.0) && close(&m2["citation_precision"], 0.0));
+    // global_avg: (0.6 + 2/3 + 0.5 + 0.25) / 4 and (0.6 + 1 + 0 + 0) / 4.
+    let g1 = (0.6 + 2.0 / 3.0 + 0.5 + 0.25) / 4.0;
+    let g2 = (0.6 + 1.0) / 4.0;
+    assert!(
+        (j.score.unwrap() - 100.0 * (g1 + g2) / 2.0).abs() < 1e-6,
+        "{:?}",
+        j.score
+    );
+    assert!((j.metrics["citation_recall"] - 100.0 * 0.25 / 2.0).abs() < 1e-6);
+    assert!(
+        !j.metrics.contains_key("sections"),
+        "counts are not averaged x100"
+    );
+}
+
+/// DRB FACT beside RACE with pages fetched by the browse tool from a loopback site (allowed
+/// explicitly; private addresses are refused by default): statements extracted per citation,
+/// grouped by URL, duplicates merged, each group validated against its page; a dead link
+/// leaves its group unscored; accuracy pooled over articles, effective citations per article.
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn drb_fact_checks_citations_against_fetched_pages(pool: sqlx::PgPool) {
+    let dir = tempfile::tempdir().unwrap();
+    let all = load(
+        Benchmark::Drb,
+        &shared("deep_research_bench/criteria.jsonl"),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let refs: Vec<String> = [&all[0], &all[60]]
+        .iter()
+        .map(|i| json!({"id": i.id, "prompt": i.question(), "article": "Reference report body. ".repeat(20)}).to_string())
+        .collect();
+    let ref_path = dir.path().join("reference.jsonl");
+    std::fs::write(&ref_path, refs.join("\n")).unwrap();
+    let all = load(
+        Benchmark::Drb,
+        &shared("deep_research_bench/criteria.jsonl"),
+        &LoadOptions {
+            references: Some(ref_path),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // The third task has no reference article: RACE fails for it, FACT still counts.
+    let items: Vec<Item> = vec![all[0].clone(), all[60].clone(), all[61].clone()];
+    let g = FakeGrader::start().await;
+    g.page(
+        "report",
+        "<html><head><title>Annual report</title></head><body><p>Revenue grew 12 percent in 2023.</p><p>Margins were 35 percent.</p></body></html>",
+    );
+    g.page(
+        "blog",
+        "<html><body><p>Users doubled to 5 million.</p></body></html>",
+    );
+    let base = g.url();
+    let article = format!(
+        "Revenue grew 12 percent in 2023 [1]. Revenue grew 12 percent in 2023 [1]. Margins reached 40 percent [1]. Users doubled to 5 million [2]. Churn was 3 percent [3].\n{}\nReferences\n[1] Annual report {base}/page/report\n[2] Blog {base}/page/blog#:~:text=Users\n[3] Gone {base}/page/missing",
+        "Body text without citations. ".repeat(10)
+    );
+    let answers: HashMap<String, String> = items
+        .iter()
+        .map(|i| (i.id.clone(), article.clone()))
+        .collect();
+    let fetcher = orchestrator::infra::tools::browse::Browser::new(
+        orchestrator::infra::tools::ssrf::AddressGuard::new(vec!["127.0.0.1/32".parse().unwrap()]),
+        1 << 20,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let opts = GradeOptions {
+        fact: bench::FactPages::Browse,
+        fetcher: Some(Arc::new(fetcher)),
+        ..GradeOptions::default()
+    };
+    let s = bench::run(
+        &pool,
+        spec(
+            "drb-fact",
+            Benchmark::Drb,
+            items,
+            answers,
+            vec![judge(&g, "grader")],
+            opts,
+        ),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let j = &s.judges[0];
+    assert_eq!((j.scored, j.failed), (2, 1));
+    assert!((j.score.unwrap() - 60.0).abs() < 1e-6, "RACE unchanged");
+    // Per article: page "report" has 3 statements, 2 after merging the duplicate: "12 percent
+    // in 2023" supported, "40 percent" unsupported; "blog" 1 supported; "missing" answers 404:
+    // its group is unscored but its citation counts. Citations 4, supported 2, unsupported 1.
+    assert_eq!(g.calls("facts"), 3);
+    assert_eq!(g.calls("dedupe"), 3, "one per URL with several statements");
+    assert_eq!(g.calls("fact_support"), 6, "two live pages per article");
+    let m = &j.metrics;
+    assert_eq!(m["fact_articles_with_citations"], 3.0);
+    assert!(
+        (m["fact_citation_accuracy"] - 100.0 * 6.0 / 9.0).abs() < 1e-6,
+        "{m:?}"
+    );
+    assert!((m["fact_effective_citations_per_article"] - 2.0).abs() < 1e-9);
+    assert!((m["fact_citations_per_article"] - 4.0).abs() < 1e-9);
+    let stored: serde_json::Value = sqlx::query_scalar(
+        "SELECT s.metrics FROM bench_scores s JOIN bench_runs r ON r.id = s.run_id WHERE r.name = 'drb-fact' LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let fact = &stored["fact"];
+    assert_eq!(fact["errored_groups"], json!(1));
+    let fetches = fact["fetches"].as_array().unwrap();
+    assert_eq!(fetches.len(), 3, "{fact}");
+    assert!(
+        fetches
+            .iter()
+            .any(|f| f["error"].as_str().is_some_and(|e| e.contains("404")))
+    );
+    assert!(
+        fetches
+            .iter()
+            .any(|f| f["sha256"].as_str().is_some_and(|h| h.len() == 64))
+    );
+
+    // Without an allow-list the same loopback pages are refused before any packet is sent.
+    let refused = orchestrator::infra::tools::browse::Browser::new(
+        orchestrator::infra::tools::ssrf::AddressGuard::new(vec![]),
+        1 << 20,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert!(
+        refused
+            .fetch(&format!("{base}/page/report"), None)
+            .await
+            .is_err()
+    );
+}

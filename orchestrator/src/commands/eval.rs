@@ -13,7 +13,7 @@ use anyhow::Context;
 use serde_json::json;
 
 use super::{cancel_on_ctrl_c, load_config, out};
-use crate::cli::{EvalArgs, HbAggregationArg, RaceCleanArg, SamplingArg};
+use crate::cli::{EvalArgs, FactArg, HbAggregationArg, RaceCleanArg, SamplingArg};
 use crate::domain::bench::Benchmark;
 use crate::domain::bench::load::{LoadOptions, load, load_answers};
 use crate::domain::bench::sample::{Sampling, select};
@@ -23,8 +23,10 @@ use crate::domain::util::sha256_hex;
 use crate::infra::chat::ModelTokenizer;
 use crate::infra::db;
 use crate::infra::llm::{self, ApiKey, LlmClient, Role};
+use crate::infra::tools::browse::Browser;
+use crate::infra::tools::ssrf::{AddressGuard, IpBlock};
 use crate::pipeline::bench::{
-    self, BenchError, BenchRun, Clean, GradeOptions, JudgeSpec, Responder, Templates,
+    self, BenchError, BenchRun, Clean, FactPages, GradeOptions, JudgeSpec, Responder, Templates,
 };
 use crate::pipeline::rollout::RolloutCtx;
 
@@ -75,7 +77,32 @@ pub(super) async fn eval(args: &EvalArgs) -> anyhow::Result<ExitCode> {
             RaceCleanArg::Strip => Clean::Strip,
         },
         parse_attempts: args.parse_attempts,
+        fact: match args.fact {
+            FactArg::Off => FactPages::Off,
+            FactArg::Trace => FactPages::Trace,
+            FactArg::Browse => FactPages::Browse,
+        },
+        fetcher: None,
     };
+    anyhow::ensure!(
+        gopts.fact == FactPages::Off || bench == Benchmark::Drb,
+        "--fact applies to drb only (benchmark {bench})"
+    );
+    if gopts.fact == FactPages::Browse {
+        let allow = args
+            .fact_allow
+            .iter()
+            .map(|b| {
+                b.parse::<IpBlock>()
+                    .map_err(|e| anyhow::anyhow!("--fact-allow {b:?}: {e}"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        gopts.fetcher = Some(Arc::new(Browser::new(
+            AddressGuard::new(allow),
+            4 << 20,
+            std::time::Duration::from_secs(30),
+        )?));
+    }
     anyhow::ensure!(
         (1..=64).contains(&gopts.coverage_batch),
         "--coverage-batch = {} is out of range; allowed: 1..=64",

@@ -193,7 +193,7 @@ impl Retrieved {
 }
 
 /// The benchmark graders' templates (`prompts/eval/`), by name.
-pub const EVAL_TEMPLATES: [(&str, &str); 12] = [
+pub const EVAL_TEMPLATES: [(&str, &str); 13] = [
     (
         "criterion",
         include_str!(concat!(
@@ -276,6 +276,13 @@ pub const EVAL_TEMPLATES: [(&str, &str); 12] = [
         include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../prompts/eval/fact_support.jinja"
+        )),
+    ),
+    (
+        "dedupe",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../prompts/eval/dedupe.jinja"
         )),
     ),
 ];

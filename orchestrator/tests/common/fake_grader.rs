@@ -11,7 +11,18 @@
 //!   "Not at all";
 //! - race (DRB): scores article 1 with `race_target` and article 2 with `race_reference` on
 //!   every criterion listed;
-//! - clean: the article with `[n]` markers removed.
+//! - clean: the article with `[n]` markers removed;
+//! - ingredients (SQA): 2 for criteria whose evidence word is present, else 0; precision: the
+//!   paragraphs containing the `irrelevant` word;
+//! - citations (SQA): every sentence is a claim; a cited source supports it when the source's
+//!   quote contains every number of the sentence (a title-only source supports any cited
+//!   sentence, as the protocol tells judges to do for relevant titles);
+//! - facts / dedupe / fact_support (DRB FACT): sentences with `[n]` markers and the URL of `[n]`
+//!   in the reference list; identical statements merged; supported when the page contains
+//!   every number of the statement, unknown when the page is empty or "not found".
+//!
+//! It also serves web pages at `/page/{name}` (the `pages` map; 404 otherwise) for FACT's
+//! fetches.
 //!
 //! Faults are queued (garbage, truncated JSON, a refusal, HTTP 500); latency and peak concurrency
 //! are measurable for benchmarks. A `script` closure can replace the rules. Tests and benches
@@ -50,6 +61,10 @@ pub struct GraderState {
     pub policy_reply: std::sync::RwLock<String>,
     pub race_target: std::sync::RwLock<f64>,
     pub race_reference: std::sync::RwLock<f64>,
+    /// A paragraph containing this word is irrelevant (SQA answer precision).
+    pub irrelevant: std::sync::RwLock<String>,
+    /// name -> HTML served at `/page/{name}`.
+    pub pages: std::sync::RwLock<BTreeMap<String, String>>,
     pub latency: std::sync::RwLock<Duration>,
     pub requests: AtomicU64,
     pub by_kind: std::sync::Mutex<BTreeMap<String, u64>>,
@@ -70,6 +85,7 @@ impl FakeGrader {
         *state.race_reference.write().unwrap() = 4.0;
         let app = Router::new()
             .route("/v1/chat/completions", post(chat))
+            .route("/page/{name}", get(page))
             .route(
                 "/v1/models",
                 get(|| async { Json(json!({"object": "list", "data": [{"id": "grader"}]})) }),
@@ -94,6 +110,14 @@ impl FakeGrader {
             .write()
             .unwrap()
             .insert(criterion.to_string(), word.to_lowercase());
+    }
+
+    pub fn page(&self, name: &str, html: &str) {
+        self.state
+            .pages
+            .write()
+            .unwrap()
+            .insert(name.to_string(), html.to_string());
     }
 
     pub fn push_fault(&self, f: Fault) {
@@ -133,6 +157,14 @@ fn kind(prompt: &str) -> &'static str {
         "race"
     } else if prompt.contains("Remove every citation marker") {
         "clean"
+    } else if prompt.contains("Check how well the citations of one report section") {
+        "citations"
+    } else if prompt.contains("Find every statement in the report below that carries a citation") {
+        "facts"
+    } else if prompt.contains("were all cited to the same web page") {
+        "dedupe"
+    } else if prompt.contains("Below is the content of a web page") {
+        "fact_support"
     } else if prompt.contains("\"scores\"") {
         "ingredients"
     } else if prompt.contains("irrelevant_paragraphs") {
@@ -272,7 +304,156 @@ fn reply(state: &GraderState, kind: &str, prompt: &str) -> String {
                 .trim();
             article.replace("[1]", "").replace("[2]", "")
         }
+        "ingredients" => {
+            let report = section(prompt, "Report");
+            let scores: Vec<Value> = numbered(section(prompt, "Criteria"))
+                .into_iter()
+                .map(|(i, c)| {
+                    let c = c.split(" (examples:").next().unwrap_or(&c).to_string();
+                    json!({"criteria_idx": i, "reasoning": "r", "score": if has(report, &c) { 2 } else { 0 }, "evidence": ""})
+                })
+                .collect();
+            json!({ "scores": scores }).to_string()
+        }
+        "precision" => {
+            let word = state.irrelevant.read().unwrap().clone();
+            let list: Vec<Value> = section(prompt, "Report")
+                .split("\n\n")
+                .filter(|p| !word.is_empty() && p.to_lowercase().contains(&word))
+                .map(|p| json!({"reason": "off topic", "answer_text": p.trim()}))
+                .collect();
+            json!({ "irrelevant_paragraphs": list }).to_string()
+        }
+        "citations" => {
+            let text = section(prompt, "Section");
+            let sources: Vec<(String, String)> = section(prompt, "Cited sources")
+                .lines()
+                .take_while(|l| !l.starts_with("For every statement"))
+                .filter_map(|l| l.split_once(": "))
+                .map(|(id, q)| (id.trim().to_string(), q.trim().to_string()))
+                .collect();
+            let claims: Vec<Value> = text
+                .split(". ")
+                .filter(|x| !x.trim().is_empty())
+                .map(|sentence| {
+                    let nums = numbers(&unbracketed(sentence));
+                    let (mut sup, mut non) = (vec![], vec![]);
+                    for (id, quote) in &sources {
+                        let marker = if id.starts_with('[') { id.clone() } else { format!("[{id}]") };
+                        if !sentence.contains(&marker) {
+                            continue;
+                        }
+                        let ok = quote.starts_with("Content unavailable")
+                            || (!nums.is_empty() && nums.iter().all(|n| quote.contains(n.as_str())));
+                        if ok { sup.push(id.clone()) } else { non.push(id.clone()) }
+                    }
+                    json!({"text": sentence, "supporting": sup, "non_supporting": non, "is_fully_supported": !sup.is_empty()})
+                })
+                .collect();
+            json!({ "claims": claims }).to_string()
+        }
+        "facts" => {
+            let report = section(prompt, "Report");
+            let (body, refs) = report.split_once("\nReferences\n").unwrap_or((report, ""));
+            let url_of = |n: &str| {
+                refs.lines()
+                    .find(|l| l.starts_with(&format!("[{n}]")))
+                    .and_then(|l| l.split_whitespace().find(|w| w.starts_with("http")))
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let mut out = vec![];
+            for sentence in body.split(['.', '\n']) {
+                let mut fact = sentence.to_string();
+                let mut ids = vec![];
+                while let Some(a) = fact.find('[') {
+                    let Some(b) = fact[a..].find(']') else { break };
+                    ids.push(fact[a + 1..a + b].to_string());
+                    fact.replace_range(a..a + b + 1, "");
+                }
+                for id in ids {
+                    out.push(json!({"fact": fact.trim(), "ref_idx": id, "url": url_of(&id)}));
+                }
+            }
+            Value::Array(out).to_string()
+        }
+        "dedupe" => {
+            let mut seen = std::collections::BTreeSet::new();
+            let keep: Vec<usize> = numbered(section(prompt, "Statements"))
+                .into_iter()
+                .filter(|(_, f)| seen.insert(f.to_lowercase()))
+                .map(|(i, _)| i)
+                .collect();
+            json!(keep).to_string()
+        }
+        "fact_support" => {
+            let page = section(prompt, "Page");
+            let dead = page.trim().is_empty() || page.to_lowercase().contains("not found");
+            let out: Vec<Value> = numbered(section(prompt, "Statements"))
+                .into_iter()
+                .map(|(i, f)| {
+                    let nums = numbers(&f);
+                    let r = if dead {
+                        "unknown"
+                    } else if !nums.is_empty() && nums.iter().all(|n| page.contains(n.as_str())) {
+                        "supported"
+                    } else {
+                        "unsupported"
+                    };
+                    json!({"idx": i, "result": r})
+                })
+                .collect();
+            Value::Array(out).to_string()
+        }
         _ => state.policy_reply.read().unwrap().clone(),
+    }
+}
+
+/// `N. text` lines of a prompt block.
+fn numbered(block: &str) -> Vec<(usize, String)> {
+    block
+        .lines()
+        .filter_map(|l| {
+            let (n, t) = l.trim().split_once(". ")?;
+            Some((n.parse().ok()?, t.trim().to_string()))
+        })
+        .collect()
+}
+
+/// A text without its `[...]` markers.
+fn unbracketed(text: &str) -> String {
+    let mut out = String::new();
+    let mut depth = 0;
+    for c in text.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            c if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The digit runs of a text.
+fn numbers(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter(|x| !x.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+async fn page(
+    State(state): State<Arc<GraderState>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Response {
+    match state.pages.read().unwrap().get(&name) {
+        Some(html) => (
+            [(axum::http::header::CONTENT_TYPE, "text/html")],
+            html.clone(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "not found").into_response(),
     }
 }
 

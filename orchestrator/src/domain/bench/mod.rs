@@ -3,6 +3,7 @@
 //! kinds the benchmarks share, and the formulas and aggregators that turn graded items into the
 //! benchmark's own number. Pure: no I/O beyond reading the benchmark file in `load`.
 
+pub mod cite;
 pub mod load;
 pub mod monitor;
 pub mod parse;

@@ -363,6 +363,155 @@ pub fn irrelevant_paragraphs(text: &str) -> Result<Vec<String>, ParseError> {
         .collect()
 }
 
+/// An id as the judge wrote it: a string, or a bare number.
+fn id_list(v: &Value, name: &str) -> Result<Vec<String>, ParseError> {
+    match v {
+        Value::Null => Ok(vec![]),
+        Value::Array(a) => a
+            .iter()
+            .map(|x| match x {
+                Value::String(s) => Ok(s.trim().to_string()),
+                Value::Number(n) => Ok(n.to_string()),
+                _ => Err(field(name, "an id is neither a string nor a number")),
+            })
+            .collect(),
+        _ => Err(field(name, "not a list")),
+    }
+}
+
+/// SQA's citation-group judgement `{"claims": [{text, supporting, non_supporting,
+/// is_fully_supported}]}` (`is_fully_supported` a JSON bool; an empty claim list is valid: a
+/// section of introductory sentences only).
+pub fn citation_claims(text: &str) -> Result<Vec<super::cite::ClaimJudgement>, ParseError> {
+    let v = object(text)?;
+    let list = v["claims"]
+        .as_array()
+        .ok_or_else(|| field("claims", "missing or not a list"))?;
+    list.iter()
+        .map(|c| {
+            Ok(super::cite::ClaimJudgement {
+                text: c["text"].as_str().unwrap_or("").to_string(),
+                supporting: id_list(&c["supporting"], "supporting")?,
+                non_supporting: id_list(&c["non_supporting"], "non_supporting")?,
+                is_fully_supported: c["is_fully_supported"]
+                    .as_bool()
+                    .ok_or_else(|| field("is_fully_supported", "missing or not a bool"))?,
+            })
+        })
+        .collect()
+}
+
+/// FACT's extraction: a JSON list `[{fact, ref_idx, url}]` (`[]` for a report without inline
+/// citations). `ref_idx` may be a number; `url` may be missing.
+pub fn fact_triples(text: &str) -> Result<Vec<super::cite::FactTriple>, ParseError> {
+    if text.trim().is_empty() {
+        return Err(ParseError::Empty);
+    }
+    let v = first_json(text, '[').ok_or_else(|| ParseError::NoJson {
+        expected: "list",
+        excerpt: excerpt(text),
+    })?;
+    let list = v.as_array().cloned().unwrap_or_default();
+    list.iter()
+        .map(|e| {
+            let fact = e["fact"]
+                .as_str()
+                .filter(|f| !f.trim().is_empty())
+                .ok_or_else(|| field("fact", "missing or empty"))?;
+            let ref_idx = match &e["ref_idx"] {
+                Value::String(s) => s.trim().to_string(),
+                Value::Number(n) => n.to_string(),
+                _ => String::new(),
+            };
+            Ok(super::cite::FactTriple {
+                fact: fact.trim().to_string(),
+                ref_idx,
+                url: e["url"].as_str().unwrap_or("").trim().to_string(),
+            })
+        })
+        .collect()
+}
+
+/// FACT's deduplication: the 0-based indices of the unique statements among `n`, as a JSON
+/// list (or `{"unique": [...]}`); at least one, each in range, no repeats.
+pub fn unique_indices(text: &str, n: usize) -> Result<Vec<usize>, ParseError> {
+    if text.trim().is_empty() {
+        return Err(ParseError::Empty);
+    }
+    let v = first_json(text, '{')
+        .and_then(|o| o.get("unique").cloned())
+        .or_else(|| first_json(text, '['))
+        .ok_or_else(|| ParseError::NoJson {
+            expected: "list of indices",
+            excerpt: excerpt(text),
+        })?;
+    let list = v.as_array().ok_or_else(|| field("unique", "not a list"))?;
+    let mut out = Vec::new();
+    for x in list {
+        let i = number(x)
+            .filter(|x| x.fract() == 0.0 && *x >= 0.0)
+            .ok_or_else(|| field("unique", "an entry is not an index"))? as usize;
+        if i >= n {
+            return Err(field("unique", format!("{i} is out of range 0..{n}")));
+        }
+        if !out.contains(&i) {
+            out.push(i);
+        }
+    }
+    if out.is_empty() && n > 0 {
+        return Err(field("unique", "no statement kept"));
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// FACT's validation: `[{idx, result}]` with exactly one entry per statement 0..n (the protocol
+/// retries a reply of another length), result supported / unsupported / unknown.
+pub fn fact_results(text: &str, n: usize) -> Result<Vec<super::cite::Support>, ParseError> {
+    use super::cite::Support;
+    if text.trim().is_empty() {
+        return Err(ParseError::Empty);
+    }
+    let v = first_json(text, '[').ok_or_else(|| ParseError::NoJson {
+        expected: "list",
+        excerpt: excerpt(text),
+    })?;
+    let list = v.as_array().cloned().unwrap_or_default();
+    if list.len() != n {
+        return Err(ParseError::Count {
+            expected: n,
+            got: list.len(),
+        });
+    }
+    let mut out: Vec<Option<Support>> = vec![None; n];
+    for e in &list {
+        let i = number(&e["idx"])
+            .filter(|x| x.fract() == 0.0 && *x >= 0.0)
+            .ok_or_else(|| field("idx", "missing or not an index"))? as usize;
+        let label = e["result"].as_str().unwrap_or("").trim().to_lowercase();
+        let r = match label.as_str() {
+            "supported" => Support::Supported,
+            "unsupported" => Support::Unsupported,
+            "unknown" => Support::Unknown,
+            other => {
+                return Err(ParseError::UnknownLabel {
+                    label: other.to_string(),
+                });
+            }
+        };
+        let slot = out
+            .get_mut(i)
+            .ok_or_else(|| field("idx", format!("{i} is out of range 0..{n}")))?;
+        if slot.replace(r).is_some() {
+            return Err(field("idx", format!("{i} judged twice")));
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|r| r.unwrap_or(Support::Unknown))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,6 +519,49 @@ mod tests {
     use proptest::prelude::*;
 
     const REFUSAL: &str = "I'm sorry, but I can't help with that.";
+
+    #[test]
+    fn citation_and_fact_parsers_validate_what_the_protocols_need() {
+        let c = citation_claims(
+            "```json\n{\"claims\": [{\"text\": \"a\", \"supporting\": [\"[1]\", 2], \"non_supporting\": [], \"is_fully_supported\": true}]}\n```",
+        )
+        .unwrap();
+        assert_eq!(c[0].supporting, vec!["[1]", "2"]);
+        assert!(citation_claims("{\"claims\": []}").unwrap().is_empty());
+        assert!(citation_claims("{\"claims\": [{\"text\": \"a\", \"supporting\": []}]}").is_err());
+        assert!(citation_claims(REFUSAL).is_err());
+
+        let t = fact_triples(
+            "Here: [{\"fact\": \"X rose\", \"ref_idx\": 3, \"url\": \"https://x.org\"}]",
+        )
+        .unwrap();
+        assert_eq!(
+            (t[0].ref_idx.as_str(), t[0].url.as_str()),
+            ("3", "https://x.org")
+        );
+        assert!(fact_triples("[]").unwrap().is_empty());
+        assert!(fact_triples("[{\"ref_idx\": 1}]").is_err());
+        assert!(fact_triples("[{\"fact\": \"x\"").is_err(), "truncated");
+
+        assert_eq!(unique_indices("[2, 0, 2]", 3).unwrap(), vec![0, 2]);
+        assert_eq!(unique_indices("{\"unique\": [1]}", 2).unwrap(), vec![1]);
+        assert!(unique_indices("[5]", 3).is_err());
+        assert!(unique_indices("[]", 3).is_err());
+
+        use crate::domain::bench::cite::Support;
+        let r = fact_results(
+            "[{\"idx\": 1, \"result\": \"unknown\"}, {\"idx\": 0, \"result\": \"Supported\"}]",
+            2,
+        )
+        .unwrap();
+        assert_eq!(r, vec![Support::Supported, Support::Unknown]);
+        assert!(matches!(
+            fact_results("[{\"idx\": 0, \"result\": \"supported\"}]", 2),
+            Err(ParseError::Count { .. })
+        ));
+        assert!(fact_results("[{\"idx\": 0, \"result\": \"maybe\"}]", 1).is_err());
+        assert!(fact_results("[{\"idx\": 0, \"result\": \"supported\"}, {\"idx\": 0, \"result\": \"supported\"}]", 2).is_err());
+    }
 
     #[test]
     fn binary_met_tolerates_fences_and_prose_and_rejects_the_rest() {

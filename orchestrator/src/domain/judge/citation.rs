@@ -40,7 +40,7 @@ pub fn split_claims(answer: &str) -> Vec<Claim> {
 }
 
 /// The ids of a `<cite id="a,b">` attribute string (`id` or `ids`, quoted or not).
-fn cite_ids(attrs: &str) -> Vec<String> {
+pub(crate) fn cite_ids(attrs: &str) -> Vec<String> {
     for key in ["ids=", "id="] {
         if let Some(p) = attrs.find(key) {
             let v = attrs[p + key.len()..].trim_start();

@@ -11,6 +11,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+use crate::domain::bench::cite::{self, Source};
 use crate::domain::bench::parse::{self, ParseError};
 use crate::domain::bench::score::{self as formula, Aggregation};
 use crate::domain::bench::text;
@@ -166,7 +167,25 @@ pub struct GradeOptions {
     pub clean: Clean,
     /// Attempts per judge call when the reply does not parse.
     pub parse_attempts: u32,
+    /// DRB: FACT citation checking and where its pages come from.
+    pub fact: FactPages,
+    /// FACT's page fetcher when `fact` is `browse` (the browse tool behind its address guard).
+    #[serde(skip)]
+    pub fetcher: Option<Arc<crate::infra::tools::browse::Browser>>,
 }
+
+/// DRB FACT: off, or the cited pages taken from the agent's trace (DR Tulu's scraped route), or
+/// the trace first and then fetched with the browse tool (needs the network).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FactPages {
+    Off,
+    Trace,
+    Browse,
+}
+
+/// Characters of a cited page shown to FACT's validation call.
+pub const FACT_PAGE_CHARS: usize = 30_000;
 
 impl Default for GradeOptions {
     fn default() -> Self {
@@ -176,6 +195,8 @@ impl Default for GradeOptions {
             coverage_batch: 8,
             clean: Clean::Llm,
             parse_attempts: 3,
+            fact: FactPages::Off,
+            fetcher: None,
         }
     }
 }
@@ -189,11 +210,17 @@ pub fn templates_of(bench: Benchmark, opts: &GradeOptions) -> Vec<&'static str> 
         | Benchmark::Frontierscience => vec!["criterion"],
         Benchmark::Researchrubrics => vec!["verdict"],
         Benchmark::Researchqa => vec!["coverage"],
-        Benchmark::Drb => match opts.clean {
-            Clean::Llm => vec!["clean", "race"],
-            Clean::Strip => vec!["race"],
-        },
-        Benchmark::SqaCsV2 => vec!["ingredients", "precision"],
+        Benchmark::Drb => {
+            let mut t = match opts.clean {
+                Clean::Llm => vec!["clean", "race"],
+                Clean::Strip => vec!["race"],
+            };
+            if opts.fact != FactPages::Off {
+                t.extend(["facts", "dedupe", "fact_support"]);
+            }
+            t
+        }
+        Benchmark::SqaCsV2 => vec!["ingredients", "precision", "citations"],
         Benchmark::Simpleqa => vec!["three_class"],
         Benchmark::TwoWiki
         | Benchmark::Hotpotqa
@@ -324,6 +351,7 @@ impl Grader {
         judge: &JudgeSpec,
         item: &Item,
         answer: Option<&str>,
+        sources: &[Source],
     ) -> ScoreRow {
         let mut out = ScoreRow {
             item_id: item.id.clone(),
@@ -343,10 +371,25 @@ impl Grader {
                 dimensions,
                 reference,
             } => {
-                self.race(judge, item, answer, dimensions, reference.as_deref())
-                    .await
+                let race = self.race(judge, item, answer, dimensions, reference.as_deref());
+                if self.opts.fact == FactPages::Off {
+                    race.await
+                } else {
+                    // FACT is reported beside RACE and independent of it: a RACE failure keeps
+                    // the article's FACT counts, a FACT failure never unscores RACE.
+                    let (race, fact) =
+                        futures::join!(race, self.fact(judge, item, answer, sources));
+                    let (score, mut m) = race.unwrap_or_else(|e| (None, json!({"judge_error": e})));
+                    match fact {
+                        Ok(f) => m["fact"] = f,
+                        Err(e) => m["fact_error"] = json!(e),
+                    }
+                    Ok((score, m))
+                }
             }
-            Gold::Ingredients { items } => self.ingredients(judge, item, answer, items).await,
+            Gold::Ingredients { items } => {
+                self.ingredients(judge, item, answer, sources, items).await
+            }
             Gold::Short { answers } => self.short(bench, judge, item, answer, answers).await,
         };
         match result {
@@ -594,17 +637,25 @@ impl Grader {
         }
     }
 
-    /// SQA-CS2: ingredient recall (joint 0/1/2 grading) and answer precision (irrelevant
-    /// paragraphs). Citation precision/recall needs the report's sections with cited sources
-    /// and is not graded here (recorded as absent).
+    /// SQA-CS2 (AstaBench `simplified_eval`, `all_at_once`): ingredient recall (joint 0/1/2
+    /// grading), answer precision (irrelevant paragraphs), and citation precision / recall (one
+    /// call per cited section); the item's score is their mean, `global_avg`.
     async fn ingredients(
         &self,
         judge: &JudgeSpec,
         item: &Item,
         answer: &str,
+        sources: &[Source],
         items: &[crate::domain::bench::Ingredient],
     ) -> Result<(Option<f64>, Value), String> {
-        let report = sqa_report_text(answer);
+        let sections = cite::asta_sections(answer)
+            .unwrap_or_else(|| cite::sections_from_answer(answer, sources));
+        let report = sections
+            .iter()
+            .map(|s| s.text.as_str())
+            .filter(|t| !t.trim().is_empty())
+            .collect::<Vec<_>>()
+            .join("\n\n");
         let graded: Vec<&crate::domain::bench::Ingredient> = items
             .iter()
             .filter(|i| !i.criterion.trim().is_empty())
@@ -632,7 +683,27 @@ impl Grader {
             minijinja::context! { question => item.question(), response => report },
             Box::new(|t: &str| parse::irrelevant_paragraphs(t).map(|v| json!(v))),
         );
-        let (r, p) = futures::join!(recall, precision);
+        let cited = sections
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.citations.is_empty())
+            .map(|(i, s)| {
+                let citations: Vec<Value> = s
+                    .citations
+                    .iter()
+                    .map(|c| json!({"id": c.id, "text": c.text}))
+                    .collect();
+                self.unit(
+                    judge,
+                    &item.id,
+                    "citations",
+                    i as i32,
+                    "citations",
+                    minijinja::context! { section => s.text, citations => citations },
+                    Box::new(|t: &str| parse::citation_claims(t).map(|v| json!(v))),
+                )
+            });
+        let (r, p, c) = futures::join!(recall, precision, futures::future::join_all(cited));
         let scores: Vec<u8> = r
             .parsed
             .as_ref()
@@ -653,14 +724,236 @@ impl Grader {
                     p.error.clone().unwrap_or_default()
                 )
             })?;
+        let mut judged: HashMap<i32, Vec<cite::ClaimJudgement>> = HashMap::new();
+        for row in &c {
+            let claims = row
+                .parsed
+                .as_ref()
+                .and_then(|v| serde_json::from_value(v.clone()).ok())
+                .ok_or_else(|| {
+                    format!(
+                        "citation grading of section {} failed: {}",
+                        row.unit_index,
+                        row.error.clone().unwrap_or_default()
+                    )
+                })?;
+            judged.insert(row.unit_index, claims);
+        }
+        let groups: Vec<cite::GroupCounts> = sections
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match judged.get(&(i as i32)) {
+                Some(claims) => cite::group_counts(claims, &s.citations),
+                None => cite::uncited_group(text::sentences(&s.text).len()),
+            })
+            .collect();
+        let (citation_recall, citation_precision) = cite::citation_scores(&groups);
         let weights: Vec<f64> = graded.iter().map(|i| i.weight).collect();
-        let ingredient_recall = formula::ingredient_recall(&weights, &scores);
-        let answer_precision = formula::answer_precision(&text::paragraphs(&report), &irrelevant);
+        let ingredient_recall = formula::ingredient_recall(&weights, &scores)
+            .ok_or_else(|| "the item has no weighted ingredient".to_string())?;
+        let answer_precision =
+            formula::answer_precision(&text::paragraphs(&report), &irrelevant).unwrap_or(0.0);
+        let global =
+            0.25 * (ingredient_recall + answer_precision + citation_precision + citation_recall);
         Ok((
-            ingredient_recall,
+            Some(global),
             json!({"ingredient_recall": ingredient_recall, "answer_precision": answer_precision,
-                   "citation_precision": null, "citation_recall": null}),
+                   "citation_precision": citation_precision, "citation_recall": citation_recall,
+                   "sections": sections.len(),
+                   "citations": sections.iter().map(|s| s.citations.len()).sum::<usize>(),
+                   "half_credit_citations": sections.iter().flat_map(|s| &s.citations).filter(|c| c.half_credit).count()}),
         ))
+    }
+
+    /// DeepResearch Bench FACT on the raw article: extract the cited statements, group them by
+    /// URL, deduplicate each group of several, then validate each group against its page (from
+    /// the trace, or fetched with the browse tool). A group whose page or validation fails is
+    /// left unscored and counted; a failed extraction fails FACT for the article.
+    async fn fact(
+        &self,
+        judge: &JudgeSpec,
+        item: &Item,
+        answer: &str,
+        sources: &[Source],
+    ) -> Result<Value, String> {
+        let article = fact_article(answer, sources);
+        let r = self
+            .unit(
+                judge,
+                &item.id,
+                "facts",
+                0,
+                "facts",
+                minijinja::context! { response => article },
+                Box::new(|t: &str| parse::fact_triples(t).map(|v| json!(v))),
+            )
+            .await;
+        let triples: Vec<cite::FactTriple> = r
+            .parsed
+            .as_ref()
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .ok_or_else(|| format!("extraction failed: {}", r.error.clone().unwrap_or_default()))?;
+        let by_id: HashMap<&str, &Source> = sources.iter().map(|s| (s.id.as_str(), s)).collect();
+        let resolve = |idx: &str| {
+            let idx = idx.trim_matches(|c| c == '[' || c == ']');
+            by_id.get(idx).and_then(|s| s.url.clone())
+        };
+        let groups = cite::group_by_url(&triples, &resolve);
+        let jobs = groups
+            .iter()
+            .enumerate()
+            .map(|(g, (url, facts))| async move {
+                self.fact_group(judge, item, g as i32, url, facts, sources)
+                    .await
+            });
+        let outcomes = futures::future::join_all(jobs).await;
+        let mut tally = cite::FactTally::default();
+        let mut fetches = Vec::new();
+        let mut errors = Vec::new();
+        for (o, fetch) in outcomes {
+            fetches.extend(fetch);
+            match o {
+                Ok((kept, results)) => {
+                    tally.citations += kept;
+                    for x in results {
+                        match x {
+                            cite::Support::Supported => tally.supported += 1,
+                            cite::Support::Unsupported => tally.unsupported += 1,
+                            cite::Support::Unknown => tally.unknown += 1,
+                        }
+                    }
+                }
+                Err((kept, e)) => {
+                    tally.citations += kept;
+                    tally.errored_groups += 1;
+                    errors.push(e);
+                }
+            }
+        }
+        let mut v = serde_json::to_value(&tally).unwrap_or(Value::Null);
+        v["urls"] = json!(groups.len());
+        v["fetches"] = json!(fetches);
+        v["group_errors"] = json!(errors.into_iter().take(5).collect::<Vec<_>>());
+        Ok(v)
+    }
+
+    /// One URL group of FACT: dedupe (when it has several statements), the page, validation.
+    /// Returns the kept statements' count with their results, or with the group's error; and
+    /// the record of an external fetch when one was made.
+    async fn fact_group(
+        &self,
+        judge: &JudgeSpec,
+        item: &Item,
+        g: i32,
+        url: &str,
+        facts: &[String],
+        sources: &[Source],
+    ) -> (
+        Result<(usize, Vec<cite::Support>), (usize, String)>,
+        Option<Value>,
+    ) {
+        let mut kept: Vec<String> = facts.to_vec();
+        if facts.len() > 1 {
+            let n = facts.len();
+            let d = self
+                .unit(
+                    judge,
+                    &item.id,
+                    "dedupe",
+                    g,
+                    "dedupe",
+                    minijinja::context! { facts => facts },
+                    Box::new(move |t: &str| parse::unique_indices(t, n).map(|v| json!(v))),
+                )
+                .await;
+            match d
+                .parsed
+                .as_ref()
+                .and_then(|v| serde_json::from_value::<Vec<usize>>(v.clone()).ok())
+            {
+                Some(idx) => {
+                    kept = idx
+                        .into_iter()
+                        .filter_map(|i| facts.get(i).cloned())
+                        .collect()
+                }
+                None => {
+                    return (
+                        Err((
+                            n,
+                            format!("{url}: dedupe failed: {}", d.error.unwrap_or_default()),
+                        )),
+                        None,
+                    );
+                }
+            }
+        }
+        let k = kept.len();
+        let (page, fetch) = self.fact_page(url, sources).await;
+        let page = match page {
+            Ok(p) => p,
+            Err(e) => return (Err((k, format!("{url}: {e}"))), fetch),
+        };
+        let r = self
+            .unit(
+                judge,
+                &item.id,
+                "fact_support",
+                g,
+                "fact_support",
+                minijinja::context! { page => page, facts => kept },
+                Box::new(move |t: &str| parse::fact_results(t, k).map(|v| json!(v))),
+            )
+            .await;
+        match r
+            .parsed
+            .as_ref()
+            .and_then(|v| serde_json::from_value::<Vec<cite::Support>>(v.clone()).ok())
+        {
+            Some(results) => (Ok((k, results)), fetch),
+            None => (
+                Err((
+                    k,
+                    format!("{url}: validation failed: {}", r.error.unwrap_or_default()),
+                )),
+                fetch,
+            ),
+        }
+    }
+
+    /// The text of a cited page: the trace's sources with that URL, else (in `browse` mode) the
+    /// page fetched now, recorded with its time, hash and error.
+    async fn fact_page(
+        &self,
+        url: &str,
+        sources: &[Source],
+    ) -> (Result<String, String>, Option<Value>) {
+        if let Some(page) = trace_page(url, sources) {
+            return (Ok(page), None);
+        }
+        let fetcher = match (self.opts.fact, &self.opts.fetcher) {
+            (FactPages::Browse, Some(f)) => f,
+            _ => return (
+                Err(
+                    "the page is not in the trace and fetching is off (--fact browse fetches it)"
+                        .into(),
+                ),
+                None,
+            ),
+        };
+        let at = chrono::Utc::now().to_rfc3339();
+        match fetcher.fetch(url, None).await {
+            Ok(p) => {
+                let text = cap_chars(&p.text, FACT_PAGE_CHARS);
+                let rec = json!({"url": url, "fetched_at": at, "sha256": sha256_hex(p.text.as_bytes()),
+                                 "chars": p.text.chars().count(), "truncated": p.truncated});
+                (Ok(text), Some(rec))
+            }
+            Err(e) => {
+                let rec = json!({"url": url, "fetched_at": at, "error": e.to_string()});
+                (Err(format!("fetch failed: {e}")), Some(rec))
+            }
+        }
     }
 
     /// Short answers: exact match, sub-EM and token F1 with SQuAD normalisation (no call), plus
@@ -726,6 +1019,50 @@ pub fn string_metrics(answer: &str, golds: &[String]) -> Value {
     })
 }
 
+/// FACT's input article: the raw answer; an agent's `<cite id>` tags become `[id]` markers
+/// (DR Tulu's `drb_formatter.py`) with a reference list of the cited sources' titles and URLs.
+pub fn fact_article(answer: &str, sources: &[Source]) -> String {
+    if !answer.contains("<cite") {
+        return answer.to_string();
+    }
+    let (text, ids) = cite::bracket_citations(answer, " ");
+    let refs: Vec<String> = ids
+        .iter()
+        .filter_map(|id| {
+            let s = sources.iter().find(|s| &s.id == id)?;
+            Some(
+                format!("[{id}] {} {}", s.title, s.url.as_deref().unwrap_or(""))
+                    .trim()
+                    .to_string(),
+            )
+        })
+        .collect();
+    if refs.is_empty() {
+        text
+    } else {
+        format!("{text}\n\nReferences\n{}", refs.join("\n"))
+    }
+}
+
+/// A cited page as the trace saw it: the texts of the sources with that URL (DR Tulu's
+/// `run_benchmark_scraped.sh` route), capped; `None` when the trace never retrieved it.
+pub fn trace_page(url: &str, sources: &[Source]) -> Option<String> {
+    let texts: Vec<&str> = sources
+        .iter()
+        .filter(|s| s.url.as_deref().map(cite::clean_url).as_deref() == Some(url))
+        .map(|s| s.text.as_str())
+        .filter(|t| !t.trim().is_empty())
+        .collect();
+    (!texts.is_empty()).then(|| cap_chars(&texts.join("\n\n"), FACT_PAGE_CHARS))
+}
+
+fn cap_chars(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => s[..i].to_string(),
+        None => s.to_string(),
+    }
+}
+
 /// Points as the grader sees them (`[10]`, `[-5]`, `[2.5]`).
 fn format_weight(w: f64) -> String {
     if w.fract() == 0.0 {
@@ -744,23 +1081,6 @@ fn conversation_text(item: &Item, answer: &str) -> String {
         .chain(std::iter::once(format!("assistant: {answer}")))
         .collect::<Vec<_>>()
         .join("\n\n")
-}
-
-/// An SQA answer as text: AstaBench's `{"sections": [{"text"}]}` (or `{"response": {...}}`)
-/// joined by blank lines, else the answer as written.
-pub fn sqa_report_text(answer: &str) -> String {
-    let Ok(v) = serde_json::from_str::<Value>(answer.trim()) else {
-        return answer.to_string();
-    };
-    let v = v.get("response").unwrap_or(&v);
-    match v.get("sections").and_then(Value::as_array) {
-        Some(sections) => sections
-            .iter()
-            .filter_map(|s| s.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n\n"),
-        None => answer.to_string(),
-    }
 }
 
 /// Remove citation markers (`[1]`, `[1, 2]`, `[1†L3]`, `<cite id="…">…</cite>` tags, markdown
@@ -828,6 +1148,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn fact_input_rewrites_agent_citations_and_finds_pages_in_the_trace() {
+        let sources = vec![
+            Source {
+                id: "a1".into(),
+                title: "Stats office".into(),
+                url: Some("https://stats.example/gdp#:~:text=grew".into()),
+                text: "GDP grew 3.1% in 2023.".into(),
+            },
+            Source {
+                id: "b2".into(),
+                title: "Blog".into(),
+                url: Some("https://stats.example/gdp".into()),
+                text: "Second view of the same page.".into(),
+            },
+        ];
+        let a = fact_article("<cite id=\"a1,b2\">GDP grew 3.1%.</cite> Done.", &sources);
+        assert!(a.starts_with("GDP grew 3.1%. [a1] [b2] Done."), "{a}");
+        assert!(a.contains("References\n[a1] Stats office https://stats.example/gdp#:~:text=grew"));
+        assert_eq!(fact_article("Plain [1] text.", &sources), "Plain [1] text.");
+        let page = trace_page("https://stats.example/gdp", &sources).unwrap();
+        assert_eq!(
+            page,
+            "GDP grew 3.1% in 2023.\n\nSecond view of the same page."
+        );
+        assert!(trace_page("https://other.example", &sources).is_none());
+    }
+
+    #[test]
     fn strip_citations_removes_markers_links_and_reference_lists() {
         let t = "Growth was 5% [1][2, 3]. See [the report](https://x.org/a) and <cite id=\"a1\">this</cite>.\nArrays [a] stay.\n\n## References\n[1] https://x.org";
         let s = strip_citations(t);
@@ -844,8 +1192,15 @@ mod tests {
     #[test]
     fn sqa_sections_are_joined_and_plain_text_kept() {
         let j = r#"{"response": {"sections": [{"title": "A", "text": "First.", "citations": []}, {"title": "B", "text": "Second."}]}}"#;
-        assert_eq!(sqa_report_text(j), "First.\n\nSecond.");
-        assert_eq!(sqa_report_text("plain report"), "plain report");
+        let texts: Vec<String> = cite::asta_sections(j)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.text)
+            .collect();
+        assert_eq!(texts, vec!["First.", "Second."]);
+        let plain = cite::sections_from_answer("plain report", &[]);
+        assert_eq!(plain.len(), 1);
+        assert_eq!(plain[0].text, "plain report");
     }
 
     #[test]

@@ -20,10 +20,11 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::domain::bench::cite::Source;
 use crate::domain::bench::{Benchmark, Item};
 use crate::infra::db::bench::{NewBenchRun, ResponseRow, ScoreRow};
 use crate::infra::db::{self, DbError};
-pub use grade::{Clean, GradeOptions, Grader, JudgeSpec, Templates};
+pub use grade::{Clean, FactPages, GradeOptions, Grader, JudgeSpec, Templates};
 pub use respond::Responder;
 pub use summary::Summary;
 
@@ -171,25 +172,38 @@ pub async fn run(
     if spec.judges.is_empty() {
         scores.extend(string_match_scores(&spec.items, &responses));
     } else {
-        let jobs: Vec<(Item, usize, Option<String>)> = spec
+        type Job = (Item, usize, Option<String>, Arc<Vec<Source>>);
+        let jobs: Vec<Job> = spec
             .items
             .iter()
             .flat_map(|item| {
-                let answer = responses.get(&item.id).and_then(|r| r.answer.clone());
-                (0..spec.judges.len()).map(move |j| (item.clone(), j, answer.clone()))
+                let r = responses.get(&item.id);
+                let answer = r.and_then(|r| r.answer.clone());
+                let sources = Arc::new(respond::stored_sources(
+                    r.and_then(|r| r.trajectory.as_ref()),
+                ));
+                (0..spec.judges.len())
+                    .map(move |j| (item.clone(), j, answer.clone(), sources.clone()))
             })
             .collect();
         let pb = bar(spec.progress, jobs.len(), "grading");
-        let mut stream = futures::stream::iter(jobs.into_iter().map(|(item, j, answer)| {
-            let (spec, grader) = (spec.clone(), grader.clone());
-            async move {
-                grader
-                    .grade(spec.bench, &spec.judges[j], &item, answer.as_deref())
-                    .await
-            }
-        }))
-        // Items in flight: enough to keep every judge-call slot busy.
-        .buffer_unordered(spec.judge_inflight.max(1));
+        let mut stream =
+            futures::stream::iter(jobs.into_iter().map(|(item, j, answer, sources)| {
+                let (spec, grader) = (spec.clone(), grader.clone());
+                async move {
+                    grader
+                        .grade(
+                            spec.bench,
+                            &spec.judges[j],
+                            &item,
+                            answer.as_deref(),
+                            &sources,
+                        )
+                        .await
+                }
+            }))
+            // Items in flight: enough to keep every judge-call slot busy.
+            .buffer_unordered(spec.judge_inflight.max(1));
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,

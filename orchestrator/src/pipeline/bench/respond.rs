@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use crate::domain::bench::cite::Source;
 use crate::domain::bench::text::{Extract, extract};
 use crate::domain::bench::{Benchmark, Item, Turn};
 use crate::infra::chat::AnswerFormat;
@@ -152,6 +153,9 @@ impl Responder {
                                 "stage": c.stage, "tool": c.result.tool,
                                 "ok": c.result.error.is_none(),
                             })).collect::<Vec<_>>(),
+                            // What the answer's citations can point at (the citation graders'
+                            // quotes and FACT's pages when not re-fetched).
+                            "sources": trace_sources(&r.calls),
                         }));
                         if let Some(e) = r.error {
                             row.error = Some(format!("policy server: {e}"));
@@ -167,6 +171,30 @@ impl Responder {
         row.seconds = t0.elapsed().as_secs_f64();
         row
     }
+}
+
+/// The distinct snippets the agent's tool calls returned, by id.
+fn trace_sources(calls: &[crate::domain::rollout::ExecutedCall]) -> Vec<Source> {
+    let mut seen = std::collections::HashSet::new();
+    calls
+        .iter()
+        .flat_map(|c| c.result.snippets.iter())
+        .filter(|s| seen.insert(s.id.clone()))
+        .map(|s| Source {
+            id: s.id.clone(),
+            title: s.title.clone(),
+            url: s.url.clone(),
+            text: s.text.clone(),
+        })
+        .collect()
+}
+
+/// The sources stored with a response's trajectory (none for answers files and chat).
+pub fn stored_sources(trajectory: Option<&serde_json::Value>) -> Vec<Source> {
+    trajectory
+        .and_then(|t| t.get("sources"))
+        .and_then(|s| serde_json::from_value(s.clone()).ok())
+        .unwrap_or_default()
 }
 
 /// A stable task id for an item (rollouts key their seeds and sessions on it).

@@ -10,14 +10,23 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::BenchRun;
-use crate::domain::bench::Benchmark;
 use crate::domain::bench::parse::ThreeClass;
 use crate::domain::bench::score::{self as formula, Aggregation};
 use crate::domain::bench::stats;
+use crate::domain::bench::{Benchmark, cite};
 use crate::infra::db::bench::{GradeRow, ResponseRow, ScoreRow};
 
 /// The published scale: every benchmark here reports its score x 100.
 pub const SCALE: f64 = 100.0;
+
+/// Per-item metrics that are counts, not fractions: not averaged onto the x 100 scale.
+const COUNTS: [&str; 5] = [
+    "met",
+    "criteria",
+    "sections",
+    "citations",
+    "half_credit_citations",
+];
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
@@ -57,7 +66,8 @@ pub struct JudgeSummary {
     pub score: Option<f64>,
     pub std: Option<f64>,
     pub ci95: Option<(f64, f64)>,
-    /// Further metrics on the same x 100 scale (EM, F1, dimensions, SimpleQA classes, ...).
+    /// Further metrics on the same x 100 scale (EM, F1, dimensions, SimpleQA classes, ...);
+    /// FACT's per-article counts (`fact_*_per_article`, `fact_articles*`) are plain counts.
     pub metrics: BTreeMap<String, f64>,
     /// Mean score per tag (theme, axis, cell, language, ...), with the items counted.
     pub breakdown: BTreeMap<String, (f64, usize)>,
@@ -185,7 +195,9 @@ pub fn aggregation_name(b: Benchmark, agg: Aggregation) -> &'static str {
         Benchmark::Simpleqa => "share CORRECT (three-class grader); F-score alongside",
         Benchmark::Drb => "mean RACE overall T/(T+R) over scored tasks",
         Benchmark::Researchqa => "mean coverage over scored queries",
-        Benchmark::SqaCsV2 => "mean ingredient recall over scored items",
+        Benchmark::SqaCsV2 => {
+            "mean global_avg = 1/4 (ingredient recall + answer precision + citation precision + citation recall)"
+        }
         _ => "mean over scored items",
     }
 }
@@ -246,7 +258,7 @@ fn judge_summary(spec: &BenchRun, label: &str, model: &str, scores: &[ScoreRow])
             for (k, v) in m {
                 match v {
                     Value::Bool(b) => add(k.clone(), f64::from(u8::from(*b))),
-                    Value::Number(x) if k != "met" && k != "criteria" => {
+                    Value::Number(x) if !COUNTS.contains(&k.as_str()) => {
                         add(k.clone(), x.as_f64().unwrap_or(0.0))
                     }
                     Value::Object(o) if k == "dims" => {
@@ -285,6 +297,34 @@ fn judge_summary(spec: &BenchRun, label: &str, model: &str, scores: &[ScoreRow])
             m.accuracy_given_attempted * SCALE,
         );
         metrics.insert("f_score".into(), m.f_score * SCALE);
+    }
+    if spec.bench == Benchmark::Drb && spec.opts.fact != super::FactPages::Off {
+        // FACT pools over articles (not a mean of item scores): accuracy on the x 100 scale;
+        // effective citations and citations per article are counts per article, as published.
+        let tallies: Vec<cite::FactTally> = mine
+            .iter()
+            .filter_map(|s| serde_json::from_value(s.metrics.get("fact")?.clone()).ok())
+            .collect();
+        let f = cite::fact_summary(&tallies);
+        metrics.insert("fact_articles".into(), tallies.len() as f64);
+        metrics.insert(
+            "fact_articles_with_citations".into(),
+            f.articles_with_citations as f64,
+        );
+        if let Some(a) = f.citation_accuracy {
+            metrics.insert("fact_citation_accuracy".into(), a * SCALE);
+        }
+        if let Some(e) = f.effective_citations {
+            metrics.insert("fact_effective_citations_per_article".into(), e);
+        }
+        if let Some(c) = f.citations_per_article {
+            metrics.insert("fact_citations_per_article".into(), c);
+        }
+        let failed = mine
+            .iter()
+            .filter(|s| s.metrics.get("fact_error").is_some())
+            .count();
+        metrics.insert("fact_extraction_failed".into(), failed as f64);
     }
     let first_errors: Vec<String> = mine
         .iter()

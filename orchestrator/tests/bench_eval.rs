@@ -931,3 +931,69 @@ async fn drb_fact_checks_citations_against_fetched_pages(pool: sqlx::PgPool) {
             .is_err()
     );
 }
+
+/// The run report puts the training-judge reward of each version beside its gold-panel
+/// benchmark score (as the periodic benchmark sets store them), plots both, and flags a set
+/// whose training reward rises while the gold score falls; a healthy set is not flagged.
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn report_sets_training_reward_beside_gold_score_and_flags_divergence(pool: sqlx::PgPool) {
+    use orchestrator::infra::db;
+    let exp = db::runs::create_experiment(&pool, "exp", "smoke", &json!({}))
+        .await
+        .unwrap();
+    let run = db::runs::create_run(&pool, exp, "full", "full", &json!({}), 1)
+        .await
+        .unwrap();
+    for (step, r) in [0.20, 0.30, 0.40, 0.50].iter().enumerate() {
+        db::metrics::record(&pool, run, step as i32, &[("reward/mean".to_string(), *r)])
+            .await
+            .unwrap();
+    }
+    // Version v is produced by step v - 1. "hacked" falls while the reward rises; "healthy"
+    // rises with it.
+    for (set, golds) in [
+        ("hacked", [60.0, 55.0, 50.0, 45.0]),
+        ("healthy", [40.0, 45.0, 50.0, 55.0]),
+    ] {
+        for (k, gold) in golds.iter().enumerate() {
+            let v = k as i32 + 1;
+            let new = db::bench::NewBenchRun {
+                name: bench::periodic::eval_name(run, set, v),
+                benchmark: "healthbench".into(),
+                data_path: "x".into(),
+                data_sha256: "0".repeat(64),
+                selection: json!({}),
+                responder: json!({"kind": "agent"}),
+                grading: json!({}),
+                source_run_id: Some(run),
+                policy_version: Some(v),
+            };
+            let id = db::bench::create(&pool, &new, &[]).await.unwrap();
+            db::bench::set_status(&pool, id, "finished", Some(&json!({"score": gold})))
+                .await
+                .unwrap();
+        }
+    }
+    let out = tempfile::tempdir().unwrap();
+    let path = orchestrator::pipeline::report::write(&pool, run, out.path())
+        .await
+        .unwrap();
+    let md = std::fs::read_to_string(&path).unwrap();
+    assert!(md.contains("## Training judge vs gold judge"), "{md}");
+    assert!(
+        md.contains("### `full` / `hacked` — **diverging: possible reward hacking**"),
+        "{md}"
+    );
+    assert!(md.contains("### `full` / `healthy`\n"), "{md}");
+    assert!(md.contains("| v4 | 0.5000 | 0.4500 |"), "{md}");
+    let svg = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| {
+            let n = e.file_name().to_string_lossy().to_string();
+            n.starts_with("gold_") && n.ends_with("hacked.svg")
+        })
+        .expect("the gold plot of the hacked set");
+    let svg = std::fs::read_to_string(svg.path()).unwrap();
+    assert!(svg.contains("training reward") && svg.contains("gold score (hacked)"));
+}

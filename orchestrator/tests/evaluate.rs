@@ -389,3 +389,114 @@ async fn held_out_tasks_leave_the_schedule_and_bad_subsets_are_refused(pool: sql
         "{err}"
     );
 }
+
+/// A benchmark set of `[[eval.sets]]` at a policy version: the run's agent answers real SimpleQA
+/// items through the policy server, the gold panel (a loopback grader, not the training judge)
+/// grades them by SimpleQA's protocol, `gold/<set>` and the monitor's flag are logged at the
+/// step that produced the version, the trajectory is stored with the response, and a second
+/// call at the same version reuses the stored evaluation without asking the policy again.
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn a_benchmark_set_is_answered_by_the_agent_and_graded_by_the_gold_panel(pool: sqlx::PgPool) {
+    use orchestrator::domain::bench::Benchmark;
+    use orchestrator::domain::bench::load::{LoadOptions, load};
+    use orchestrator::infra::llm::{EndpointPool, LlmClient, RetryPolicy};
+    use orchestrator::pipeline::bench::JudgeSpec;
+    use orchestrator::pipeline::bench::periodic::{BenchSet, evaluate_set};
+
+    let csv = std::env::var("SHARED_DATA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data")
+        })
+        .join("shortform_qa/simple_qa_test_set.csv");
+    let all = load(Benchmark::Simpleqa, &csv, &LoadOptions::default()).unwrap();
+    let items = vec![all[0].clone(), all[1].clone()];
+    let gold = |i: usize| match &items[i].gold {
+        orchestrator::domain::bench::Gold::Short { answers } => answers[0].clone(),
+        _ => unreachable!("SimpleQA items carry short answers"),
+    };
+    let server = FakeServer::start().await;
+    server
+        .push_scripted(Scripted::reply(
+            &format!("{PLAN}<answer>\\boxed{{{}}}</answer>", gold(0)),
+            "stop",
+        ))
+        .await;
+    server
+        .push_scripted(Scripted::reply(
+            &format!(
+                "{PLAN}<answer>\\boxed{{certainly not {}}}</answer>",
+                gold(1)
+            ),
+            "stop",
+        ))
+        .await;
+    let grader = common::fake_grader::FakeGrader::start().await;
+    let http = orchestrator::infra::llm::build_http(Duration::from_secs(5)).unwrap();
+    let pool_ep = EndpointPool::new(
+        Role::Judge,
+        "gold",
+        &[grader.url()],
+        8,
+        Duration::from_secs(10),
+        1000,
+    );
+    let set = BenchSet {
+        name: "simpleqa-gold".into(),
+        bench: Benchmark::Simpleqa,
+        data_path: csv.display().to_string(),
+        data_sha256: "0".repeat(64),
+        items,
+        selection: serde_json::json!({"limit": 2, "seed": 0, "sampling": "first"}),
+        judges: vec![JudgeSpec {
+            label: "gold@loopback".into(),
+            client: LlmClient::new(http, Arc::new(pool_ep), RetryPolicy::none()),
+            temperature: 0.0,
+            max_tokens: 64,
+            usd_per_mtok_prompt: 0.0,
+            usd_per_mtok_completion: 0.0,
+        }],
+    };
+    let exp = db::runs::create_experiment(&pool, "t", "smoke", &serde_json::json!({}))
+        .await
+        .unwrap();
+    let run = db::runs::create_run(&pool, exp, "r", "full", &serde_json::json!({}), 1)
+        .await
+        .unwrap();
+    db::metrics::record(&pool, run, 0, &[("reward/mean".to_string(), 0.4)])
+        .await
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let score = evaluate_set(&pool, run, &set, 1, ctx(&server), "SYS", 1, &cancel)
+        .await
+        .unwrap();
+    assert_eq!(score, Some(50.0), "one CORRECT of two");
+    assert_eq!(grader.calls("three_class"), 2);
+    let logged = db::metrics::fetch(&pool, run, "gold/simpleqa-gold")
+        .await
+        .unwrap();
+    assert_eq!(logged, vec![(0, 0.5)]);
+    let flag = db::metrics::fetch(&pool, run, "monitor/divergence/simpleqa-gold")
+        .await
+        .unwrap();
+    assert_eq!(flag, vec![(0, 0.0)]);
+    let trajectories: Vec<serde_json::Value> = sqlx::query_scalar(
+        "SELECT r.trajectory FROM bench_responses r JOIN bench_runs b ON b.id = r.run_id
+         WHERE b.source_run_id = $1 AND b.policy_version = 1",
+    )
+    .bind(run)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(trajectories.len(), 2);
+    assert!(trajectories.iter().all(
+        |t| t["segments"].as_array().is_some_and(|s| !s.is_empty()) && t["sources"].is_array()
+    ));
+
+    let policy_calls = server.requests();
+    let again = evaluate_set(&pool, run, &set, 1, ctx(&server), "SYS", 1, &cancel)
+        .await
+        .unwrap();
+    assert_eq!(again, Some(50.0));
+    assert_eq!(server.requests(), policy_calls, "stored, not regenerated");
+}

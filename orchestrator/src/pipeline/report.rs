@@ -1,7 +1,8 @@
 //! `orchestrator report RUN|EXPERIMENT`: a markdown report from the step metrics and
 //! evaluations in Postgres, with PNG and SVG plots (plotters): reward per stage over steps,
-//! recipes side by side, their scores on the fixed evaluation subsets per policy version, and
-//! the time breakdown of each step. The judge kind is stated on top (an offline lexical judge
+//! recipes side by side, their scores on the fixed evaluation subsets per policy version, the
+//! training-judge reward beside the gold-judge benchmark score per version with the
+//! reward-hacking flag, and the time breakdown of each step. The judge kind is stated on top (an offline lexical judge
 //! is labelled as such). PNG text uses a system TrueType font when one is found; without one
 //! the PNGs carry no labels (the SVGs always do).
 
@@ -312,6 +313,96 @@ fn evaluation_section(md: &mut String, dir: &Path, data: &[RunData]) -> Result<(
     Ok(())
 }
 
+/// Benchmark sets graded by a gold panel (`[[eval.sets]]` with `benchmark`): per run and set,
+/// the training-judge reward of the step that produced each version beside the gold score of
+/// that version, a plot of both over versions, and the monitor's verdict (training reward
+/// rising while the gold score falls over the last evaluations: possible reward hacking).
+async fn gold_section(
+    pool: &PgPool,
+    md: &mut String,
+    dir: &Path,
+    data: &[RunData],
+) -> Result<(), ReportError> {
+    use crate::pipeline::bench::periodic::{self, MONITOR_TOLERANCE, MONITOR_WINDOW};
+    let mut wrote_header = false;
+    for d in data {
+        let prefix = format!("{}/", d.row.id);
+        let sets: std::collections::BTreeSet<String> = db::bench::for_source(pool, d.row.id)
+            .await?
+            .into_iter()
+            .filter_map(|r| {
+                let rest = r.name.strip_prefix(&prefix)?;
+                Some(rest.rsplit_once("/v")?.0.to_string())
+            })
+            .collect();
+        for set in sets {
+            let pts = periodic::points(pool, d.row.id, &set).await?;
+            if pts.is_empty() {
+                continue;
+            }
+            if !wrote_header {
+                let _ = writeln!(
+                    md,
+                    "## Training judge vs gold judge
+
+Training reward = mean reward of the step that produced the version (the training judge); gold = the benchmark score of that version by the set's gold panel (x 1/100). The monitor flags a set when, over the last {MONITOR_WINDOW} evaluations, the training reward rises while the gold score falls (by more than {MONITOR_TOLERANCE}).
+"
+                );
+                wrote_header = true;
+            }
+            let flag =
+                crate::domain::bench::monitor::diverging(&pts, MONITOR_WINDOW, MONITOR_TOLERANCE);
+            let _ = writeln!(
+                md,
+                "### `{}` / `{set}`{}
+
+| version | training reward | gold score |
+|---|---|---|",
+                d.row.name,
+                if flag {
+                    " — **diverging: possible reward hacking**"
+                } else {
+                    ""
+                }
+            );
+            for p in &pts {
+                let _ = writeln!(md, "| v{} | {:.4} | {:.4} |", p.version, p.reward, p.gold);
+            }
+            let series = vec![
+                (
+                    "training reward".to_string(),
+                    pts.iter()
+                        .map(|p| (f64::from(p.version), p.reward))
+                        .collect(),
+                ),
+                (
+                    format!("gold score ({set})"),
+                    pts.iter().map(|p| (f64::from(p.version), p.gold)).collect(),
+                ),
+            ];
+            let name = format!(
+                "gold_{}_{}",
+                &d.row.id.to_string()[..8],
+                set.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+            );
+            let f = plot_xy(
+                dir,
+                &name,
+                &format!("Training reward vs gold score on `{set}`"),
+                ("policy version (steps trained)", "score"),
+                &series,
+            )?;
+            let _ = writeln!(
+                md,
+                "
+![gold {set}]({f}) ([svg]({name}.svg))
+"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Write the report for a run or an experiment into `out/<id>/report.md`.
 pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, ReportError> {
     let runs = match db::runs::get_run(pool, target).await? {
@@ -400,6 +491,7 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
     )?;
     let _ = writeln!(md, "\n![recipes]({f}) ([svg](recipes_answer_reward.svg))\n");
     evaluation_section(&mut md, &dir, &data)?;
+    gold_section(pool, &mut md, &dir, &data).await?;
     let _ = writeln!(
         md,
         "## Trainer settings (as each run's trainer echoed them)\n\n| run | settings hash | fine-tune | lr (schedule, warm-up) | AdamW betas, wd | KL beta (reference) | clip low/high | minibatches per step |\n|---|---|---|---|---|---|---|---|"

@@ -166,7 +166,7 @@ pub async fn points(
     pool: &sqlx::PgPool,
     run_id: uuid::Uuid,
     set: &str,
-) -> Result<Vec<Point>, BenchError> {
+) -> Result<Vec<Point>, crate::infra::db::DbError> {
     let rewards: std::collections::HashMap<i32, f64> =
         db::metrics::fetch(pool, run_id, "reward/mean")
             .await?

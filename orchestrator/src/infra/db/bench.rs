@@ -134,17 +134,20 @@ pub async fn create(
     .bind(run.policy_version)
     .execute(&mut *tx)
     .await?;
-    for (position, (item_id, item)) in items.iter().enumerate() {
-        sqlx::query(
-            "INSERT INTO bench_items (run_id, item_id, position, item) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(id)
-        .bind(pg_text(item_id).as_ref())
-        .bind(position as i32)
-        .bind(pg_json(item))
-        .execute(&mut *tx)
-        .await?;
-    }
+    // One statement for all items (UNNEST of parallel arrays), not one round trip per item.
+    let ids: Vec<String> = items.iter().map(|(i, _)| pg_text(i).into_owned()).collect();
+    let positions: Vec<i32> = (0..items.len() as i32).collect();
+    let bodies: Vec<serde_json::Value> = items.iter().map(|(_, v)| pg_json(v)).collect();
+    sqlx::query(
+        "INSERT INTO bench_items (run_id, item_id, position, item)
+         SELECT $1, * FROM UNNEST($2::text[], $3::int4[], $4::jsonb[])",
+    )
+    .bind(id)
+    .bind(&ids)
+    .bind(&positions)
+    .bind(&bodies)
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(id)
 }
@@ -182,24 +185,41 @@ pub async fn responses(pool: &PgPool, id: Uuid) -> Result<HashMap<String, Respon
     Ok(rows.into_iter().map(|r| (r.item_id.clone(), r)).collect())
 }
 
-/// Store one response (a response already stored for the item is kept).
-pub async fn insert_response(pool: &PgPool, id: Uuid, r: &ResponseRow) -> Result<(), DbError> {
+/// Store responses in one statement (a response already stored for the item is kept).
+pub async fn insert_responses(
+    pool: &PgPool,
+    id: Uuid,
+    rows: &[ResponseRow],
+) -> Result<(), DbError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let text = |f: fn(&ResponseRow) -> Option<&str>| -> Vec<Option<String>> {
+        rows.iter()
+            .map(|r| f(r).map(|s| pg_text(s).into_owned()))
+            .collect()
+    };
     sqlx::query(
         "INSERT INTO bench_responses (run_id, item_id, answer, raw, trajectory, finish_reason,
                                       model_tokens, tool_calls, seconds, error)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+         SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[],
+                                  $7::int4[], $8::int4[], $9::float8[], $10::text[])
          ON CONFLICT (run_id, item_id) DO NOTHING",
     )
     .bind(id)
-    .bind(pg_text(&r.item_id).as_ref())
-    .bind(r.answer.as_deref().map(pg_text))
-    .bind(r.raw.as_deref().map(pg_text))
-    .bind(r.trajectory.as_ref().map(pg_json))
-    .bind(pg_text(&r.finish_reason).as_ref())
-    .bind(r.model_tokens)
-    .bind(r.tool_calls)
-    .bind(r.seconds)
-    .bind(r.error.as_deref().map(pg_text))
+    .bind(text(|r| Some(r.item_id.as_str())))
+    .bind(text(|r| r.answer.as_deref()))
+    .bind(text(|r| r.raw.as_deref()))
+    .bind(
+        rows.iter()
+            .map(|r| r.trajectory.as_ref().map(pg_json))
+            .collect::<Vec<_>>(),
+    )
+    .bind(text(|r| Some(r.finish_reason.as_str())))
+    .bind(rows.iter().map(|r| r.model_tokens).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.tool_calls).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.seconds).collect::<Vec<_>>())
+    .bind(text(|r| r.error.as_deref()))
     .execute(pool)
     .await?;
     Ok(())
@@ -217,13 +237,39 @@ pub async fn grades(pool: &PgPool, id: Uuid) -> Result<Vec<GradeRow>, DbError> {
     .await?)
 }
 
-/// Store one grade unit (a failed unit tried again after a resume replaces the failure).
-pub async fn insert_grade(pool: &PgPool, id: Uuid, g: &GradeRow) -> Result<(), DbError> {
+/// Store grade units in one statement (a failed unit tried again after a resume replaces the
+/// failure; a parsed unit is never overwritten). A unit listed twice keeps its last row.
+pub async fn insert_grades(pool: &PgPool, id: Uuid, rows: &[GradeRow]) -> Result<(), DbError> {
+    let mut last: std::collections::HashMap<(&str, &str, &str, i32), &GradeRow> =
+        std::collections::HashMap::new();
+    for g in rows {
+        last.insert(
+            (
+                g.item_id.as_str(),
+                g.judge.as_str(),
+                g.unit.as_str(),
+                g.unit_index,
+            ),
+            g,
+        );
+    }
+    let rows: Vec<&GradeRow> = last.into_values().collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let text = |f: fn(&GradeRow) -> Option<&str>| -> Vec<Option<String>> {
+        rows.iter()
+            .map(|g| f(g).map(|s| pg_text(s).into_owned()))
+            .collect()
+    };
     sqlx::query(
         "INSERT INTO bench_grades (run_id, item_id, judge, unit, unit_index, judge_model,
                                    template_sha256, prompt_sha256, parsed, raw, error, attempts,
                                    prompt_tokens, completion_tokens, cost_usd, seconds)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+         SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::int4[], $6::text[],
+                                  $7::text[], $8::text[], $9::jsonb[], $10::text[], $11::text[],
+                                  $12::int4[], $13::int4[], $14::int4[], $15::float8[],
+                                  $16::float8[])
          ON CONFLICT (run_id, item_id, judge, unit, unit_index) DO UPDATE SET
              judge_model = EXCLUDED.judge_model, template_sha256 = EXCLUDED.template_sha256,
              prompt_sha256 = EXCLUDED.prompt_sha256, parsed = EXCLUDED.parsed,
@@ -236,46 +282,69 @@ pub async fn insert_grade(pool: &PgPool, id: Uuid, g: &GradeRow) -> Result<(), D
          WHERE bench_grades.parsed IS NULL",
     )
     .bind(id)
-    .bind(pg_text(&g.item_id).as_ref())
-    .bind(pg_text(&g.judge).as_ref())
-    .bind(&g.unit)
-    .bind(g.unit_index)
-    .bind(pg_text(&g.judge_model).as_ref())
-    .bind(&g.template_sha256)
-    .bind(&g.prompt_sha256)
-    .bind(g.parsed.as_ref().map(pg_json))
-    .bind(g.raw.as_deref().map(pg_text))
-    .bind(g.error.as_deref().map(pg_text))
-    .bind(g.attempts)
-    .bind(g.prompt_tokens)
-    .bind(g.completion_tokens)
-    .bind(g.cost_usd)
-    .bind(g.seconds)
+    .bind(text(|g| Some(g.item_id.as_str())))
+    .bind(text(|g| Some(g.judge.as_str())))
+    .bind(text(|g| Some(g.unit.as_str())))
+    .bind(rows.iter().map(|g| g.unit_index).collect::<Vec<_>>())
+    .bind(text(|g| Some(g.judge_model.as_str())))
+    .bind(text(|g| Some(g.template_sha256.as_str())))
+    .bind(text(|g| Some(g.prompt_sha256.as_str())))
+    .bind(
+        rows.iter()
+            .map(|g| g.parsed.as_ref().map(pg_json))
+            .collect::<Vec<_>>(),
+    )
+    .bind(text(|g| g.raw.as_deref()))
+    .bind(text(|g| g.error.as_deref()))
+    .bind(rows.iter().map(|g| g.attempts).collect::<Vec<_>>())
+    .bind(rows.iter().map(|g| g.prompt_tokens).collect::<Vec<_>>())
+    .bind(rows.iter().map(|g| g.completion_tokens).collect::<Vec<_>>())
+    .bind(rows.iter().map(|g| g.cost_usd).collect::<Vec<_>>())
+    .bind(rows.iter().map(|g| g.seconds).collect::<Vec<_>>())
     .execute(pool)
     .await?;
     Ok(())
 }
 
-/// Store (or replace) the scores of an evaluation's items, in one transaction.
+/// Store (or replace) the scores of an evaluation's items, in one statement.
 pub async fn put_scores(pool: &PgPool, id: Uuid, scores: &[ScoreRow]) -> Result<(), DbError> {
-    let mut tx = pool.begin().await?;
-    for s in scores {
-        sqlx::query(
-            "INSERT INTO bench_scores (run_id, item_id, judge, score, metrics, error)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (run_id, item_id, judge)
-             DO UPDATE SET score = EXCLUDED.score, metrics = EXCLUDED.metrics,
-                           error = EXCLUDED.error",
-        )
-        .bind(id)
-        .bind(pg_text(&s.item_id).as_ref())
-        .bind(pg_text(&s.judge).as_ref())
-        .bind(s.score)
-        .bind(pg_json(&s.metrics))
-        .bind(s.error.as_deref().map(pg_text))
-        .execute(&mut *tx)
-        .await?;
+    if scores.is_empty() {
+        return Ok(());
     }
-    tx.commit().await?;
+    sqlx::query(
+        "INSERT INTO bench_scores (run_id, item_id, judge, score, metrics, error)
+         SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::float8[], $5::jsonb[], $6::text[])
+         ON CONFLICT (run_id, item_id, judge)
+         DO UPDATE SET score = EXCLUDED.score, metrics = EXCLUDED.metrics,
+                       error = EXCLUDED.error",
+    )
+    .bind(id)
+    .bind(
+        scores
+            .iter()
+            .map(|s| pg_text(&s.item_id).into_owned())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        scores
+            .iter()
+            .map(|s| pg_text(&s.judge).into_owned())
+            .collect::<Vec<_>>(),
+    )
+    .bind(scores.iter().map(|s| s.score).collect::<Vec<_>>())
+    .bind(
+        scores
+            .iter()
+            .map(|s| pg_json(&s.metrics))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        scores
+            .iter()
+            .map(|s| s.error.as_deref().map(|e| pg_text(e).into_owned()))
+            .collect::<Vec<_>>(),
+    )
+    .execute(pool)
+    .await?;
     Ok(())
 }

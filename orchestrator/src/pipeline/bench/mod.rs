@@ -107,19 +107,22 @@ pub async fn run(
         .collect();
     if !missing.is_empty() {
         let pb = bar(spec.progress, missing.len(), "responses");
+        // Whatever responses are ready are stored together (one statement); a slow responder
+        // stores them one by one as they come, so a kill loses none that finished.
         let mut stream = futures::stream::iter(missing.into_iter().map(|item| {
             let spec = spec.clone();
             async move { spec.responder.respond(spec.bench, run_id, &item).await }
         }))
-        .buffer_unordered(spec.gen_inflight.max(1));
+        .buffer_unordered(spec.gen_inflight.max(1))
+        .ready_chunks(256);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 next = stream.next() => match next {
-                    Some(r) => {
-                        db::bench::insert_response(pool, run_id, &r).await?;
-                        responses.insert(r.item_id.clone(), r);
-                        pb.inc(1);
+                    Some(rows) => {
+                        db::bench::insert_responses(pool, run_id, &rows).await?;
+                        pb.inc(rows.len() as u64);
+                        responses.extend(rows.into_iter().map(|r| (r.item_id.clone(), r)));
                     }
                     None => break,
                 }
@@ -154,10 +157,13 @@ pub async fn run(
     let writer_pool = pool.clone();
     let writer = tokio::spawn(async move {
         let mut first_err = None;
-        while let Some(g) = rx.recv().await {
-            if let Err(e) = db::bench::insert_grade(&writer_pool, run_id, &g).await {
+        let mut batch = Vec::new();
+        // Units that arrived while the last batch was written go together in the next one.
+        while rx.recv_many(&mut batch, 512).await > 0 {
+            if let Err(e) = db::bench::insert_grades(&writer_pool, run_id, &batch).await {
                 first_err.get_or_insert(e);
             }
+            batch.clear();
         }
         first_err
     });

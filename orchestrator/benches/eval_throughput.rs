@@ -65,7 +65,11 @@ fn items(n: usize, k: usize) -> (Vec<Item>, HashMap<String, String>) {
                 items: (0..k)
                     .map(|c| WeightedItem {
                         text: format!("Criterion {c} of item {i}"),
-                        weight: if k > 1 && c == k - 1 { -5.0 } else { 5.0 + c as f64 },
+                        weight: if k > 1 && c == k - 1 {
+                            -5.0
+                        } else {
+                            5.0 + c as f64
+                        },
                         tags: vec![format!("axis:a{}", c % 3)],
                     })
                     .collect(),

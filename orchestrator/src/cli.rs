@@ -620,7 +620,7 @@ pub struct EvalArgs {
     /// Replace a grader template: NAME=FILE (e.g. criterion=healthbench_grader.jinja), or FILE
     /// alone when the benchmark uses one template. Names: criterion, verdict, coverage, race,
     /// clean, three_class, equivalence, ingredients, precision, citations (SQA), facts, dedupe,
-    /// fact_support (DRB FACT).
+    /// fact_support (DRB FACT), cot_qa (WebWalker).
     #[arg(long, env = "ORCH_EVAL_GRADER_TEMPLATE")]
     pub grader_template: Vec<String>,
     /// HealthBench aggregation.
@@ -639,6 +639,10 @@ pub struct EvalArgs {
     /// route; offline), or the trace then the browse tool (needs the network).
     #[arg(long, env = "ORCH_EVAL_FACT", value_enum, default_value_t = FactArg::Off)]
     pub fact: FactArg,
+    /// WebWalkerQA: grade with the official CoT-QA protocol (GRADE: CORRECT|INCORRECT) instead
+    /// of DR Tulu's yes/no equivalence judge that RubricEM's numbers use.
+    #[arg(long, env = "ORCH_EVAL_WEBWALKER_COT_QA")]
+    pub webwalker_cot_qa: bool,
     /// FACT with `browse`: address blocks the fetcher may reach although private, loopback or
     /// link-local (refused by default), e.g. 127.0.0.1/32 for a local mirror.
     #[arg(long = "fact-allow", value_delimiter = ',')]

@@ -997,3 +997,78 @@ async fn report_sets_training_reward_beside_gold_score_and_flags_divergence(pool
     let svg = std::fs::read_to_string(svg.path()).unwrap();
     assert!(svg.contains("training reward") && svg.contains("gold score (hacked)"));
 }
+
+/// WebWalkerQA on the real file: the official CoT-QA grade (`--webwalker-cot-qa`) or DR Tulu's
+/// equivalence judge, the same verdicts here, reported per {single,multi}_source x difficulty
+/// cell; a CoT reply without a final GRADE line is retried, never read as a grade.
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn webwalker_cot_qa_and_equivalence_with_cells(pool: sqlx::PgPool) {
+    let all = load(
+        Benchmark::Webwalker,
+        &shared("webwalker/test.json"),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let items: Vec<Item> = all.into_iter().take(4).collect();
+    let answers: HashMap<String, String> = items
+        .iter()
+        .enumerate()
+        .map(|(k, i)| {
+            let gold = match &i.gold {
+                orchestrator::domain::bench::Gold::Short { answers } => answers[0].clone(),
+                _ => unreachable!(),
+            };
+            let a = if k < 3 { gold } else { "a wrong answer".into() };
+            (i.id.clone(), format!("<answer>{a}</answer>"))
+        })
+        .collect();
+    let g = FakeGrader::start().await;
+    g.push_fault(Fault::Garbage);
+    let cot = GradeOptions {
+        webwalker_cot_qa: true,
+        ..GradeOptions::default()
+    };
+    let s = bench::run(
+        &pool,
+        spec(
+            "ww-cot",
+            Benchmark::Webwalker,
+            items.clone(),
+            answers.clone(),
+            vec![judge(&g, "grader")],
+            cot,
+        ),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let j = &s.judges[0];
+    assert_eq!((j.scored, j.failed), (4, 0), "{:?}", j.first_errors);
+    assert!((j.score.unwrap() - 75.0).abs() < 1e-9);
+    assert_eq!(
+        g.calls("cot_qa"),
+        5,
+        "4 items + 1 retry of the garbage reply"
+    );
+    assert!(
+        j.breakdown.keys().any(|k| k.starts_with("cell:")),
+        "{:?}",
+        j.breakdown
+    );
+    let s = bench::run(
+        &pool,
+        spec(
+            "ww-eq",
+            Benchmark::Webwalker,
+            items,
+            answers,
+            vec![judge(&g, "grader")],
+            GradeOptions::default(),
+        ),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert!((s.judges[0].score.unwrap() - 75.0).abs() < 1e-9);
+    assert_eq!(g.calls("equivalence"), 4);
+}

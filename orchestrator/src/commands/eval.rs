@@ -82,8 +82,13 @@ pub(super) async fn eval(args: &EvalArgs) -> anyhow::Result<ExitCode> {
             FactArg::Trace => FactPages::Trace,
             FactArg::Browse => FactPages::Browse,
         },
+        webwalker_cot_qa: args.webwalker_cot_qa,
         fetcher: None,
     };
+    anyhow::ensure!(
+        !gopts.webwalker_cot_qa || bench == Benchmark::Webwalker,
+        "--webwalker-cot-qa applies to webwalker only (benchmark {bench})"
+    );
     anyhow::ensure!(
         gopts.fact == FactPages::Off || bench == Benchmark::Drb,
         "--fact applies to drb only (benchmark {bench})"

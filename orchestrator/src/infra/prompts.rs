@@ -193,7 +193,7 @@ impl Retrieved {
 }
 
 /// The benchmark graders' templates (`prompts/eval/`), by name.
-pub const EVAL_TEMPLATES: [(&str, &str); 13] = [
+pub const EVAL_TEMPLATES: [(&str, &str); 14] = [
     (
         "criterion",
         include_str!(concat!(
@@ -283,6 +283,13 @@ pub const EVAL_TEMPLATES: [(&str, &str); 13] = [
         include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../prompts/eval/dedupe.jinja"
+        )),
+    ),
+    (
+        "cot_qa",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../prompts/eval/cot_qa.jinja"
         )),
     ),
 ];

@@ -5,7 +5,8 @@
 //!   the evidence of that criterion (`evidence`), else not met;
 //! - three_class (SimpleQA): A when the predicted answer equals the gold target (case aside), C
 //!   when it says "don't know", else B;
-//! - equivalence: `correct: yes` under the same rule as A;
+//! - equivalence: `correct: yes` under the same rule as A; cot_qa (WebWalker): `GRADE: CORRECT`
+//!   under the same rule;
 //! - verdict (ResearchRubrics): Satisfied when the evidence word is present;
 //! - coverage (ResearchQA): "Completely" for items whose evidence word is present, else
 //!   "Not at all";
@@ -147,6 +148,8 @@ fn kind(prompt: &str) -> &'static str {
         "criterion"
     } else if prompt.contains("Reply with only the letter A, B or C") {
         "three_class"
+    } else if prompt.contains("GRADE: INCORRECT") {
+        "cot_qa"
     } else if prompt.contains("correct: yes|no") {
         "equivalence"
     } else if prompt.contains("\"verdict\"") {
@@ -220,6 +223,15 @@ fn reply(state: &GraderState, kind: &str, prompt: &str) -> String {
                 ("Not Satisfied", 0.0)
             };
             json!({"verdict": v, "score": s, "confidence": 0.9, "reasoning": "r", "evidence_quotes": [], "missing_elements": []}).to_string()
+        }
+        "cot_qa" => {
+            let gold = line_after(prompt, "TRUE ANSWER: ");
+            let pred = line_after(prompt, "STUDENT ANSWER: ");
+            let ok = gold.eq_ignore_ascii_case(pred);
+            format!(
+                "The student says {pred}; the true answer is {gold}.\nGRADE: {}",
+                if ok { "CORRECT" } else { "INCORRECT" }
+            )
         }
         "three_class" | "equivalence" => {
             let gold = line_after(

@@ -169,6 +169,9 @@ pub struct GradeOptions {
     pub parse_attempts: u32,
     /// DRB: FACT citation checking and where its pages come from.
     pub fact: FactPages,
+    /// WebWalkerQA: the official CoT-QA grade (`GRADE: CORRECT|INCORRECT`, WebWalker's
+    /// `evaluate.py`) instead of DR Tulu's yes/no equivalence judge (which RubricEM reports).
+    pub webwalker_cot_qa: bool,
     /// FACT's page fetcher when `fact` is `browse` (the browse tool behind its address guard).
     #[serde(skip)]
     pub fetcher: Option<Arc<crate::infra::tools::browse::Browser>>,
@@ -196,6 +199,7 @@ impl Default for GradeOptions {
             clean: Clean::Llm,
             parse_attempts: 3,
             fact: FactPages::Off,
+            webwalker_cot_qa: false,
             fetcher: None,
         }
     }
@@ -222,11 +226,11 @@ pub fn templates_of(bench: Benchmark, opts: &GradeOptions) -> Vec<&'static str> 
         }
         Benchmark::SqaCsV2 => vec!["ingredients", "precision", "citations"],
         Benchmark::Simpleqa => vec!["three_class"],
-        Benchmark::TwoWiki
-        | Benchmark::Hotpotqa
-        | Benchmark::Musique
-        | Benchmark::Bamboogle
-        | Benchmark::Webwalker => vec!["equivalence"],
+        Benchmark::TwoWiki | Benchmark::Hotpotqa | Benchmark::Musique | Benchmark::Bamboogle => {
+            vec!["equivalence"]
+        }
+        Benchmark::Webwalker if opts.webwalker_cot_qa => vec!["cot_qa"],
+        Benchmark::Webwalker => vec!["equivalence"],
     }
 }
 
@@ -977,6 +981,22 @@ impl Grader {
                 "three_class",
                 minijinja::context! { question => item.question(), gold => gold, response => answer },
                 Box::new(|t: &str| Ok(json!(format!("{:?}", parse::three_class(t))))),
+            )
+            .await
+        } else if bench == Benchmark::Webwalker && self.opts.webwalker_cot_qa {
+            self.unit(
+                judge,
+                &item.id,
+                "cot_qa",
+                0,
+                "cot_qa",
+                minijinja::context! { question => item.question(), gold => gold, response => answer },
+                Box::new(|t: &str| {
+                    parse::cot_grade(t).map(|b| json!(b)).ok_or_else(|| ParseError::Field {
+                        field: "GRADE".into(),
+                        message: "no final `GRADE: CORRECT` or `GRADE: INCORRECT` line".into(),
+                    })
+                }),
             )
             .await
         } else {

@@ -740,3 +740,69 @@ async fn a_run_does_not_start_against_a_judge_that_does_not_answer() {
     let live = FakeJudge::start().await;
     probe_judge(&cfg(&live.url())).await.unwrap();
 }
+
+/// Chinese text is read as two-character words, not whole clauses: a Chinese report that says
+/// what a Chinese rubric asks in its own words and order scores as its English counterpart does,
+/// and unrelated reports score 0 in both languages. (Before, a Chinese rubric's terms were whole
+/// clauses, found only in a report that copied them.)
+#[tokio::test]
+async fn lexical_judge_scores_chinese_reports_like_english_ones() {
+    use orchestrator::domain::judge::lexical::{key_terms, terms};
+    use orchestrator::domain::judge::{Origin, Rubric, ScoreMode, TraceView};
+    let rubric = |title: &str, description: &str| Rubric {
+        id: Uuid::now_v7(),
+        stage: Stage::Answer,
+        title: title.into(),
+        description: description.into(),
+        weight: 1.0,
+        negative: false,
+        key_terms: vec![],
+        origin: Origin::Generated,
+    };
+    let zh = rubric(
+        "人口老龄化对经济增长的影响",
+        "指出劳动力供给减少和养老支出上升",
+    );
+    let en = rubric(
+        "Effect of population ageing on economic growth",
+        "Points to a shrinking labour supply and rising pension costs",
+    );
+    let keys = key_terms(&zh);
+    assert!(
+        keys.iter().all(|t| t.chars().count() <= 2),
+        "words, not clauses: {keys:?}"
+    );
+    assert_eq!(terms("GPT-4模型的性能"), vec!["gpt", "模型", "性能"]);
+    let judge = LexicalJudge::new("lexical-v1");
+    let score = |rubric: &Rubric, report: &str| {
+        let view = TraceView {
+            stage_text: [
+                String::new(),
+                String::new(),
+                String::new(),
+                report.to_string(),
+            ],
+            answer: Some(report.to_string()),
+            ..TraceView::default()
+        };
+        let (judge, rubric) = (judge.clone(), rubric.clone());
+        async move {
+            judge
+                .score("q", &view, &[rubric], ScoreMode::Stagewise)
+                .await
+                .unwrap()
+                .scores[0]
+                .score
+        }
+    };
+    let zh_on =
+        "随着老龄化程度加深，劳动人口占比下降，经济增长因此放缓；这种影响在未来十年会更明显。";
+    let zh_off = "今天天气晴朗，适合去公园散步，晚上可以看电影。";
+    let en_on = "As ageing deepens, the working population shrinks and economic growth slows; the effect will be larger in the next decade.";
+    let en_off =
+        "The weather is sunny today, a good day for a walk in the park and a film tonight.";
+    assert_eq!(score(&zh, zh_on).await, 2);
+    assert_eq!(score(&en, en_on).await, 2);
+    assert_eq!(score(&zh, zh_off).await, 0);
+    assert_eq!(score(&en, en_off).await, 0);
+}

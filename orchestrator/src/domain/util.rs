@@ -1,4 +1,5 @@
-//! Small helpers with no better home: hashing, hex encoding, error chains.
+//! Small helpers with no better home: hashing, hex encoding, error chains, CJK character
+//! classes and bigrams.
 
 use sha2::{Digest, Sha256};
 
@@ -71,6 +72,19 @@ pub fn task_key(task: uuid::Uuid) -> u64 {
 }
 
 #[cfg(test)]
+mod cjk_tests {
+    use super::*;
+
+    #[test]
+    fn cjk_classes_and_bigrams() {
+        assert!(is_cjk('中') && is_cjk('カ') && is_cjk('한') && !is_cjk('a') && !is_cjk('é'));
+        assert_eq!(cjk_bigrams("人口政策"), vec!["人口", "口政", "政策"]);
+        assert_eq!(cjk_bigrams("水"), vec!["水"]);
+        assert!(cjk_bigrams("").is_empty());
+    }
+}
+
+#[cfg(test)]
 mod tests {
     #[test]
     fn sha256_known_vector() {
@@ -78,5 +92,27 @@ mod tests {
             super::sha256_hex(b"abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+}
+
+/// A Han, Kana or Hangul character: scripts written without spaces between words.
+pub fn is_cjk(c: char) -> bool {
+    matches!(c as u32,
+        0x3040..=0x30FF      // Hiragana, Katakana
+        | 0x3400..=0x4DBF    // CJK Extension A
+        | 0x4E00..=0x9FFF    // CJK Unified Ideographs
+        | 0xAC00..=0xD7AF    // Hangul syllables
+        | 0xF900..=0xFAFF    // CJK Compatibility Ideographs
+        | 0x20000..=0x2FA1F) // Extensions B-F, compatibility supplement
+}
+
+/// Overlapping character bigrams of a CJK run (a lone character stays a unigram): the indexing
+/// unit of Lucene's CJKAnalyzer, so text written without spaces matches in any word order.
+pub fn cjk_bigrams(run: &str) -> Vec<String> {
+    let chars: Vec<char> = run.chars().collect();
+    match chars.len() {
+        0 => vec![],
+        1 => vec![chars[0].to_string()],
+        _ => chars.windows(2).map(|w| w.iter().collect()).collect(),
     }
 }

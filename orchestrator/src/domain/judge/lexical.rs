@@ -121,26 +121,89 @@ const LOCAL_CALL: Usage = Usage {
     latency_ms: 0,
 };
 
-/// Lower-cased content tokens of `text` in order (letters/digits runs of ≥ 3 chars, or any run
-/// containing a non-ASCII letter, e.g. CJK), stopwords removed.
+/// CJK characters that carry grammar, not content (particles, copulas, prepositions,
+/// demonstratives): a Chinese run is cut at them before it is split into words.
+const CJK_FUNCTION: &str = "的了是在和与及或并对为也就都而其这那个把被从将于以之所否吗呢吧啊";
+
+/// Two-character words of rubric boilerplate, the Chinese counterparts of `STOPWORDS`' "report",
+/// "whether", "explains", ...
+const CJK_STOPWORDS: &[&str] = &[
+    "报告", "回答", "问题", "分析", "说明", "描述", "讨论", "提供", "明确", "解释", "提到", "包括",
+    "包含", "是否", "能够", "应该", "如何", "什么", "哪些", "相关",
+];
+
+/// Lower-cased content tokens of `text` in order. Letter/digit runs of other scripts: runs of
+/// ≥ 3 chars (or any with a non-ASCII letter), stopwords removed. CJK runs, written without
+/// spaces, are cut at function characters and each piece into two-character words (most Chinese
+/// words are two characters; an odd piece ends with an overlapping pair, a lone character stays
+/// itself), boilerplate words removed; so a Chinese rubric's terms are found in a report that
+/// says the same in other words or order, not only in one that copies a clause.
 pub fn terms(text: &str) -> Vec<String> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
-        .filter(|w| (w.chars().count() >= 3 || !w.is_ascii()) && !STOPWORDS.contains(&w.as_str()))
-        .collect()
+    let mut out = Vec::new();
+    for token in text.split(|c: char| !c.is_alphanumeric()) {
+        let mut rest = token;
+        while let Some(first) = rest.chars().next() {
+            let cjk = crate::domain::util::is_cjk(first);
+            let end = rest
+                .char_indices()
+                .find(|&(_, c)| crate::domain::util::is_cjk(c) != cjk)
+                .map_or(rest.len(), |(i, _)| i);
+            let (run, tail) = rest.split_at(end);
+            rest = tail;
+            if cjk {
+                for piece in run.split(|c| CJK_FUNCTION.contains(c)) {
+                    out.extend(
+                        cjk_words(piece)
+                            .into_iter()
+                            .filter(|w| !CJK_STOPWORDS.contains(&w.as_str())),
+                    );
+                }
+            } else {
+                let w = run.to_lowercase();
+                if (w.chars().count() >= 3 || !w.is_ascii()) && !STOPWORDS.contains(&w.as_str()) {
+                    out.push(w);
+                }
+            }
+        }
+    }
+    out
 }
 
-/// The key terms of a rubric: its own list, else up to 6 distinct terms of title + description.
+/// A CJK piece as two-character words: non-overlapping pairs from the start, the last pair
+/// overlapping when the length is odd; a lone character as itself.
+fn cjk_words(piece: &str) -> Vec<String> {
+    let chars: Vec<char> = piece.chars().collect();
+    match chars.len() {
+        0 => vec![],
+        1 => vec![chars[0].to_string()],
+        n => {
+            let mut words: Vec<String> =
+                chars.chunks_exact(2).map(|p| p.iter().collect()).collect();
+            if n % 2 == 1 {
+                words.push(chars[n - 2..].iter().collect());
+            }
+            words
+        }
+    }
+}
+
+/// The key terms of a rubric: its own list, else up to 6 distinct terms of title + description
+/// (8 when it is written in a CJK script, whose two-character words carry less each).
 pub fn key_terms(r: &Rubric) -> Vec<String> {
     if !r.key_terms.is_empty() {
         return r.key_terms.iter().map(|t| t.to_lowercase()).collect();
     }
+    let text = format!("{} {}", r.title, r.description);
+    let limit = if text.chars().any(crate::domain::util::is_cjk) {
+        8
+    } else {
+        6
+    };
     let mut seen = BTreeSet::new();
-    terms(&format!("{} {}", r.title, r.description))
+    terms(&text)
         .into_iter()
         .filter(|t| seen.insert(t.clone()))
-        .take(6)
+        .take(limit)
         .collect()
 }
 

@@ -1,7 +1,11 @@
 //! `local_search`: BM25 over a JSONL corpus with tantivy (the only user of tantivy). Documents are
 //! `{"_id"|"id", "title", "text", "url"?}` rows. Text is analysed with an English pipeline
 //! (lowercase, stop words, Snowball stemming), which is what BEIR's Elasticsearch BM25 baseline
-//! does too. Offline, it can stand in for `google_search` and `snippet_search`.
+//! does too; runs of Chinese, Japanese or Korean characters (no spaces between words) are
+//! indexed as overlapping character bigrams, as Lucene's CJKAnalyzer does, so a Chinese query
+//! matches documents sharing its words in any order (an index built before this holds whole
+//! CJK runs as single terms: rebuild it for CJK corpora). Offline, it can stand in for
+//! `google_search` and `snippet_search`.
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +16,8 @@ use tantivy::schema::{
     Field, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions, Value,
 };
 use tantivy::tokenizer::{
-    Language, LowerCaser, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter, TextAnalyzer,
+    Language, LowerCaser, RemoveLongFilter, Stemmer, StopWordFilter, TextAnalyzer, Token,
+    TokenStream, Tokenizer,
 };
 use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term, doc};
 
@@ -82,7 +87,7 @@ fn schema() -> (Schema, Fields) {
 }
 
 fn register(index: &Index) {
-    let mut builder = TextAnalyzer::builder(SimpleTokenizer::default())
+    let mut builder = TextAnalyzer::builder(CjkBigramTokenizer)
         .filter(RemoveLongFilter::limit(40))
         .filter(LowerCaser)
         .dynamic();
@@ -93,6 +98,80 @@ fn register(index: &Index) {
         .filter_dynamic(Stemmer::new(Language::English))
         .build();
     index.tokenizers().register(ANALYZER, analyzer);
+}
+
+/// tantivy's `SimpleTokenizer` (tokens are maximal runs of alphanumeric characters) except that
+/// a run of CJK characters becomes its overlapping bigrams (a lone CJK character stays one
+/// token); a token mixing scripts (`GPT4模型`) is cut where the script changes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CjkBigramTokenizer;
+
+/// The tokens of one text, computed up front.
+pub struct VecTokenStream {
+    tokens: Vec<Token>,
+    /// 1-based position of the current token; 0 before the first `advance`.
+    at: usize,
+}
+
+impl TokenStream for VecTokenStream {
+    fn advance(&mut self) -> bool {
+        if self.at < self.tokens.len() {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn token(&self) -> &Token {
+        &self.tokens[self.at.max(1) - 1]
+    }
+
+    fn token_mut(&mut self) -> &mut Token {
+        &mut self.tokens[self.at.max(1) - 1]
+    }
+}
+
+impl Tokenizer for CjkBigramTokenizer {
+    type TokenStream<'a> = VecTokenStream;
+
+    fn token_stream<'a>(&'a mut self, text: &'a str) -> VecTokenStream {
+        use crate::domain::util::is_cjk;
+        let mut tokens = Vec::new();
+        let mut push = |from: usize, to: usize| {
+            tokens.push(Token {
+                offset_from: from,
+                offset_to: to,
+                position: tokens.len(),
+                text: text[from..to].to_string(),
+                position_length: 1,
+            })
+        };
+        let chars: Vec<(usize, char)> = text.char_indices().collect();
+        let end_of = |k: usize| chars.get(k).map_or(text.len(), |&(i, _)| i);
+        let mut k = 0;
+        while k < chars.len() {
+            let (start, c) = chars[k];
+            if !c.is_alphanumeric() {
+                k += 1;
+                continue;
+            }
+            let cjk = is_cjk(c);
+            let mut j = k + 1;
+            while j < chars.len() && chars[j].1.is_alphanumeric() && is_cjk(chars[j].1) == cjk {
+                j += 1;
+            }
+            if !cjk || j - k == 1 {
+                push(start, end_of(j));
+            } else {
+                for (b, &(from, _)) in chars.iter().enumerate().take(j - 1).skip(k) {
+                    push(from, end_of(b + 2));
+                }
+            }
+            k = j;
+        }
+        VecTokenStream { tokens, at: 0 }
+    }
 }
 
 /// A BM25 index, on disk or in memory.
@@ -262,6 +341,81 @@ impl LocalIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tokens(text: &str) -> Vec<String> {
+        let mut t = CjkBigramTokenizer;
+        let mut s = t.token_stream(text);
+        let mut out = Vec::new();
+        while s.advance() {
+            out.push(s.token().text.clone());
+        }
+        out
+    }
+
+    #[test]
+    fn cjk_runs_become_bigrams_and_other_text_is_unchanged() {
+        assert_eq!(
+            tokens("Hello, world-42 x"),
+            vec!["Hello", "world", "42", "x"]
+        );
+        assert_eq!(
+            tokens("GPT4模型的性能!"),
+            vec!["GPT4", "模型", "型的", "的性", "性能"]
+        );
+        assert_eq!(tokens("水 ok"), vec!["水", "ok"]);
+        assert!(tokens("").is_empty() && tokens("…!?").is_empty());
+        // The same tokens as tantivy's SimpleTokenizer on text without CJK.
+        let text = "Élan vital, naïve café: 3.14 über-cool ñandú";
+        let mut simple = tantivy::tokenizer::SimpleTokenizer::default();
+        let mut s = simple.token_stream(text);
+        let mut want = Vec::new();
+        while s.advance() {
+            want.push(s.token().text.clone());
+        }
+        assert_eq!(tokens(text), want);
+    }
+
+    #[test]
+    fn a_chinese_query_finds_its_words_in_any_order() {
+        let doc = |id: &str, title: &str, text: &str| CorpusDoc {
+            id: id.into(),
+            title: title.into(),
+            text: text.into(),
+            url: None,
+        };
+        let docs = vec![
+            doc(
+                "zh-age",
+                "人口结构",
+                "随着老龄化加深，劳动人口减少，经济增长放缓。",
+            ),
+            doc(
+                "zh-food",
+                "饮食文化",
+                "四川菜以麻辣著称，火锅在冬天很受欢迎。",
+            ),
+            doc(
+                "en-age",
+                "Population ageing",
+                "Ageing slows economic growth as the workforce shrinks.",
+            ),
+            doc(
+                "en-food",
+                "Cuisine",
+                "Sichuan food is known for its numbing spice.",
+            ),
+        ];
+        let idx = LocalIndex::build(&docs, None).unwrap();
+        // The query's words appear in the document in another order and never as this clause.
+        let hits = idx.search("经济增长与人口老龄化", 2).unwrap();
+        assert_eq!(hits[0].id, "zh-age", "{hits:?}");
+        let hits = idx.search("火锅 麻辣", 1).unwrap();
+        assert_eq!(hits[0].id, "zh-food");
+        let hits = idx
+            .search("economic growth of an ageing population", 1)
+            .unwrap();
+        assert_eq!(hits[0].id, "en-age");
+    }
 
     #[test]
     fn bm25_finds_the_first_hop() {

@@ -77,6 +77,13 @@ pub fn save(
     lora_cfg: Option<&LoraConfig>,
     state: &CheckpointState,
 ) -> Result<PathBuf> {
+    if trainer.zero_shard().is_some() {
+        // Every rank holds one shard: a checkpoint directory needs all of them (Trainer::
+        // save_zero from each rank); this single-writer path would lose the others.
+        return Err(TrainerError::Config(
+            "checkpoints of a ZeRO-sharded optimizer are written per rank (Trainer::save_zero); the single-writer checkpoint directory does not support them yet".into(),
+        ));
+    }
     let dir = root.join(format!("step-{:06}", state.step));
     write_dir_atomically(&dir, |tmp| {
         match lora_cfg {

@@ -244,6 +244,43 @@ impl AdamW {
         (norm, lr)
     }
 
+    /// Drop the moments and master copies: a sharded optimizer
+    /// ([`crate::dist::zero::ZeroShard`]) keeps them instead. The step count stays.
+    pub fn release_state(&mut self) {
+        for s in self.slots.values_mut() {
+            let empty = Tensor::zeros([0], (Kind::Float, s.param.device()));
+            s.m = empty.shallow_clone();
+            s.v = empty;
+            s.master = None;
+        }
+    }
+
+    /// Restore parameter `name`'s moments and master from flat fp32 tensors of its size (a
+    /// consolidated ZeRO save, [`crate::dist::zero::Saved::per_parameter`]); the master is kept
+    /// only for a bf16/f16 parameter.
+    pub fn set_state(&mut self, name: &str, master: &Tensor, m: &Tensor, v: &Tensor) -> Result<()> {
+        let s = self
+            .slots
+            .get_mut(name)
+            .ok_or_else(|| TrainerError::MissingTensor(format!("optimizer slot {name}")))?;
+        let shape = s.param.size();
+        let n: i64 = shape.iter().product();
+        for (what, t) in [("master", master), ("m", m), ("v", v)] {
+            if t.numel() as i64 != n {
+                return Err(TrainerError::Shape {
+                    name: format!("{what}.{name}"),
+                    got: t.size(),
+                    want: shape.clone(),
+                });
+            }
+        }
+        s.m = m.to_kind(Kind::Float).reshape(shape.as_slice());
+        s.v = v.to_kind(Kind::Float).reshape(shape.as_slice());
+        s.master = needs_master(s.param.kind())
+            .then(|| master.to_kind(Kind::Float).reshape(shape.as_slice()));
+        Ok(())
+    }
+
     /// Whether any parameter keeps an fp32 master copy (bf16/f16 parameters).
     pub fn has_master(&self) -> bool {
         self.slots.values().any(|s| s.master.is_some())

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::dist::data_parallel::{self, Command, StepKind, SyncStats};
+use crate::dist::zero::{ZeroShard, ZeroStage};
 use crate::dist::{Collective, ReduceOp};
 use crate::error::{Result, TrainerError};
 use crate::loss::{self, Aggregation, PolicyLossConfig};
@@ -104,6 +105,7 @@ struct Sums {
 pub struct Snapshot {
     params: Vec<(String, Tensor)>,
     opt: AdamWState,
+    zero: Option<crate::dist::zero::ZeroSnap>,
 }
 
 pub struct Trainer {
@@ -120,6 +122,10 @@ pub struct Trainer {
     pub bucket_elems: usize,
     /// What the last step's gradient synchronisation did (zeros in one process).
     pub last_sync: SyncStats,
+    /// ZeRO stage of the optimizer in a group ([`Trainer::set_zero`]).
+    zero: ZeroStage,
+    /// This rank's optimizer shard, made at the first grouped step under ZeRO.
+    zero_shard: Option<ZeroShard>,
 }
 
 /// Default gradient bucket: 32 Mi fp32 elements (128 MiB), near DDP's 25 MB order of magnitude.
@@ -326,6 +332,8 @@ impl Trainer {
             dist: None,
             bucket_elems: DEFAULT_BUCKET_ELEMS,
             last_sync: SyncStats::default(),
+            zero: ZeroStage::Off,
+            zero_shard: None,
         })
     }
 
@@ -335,6 +343,60 @@ impl Trainer {
     /// same model directory or checkpoint, and seed).
     pub fn set_collective(&mut self, group: Box<dyn Collective>) {
         self.dist = Some(group);
+    }
+
+    /// Shard the optimizer state across the group (ZeRO stage 1 or 2) from the next step; set
+    /// it on every rank before the first step (the unsharded AdamW state is released when the
+    /// shard is made). `Off` (the default) keeps the whole state on every rank.
+    pub fn set_zero(&mut self, stage: ZeroStage) -> Result<()> {
+        if self.zero_shard.is_some() && stage != self.zero {
+            return Err(TrainerError::Config(format!(
+                "the optimizer is already sharded as ZeRO {:?}; it cannot change to {stage:?}",
+                self.zero
+            )));
+        }
+        self.zero = stage;
+        Ok(())
+    }
+
+    /// This rank's optimizer shard under ZeRO (after the first grouped step).
+    pub fn zero_shard(&self) -> Option<&ZeroShard> {
+        self.zero_shard.as_ref()
+    }
+
+    /// Shard the optimizer now (ZeRO set, in a group) and restore the shard from the shard
+    /// files of `dir` (written by a group of any size, [`ZeroShard::save`]); returns the
+    /// optimizer step restored.
+    pub fn load_zero(&mut self, dir: &std::path::Path) -> Result<u64> {
+        self.ensure_zero_shard()?;
+        let shard = self
+            .zero_shard
+            .as_mut()
+            .ok_or_else(|| TrainerError::Config("ZeRO is off or there is no group".into()))?;
+        let step = shard.load(dir)?;
+        self.opt.step = step;
+        Ok(step)
+    }
+
+    /// Write this rank's optimizer shard into `dir` (every rank of the group calls it).
+    pub fn save_zero(&self, dir: &std::path::Path) -> Result<()> {
+        match &self.zero_shard {
+            Some(s) => s.save(dir, self.opt.step),
+            None => Err(TrainerError::Config("the optimizer is not sharded".into())),
+        }
+    }
+
+    fn ensure_zero_shard(&mut self) -> Result<()> {
+        if self.zero_shard.is_some() || self.zero == ZeroStage::Off {
+            return Ok(());
+        }
+        let Some(g) = self.dist.as_deref().filter(|d| d.world() > 1) else {
+            return Ok(());
+        };
+        let params = self.model.trainable();
+        self.zero_shard = Some(ZeroShard::new(self.zero, &params, g.rank(), g.world()));
+        self.opt.release_state();
+        Ok(())
     }
 
     /// The data-parallel group, if any.
@@ -514,6 +576,7 @@ impl Trainer {
         Some(Snapshot {
             params,
             opt: self.opt.state(),
+            zero: self.zero_shard.as_ref().map(ZeroShard::state),
         })
     }
 
@@ -538,6 +601,9 @@ impl Trainer {
             Ok(())
         })?;
         self.opt.restore(snap.opt)?;
+        if let (Some(shard), Some(z)) = (self.zero_shard.as_mut(), snap.zero) {
+            shard.restore(z);
+        }
         self.opt.zero_grad();
         Ok(())
     }
@@ -719,12 +785,28 @@ impl Trainer {
             self.forward_backward(&micro, mode, &mut sums)?;
         }
         let mut micro_batches = groups.len();
-        if let Some(g) = self.group() {
-            let sync = data_parallel::sync_grads(g, &params, self.bucket_elems)?;
-            micro_batches = reduce_sums(g, &mut sums, micro_batches)?;
-            self.last_sync = sync;
-        }
-        let (grad_norm, lr) = self.opt.step();
+        self.ensure_zero_shard()?;
+        let (grad_norm, lr) = match (
+            self.dist.as_deref().filter(|d| d.world() > 1),
+            self.zero_shard.as_mut(),
+        ) {
+            (Some(g), Some(shard)) => {
+                // ZeRO: the shard synchronises, clips, updates and gathers.
+                let step = self.opt.step + 1;
+                let (norm, lr, sync) = shard.step(g, &params, &self.opt.cfg, step)?;
+                self.opt.step = step;
+                micro_batches = reduce_sums(g, &mut sums, micro_batches)?;
+                self.last_sync = sync;
+                (norm, lr)
+            }
+            (Some(g), None) => {
+                let sync = data_parallel::sync_grads(g, &params, self.bucket_elems)?;
+                micro_batches = reduce_sums(g, &mut sums, micro_batches)?;
+                self.last_sync = sync;
+                self.opt.step()
+            }
+            (None, _) => self.opt.step(),
+        };
         let n = sums.tokens.max(1.0);
         Ok(StepMetrics {
             loss: sums.loss,

@@ -622,3 +622,148 @@ fn rank_timing() {
         group = t.take_collective();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// ZeRO: stages 1 and 2 equal the one-process step; a sharded save restores on 2 ranks and,
+// consolidated, on 1, and the next step is the same as without the save.
+
+#[test]
+fn zero_stages_equal_one_process_and_shards_restore_on_other_world_sizes() {
+    let outs = run_ranks("rank_zero_steps", 2, Duration::from_secs(300));
+    assert_ranks_passed("rank_zero_steps", &outs);
+}
+
+fn copy_params(dst: &Trainer, src: &Trainer) {
+    tch::no_grad(|| {
+        for ((_, d), (_, s)) in dst
+            .model
+            .trainable()
+            .iter()
+            .zip(src.model.trainable().iter())
+        {
+            let mut d = d.shallow_clone();
+            d.copy_(s);
+        }
+    });
+}
+
+fn dp_step(t: &mut Trainer, c: &Case, seqs: &[Sequence]) -> StepMetrics {
+    if t.collective().unwrap().rank() == 0 {
+        step(t, c, seqs)
+    } else {
+        t.follow_step(Duration::from_secs(60)).unwrap()
+    }
+}
+
+#[test]
+fn rank_zero_steps() {
+    use trainer::dist::zero::{Saved, ZeroStage};
+    let Some(g) = child_group("rank_zero_steps", Duration::from_secs(60)) else {
+        return;
+    };
+    let mut group: Option<Box<dyn Collective>> = Some(Box::new(g));
+    for stage in [ZeroStage::One, ZeroStage::Two] {
+        for c in [CASES[0], CASES[2], CASES[5]] {
+            let seqs = batch(c.sequences);
+            let mut one = trainer_for(&c);
+            let mut dp = trainer_for(&c);
+            dp.set_collective(group.take().unwrap());
+            dp.set_zero(stage).unwrap();
+            for k in 0..2 {
+                let want = step(&mut one, &c, &seqs);
+                let got = dp_step(&mut dp, &c, &seqs);
+                let case = format!("{stage:?} {c:?} step {k}");
+                for (name, a, b) in [
+                    ("loss", got.loss, want.loss),
+                    ("grad_norm", got.grad_norm, want.grad_norm),
+                    ("kl", got.kl, want.kl),
+                    ("lr", got.lr, want.lr),
+                ] {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                        "{case}: {name} {a} vs {b}"
+                    );
+                }
+                for ((n, a), (_, b)) in dp
+                    .model
+                    .trainable()
+                    .iter()
+                    .zip(one.model.trainable().iter())
+                {
+                    if stage == ZeroStage::One {
+                        close(&format!("{case}: grad of {n}"), &a.grad(), &b.grad());
+                    }
+                    close(&format!("{case}: {n}"), a, b);
+                }
+            }
+            let shard = dp.zero_shard().expect("sharded");
+            // Each rank keeps half the optimizer state (rounded up).
+            let total: i64 = one
+                .model
+                .trainable()
+                .iter()
+                .map(|(_, t)| t.numel() as i64)
+                .sum();
+            assert_eq!(shard.layout.chunk, (total + 1) / 2);
+            eprintln!("{stage:?} {c:?}: ok (sync {:?})", dp.last_sync);
+            group = dp.take_collective();
+        }
+    }
+
+    // Save after one ZeRO-2 step; restore on 2 ranks and, consolidated, on 1.
+    let c = CASES[0];
+    let seqs = batch(c.sequences);
+    let mut one = trainer_for(&c);
+    let mut dp = trainer_for(&c);
+    dp.set_collective(group.take().unwrap());
+    dp.set_zero(ZeroStage::Two).unwrap();
+    step(&mut one, &c, &seqs);
+    dp_step(&mut dp, &c, &seqs);
+    let port = std::env::var("MASTER_PORT").unwrap();
+    let dir = std::env::temp_dir().join(format!("rubricem-zero-{port}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    dp.save_zero(&dir).unwrap();
+    dp.collective().unwrap().barrier().unwrap();
+
+    // One process, from the consolidated shards.
+    let mut solo = trainer_for(&c);
+    copy_params(&solo, &dp);
+    let saved = Saved::read(&dir, Device::Cpu).unwrap();
+    assert_eq!(saved.step, 1);
+    for (name, master, m, v) in saved.per_parameter() {
+        solo.opt.set_state(&name, &master, &m, &v).unwrap();
+    }
+    solo.opt.step = saved.step;
+    let want = step(&mut one, &c, &seqs);
+    let got = step(&mut solo, &c, &seqs);
+    assert!((got.loss - want.loss).abs() <= 1e-5 * want.loss.abs().max(1.0));
+    for ((n, a), (_, b)) in solo
+        .model
+        .trainable()
+        .iter()
+        .zip(one.model.trainable().iter())
+    {
+        close(&format!("restored on 1 rank: {n}"), a, b);
+    }
+
+    // Two ranks again, a fresh trainer restored from the shards.
+    let mut again = trainer_for(&c);
+    copy_params(&again, &dp);
+    again.set_collective(dp.take_collective().unwrap());
+    again.set_zero(ZeroStage::Two).unwrap();
+    assert_eq!(again.load_zero(&dir).unwrap(), 1);
+    dp_step(&mut again, &c, &seqs);
+    for ((n, a), (_, b)) in again
+        .model
+        .trainable()
+        .iter()
+        .zip(one.model.trainable().iter())
+    {
+        close(&format!("restored on 2 ranks: {n}"), a, b);
+    }
+    again.collective().unwrap().barrier().unwrap();
+    if again.collective().unwrap().rank() == 0 {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    eprintln!("zero save/restore: ok");
+}

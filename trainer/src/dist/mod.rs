@@ -15,6 +15,7 @@
 mod ffi;
 
 pub mod data_parallel;
+pub mod zero;
 
 use std::collections::HashMap;
 use std::sync::Mutex;

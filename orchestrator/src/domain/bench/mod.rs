@@ -17,6 +17,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// The published scale: every benchmark here reports its score x 100.
+pub const SCALE: f64 = 100.0;
+
 /// A benchmark this harness runs, with the protocol its published numbers use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

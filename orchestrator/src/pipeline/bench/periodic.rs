@@ -145,7 +145,10 @@ pub async fn evaluate_set(
     if version > 0 {
         let mut metrics = Vec::new();
         if let Some(g) = score {
-            metrics.push((format!("gold/{}", set.name), g / super::summary::SCALE));
+            metrics.push((
+                format!("gold/{}", set.name),
+                g / crate::domain::bench::SCALE,
+            ));
         }
         let flag = monitor(pool, run_id, &set.name).await?;
         metrics.push((
@@ -185,7 +188,7 @@ pub async fn points(
             out.push(Point {
                 version: v,
                 reward,
-                gold: gold / super::summary::SCALE,
+                gold: gold / crate::domain::bench::SCALE,
             });
         }
     }

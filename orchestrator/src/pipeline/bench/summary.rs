@@ -16,8 +16,7 @@ use crate::domain::bench::stats;
 use crate::domain::bench::{Benchmark, cite};
 use crate::infra::db::bench::{GradeRow, ResponseRow, ScoreRow};
 
-/// The published scale: every benchmark here reports its score x 100.
-pub const SCALE: f64 = 100.0;
+pub use crate::domain::bench::SCALE;
 
 /// Per-item metrics that are counts, not fractions: not averaged onto the x 100 scale.
 const COUNTS: [&str; 5] = [

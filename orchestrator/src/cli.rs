@@ -83,6 +83,10 @@ pub enum Command {
     /// Build SFT warm-start data (ChatML JSONL with tool spans marked) from the research
     /// world's known evidence chains, searched on the real local index.
     SftData(SftDataArgs),
+    /// Training data construction: `data deeprubric` builds query-rubric tasks from evidence
+    /// trees (DeepRubric).
+    #[command(subcommand)]
+    Data(DataCommand),
     /// Inspect a run's rubric bank (reflection memory).
     #[command(subcommand)]
     Bank(BankCommand),
@@ -659,4 +663,95 @@ pub struct EvalArgs {
     /// Also write summary.md, summary.json and scores.svg/png into this directory.
     #[arg(long, env = "ORCH_EVAL_OUT")]
     pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// DeepRubric: grow an evidence tree per seed topic with the project's search tools,
+    /// compose a query with rubrics from selected leaves, verify it (KEEP / REVISE / DROP), and
+    /// write the kept pairs as a task file. Stored in Postgres per stage; the same --name
+    /// continues a killed build.
+    Deeprubric(Box<DeepRubricArgs>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeepRubricStage {
+    Tree,
+    Compose,
+    Verify,
+    All,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DeepRubricArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Seed topics: one per line, or JSONL rows with `topic` (or `seed`, `title`).
+    #[arg(long, env = "ORCH_DR_SEEDS")]
+    pub seeds: Option<PathBuf>,
+    /// Or draw the seeds from a JSONL corpus (the local index's format): the titles of
+    /// --seed-count documents sampled with --seed.
+    #[arg(long, env = "ORCH_DR_SEED_CORPUS")]
+    pub seed_corpus: Option<PathBuf>,
+    #[arg(long, env = "ORCH_DR_SEED_COUNT", default_value_t = 10)]
+    pub seed_count: usize,
+    #[arg(long, env = "ORCH_DR_SEED", default_value_t = 0)]
+    pub seed: u64,
+    /// The task file written from the kept and revised pairs.
+    #[arg(long, env = "ORCH_DR_OUT")]
+    pub out: PathBuf,
+    /// Run one stage (its inputs must be stored) or all.
+    #[arg(long, env = "ORCH_DR_STAGE", value_enum, default_value_t = DeepRubricStage::All)]
+    pub stage: DeepRubricStage,
+    /// The build's name: the same name continues it (default: derived from the seeds).
+    #[arg(long, env = "ORCH_DR_NAME")]
+    pub name: Option<String>,
+    /// A local BM25 index serving the search tools.
+    #[arg(long, env = "ORCH_DR_INDEX")]
+    pub index: Option<PathBuf>,
+    /// The real web tools (keys from the environment).
+    #[arg(long, env = "ORCH_DR_WEB_TOOLS")]
+    pub web_tools: bool,
+    /// MCP servers whose tools are attached.
+    #[arg(long = "mcp", env = "ORCH_DR_MCP", value_delimiter = ',')]
+    pub mcp: Vec<String>,
+    /// The tool passages come from (default: snippet_search, else google_search).
+    #[arg(long, env = "ORCH_DR_SEARCH_TOOL")]
+    pub search_tool: Option<String>,
+    /// The LLM of tree expansion and co-generation (default: the first --judge-url).
+    #[arg(long, env = "ORCH_DR_LLM_URL")]
+    pub llm_url: Option<String>,
+    #[arg(long, env = "ORCH_DR_LLM_MODEL")]
+    pub llm_model: Option<String>,
+    /// The verifier (default: the same LLM).
+    #[arg(long, env = "ORCH_DR_VERIFIER_URL")]
+    pub verifier_url: Option<String>,
+    #[arg(long, env = "ORCH_DR_VERIFIER_MODEL")]
+    pub verifier_model: Option<String>,
+    /// Name of the environment variable holding the LLM's API key.
+    #[arg(long, env = "ORCH_DR_KEY_ENV")]
+    pub key_env: Option<String>,
+    #[arg(long, env = "ORCH_DR_MAX_DEPTH", default_value_t = 3)]
+    pub max_depth: u8,
+    #[arg(long, env = "ORCH_DR_MAX_NODES", default_value_t = 50)]
+    pub max_nodes: usize,
+    /// Passages retrieved per node.
+    #[arg(long, env = "ORCH_DR_PASSAGES", default_value_t = 5)]
+    pub passages: usize,
+    /// Attempts per LLM call whose reply breaks the schema or a rule.
+    #[arg(long, env = "ORCH_DR_ATTEMPTS", default_value_t = 3)]
+    pub attempts: u32,
+    #[arg(long, env = "ORCH_DR_TEMPERATURE", default_value_t = 0.4)]
+    pub temperature: f32,
+    #[arg(long, env = "ORCH_DR_MAX_TOKENS", default_value_t = 4096)]
+    pub max_tokens: u32,
+    /// Trees (and items) processed at once.
+    #[arg(long, env = "ORCH_DR_TREES_IN_FLIGHT", default_value_t = 4)]
+    pub trees_in_flight: usize,
+    /// LLM calls in flight per endpoint.
+    #[arg(long, env = "ORCH_DR_LLM_IN_FLIGHT", default_value_t = 16)]
+    pub llm_in_flight: usize,
+    /// Print the statistics as one JSON object on the last line of stdout.
+    #[arg(long)]
+    pub json: bool,
 }

@@ -4,6 +4,7 @@
 
 mod bank;
 mod config;
+mod deeprubric;
 mod eval;
 mod index;
 mod judge;
@@ -42,6 +43,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run { config, resume } => run::run_experiment(&config, resume).await,
         Command::Eval(args) => eval::eval(&args).await,
         Command::SftData(args) => sft_data::sft_data(&args).await,
+        Command::Data(crate::cli::DataCommand::Deeprubric(args)) => {
+            deeprubric::deeprubric(&args).await
+        }
         Command::Bank(cmd) => bank::bank(cmd).await,
         Command::Report {
             target,

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod config;
 pub mod credit;
 pub mod data;
+pub mod deeprubric;
 pub mod eval;
 pub mod jsonl;
 pub mod judge;

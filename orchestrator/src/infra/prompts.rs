@@ -193,6 +193,46 @@ impl Retrieved {
 }
 
 /// The benchmark graders' templates (`prompts/eval/`), by name.
+/// DeepRubric's templates (`prompts/deeprubric/`): statement extraction, stop gate, sub-query
+/// proposal, co-generation and verification.
+pub const DEEPRUBRIC_TEMPLATES: [(&str, &str); 5] = [
+    (
+        "statements",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../prompts/deeprubric/statements.jinja"
+        )),
+    ),
+    (
+        "gate",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../prompts/deeprubric/gate.jinja"
+        )),
+    ),
+    (
+        "subqueries",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../prompts/deeprubric/subqueries.jinja"
+        )),
+    ),
+    (
+        "compose",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../prompts/deeprubric/compose.jinja"
+        )),
+    ),
+    (
+        "verify",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../prompts/deeprubric/verify.jinja"
+        )),
+    ),
+];
+
 pub const EVAL_TEMPLATES: [(&str, &str); 14] = [
     (
         "criterion",

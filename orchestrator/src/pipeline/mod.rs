@@ -25,6 +25,7 @@
 pub mod bank;
 pub mod batch;
 pub mod bench;
+pub mod deeprubric;
 pub mod evaluate;
 pub mod judging;
 pub mod reflection;

@@ -65,6 +65,11 @@ fn first_json(text: &str, open: char) -> Option<Value> {
     None
 }
 
+/// The first JSON object of a reply that parses (for the other parsers of LLM replies).
+pub fn first_object(text: &str) -> Option<Value> {
+    first_json(text, '{')
+}
+
 fn object(text: &str) -> Result<Value, ParseError> {
     if text.trim().is_empty() {
         return Err(ParseError::Empty);

@@ -5,6 +5,7 @@
 pub mod bank;
 pub mod bench;
 mod copy;
+pub mod deeprubric;
 pub mod evaluations;
 pub mod judging;
 pub mod lease;

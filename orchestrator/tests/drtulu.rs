@@ -843,3 +843,49 @@ async fn a_drtulu_step_scores_signed_composites_and_flags_a_zero_variance_group(
     }
     assert!(trajs[..4].iter().any(|t| by_id[&t.id].6 != 0.0));
 }
+
+// ---- DeepRubric recipe -----------------------------------------------------------------------
+
+/// The DeepRubric recipe judges the task's fixed rubrics only (no generation calls), per rubric
+/// on the answer, and scores `Σ w·s / Σ |w|` with the dataset's signed weights; the composite
+/// weights are the paper's 0.5 / 0.2 / 0.2 / 0.1.
+#[tokio::test]
+async fn the_deeprubric_recipe_scores_fixed_rubrics_by_absolute_weights() {
+    let opts = StepOptions::for_recipe(Recipe::Deeprubric, Lambda::default(), true);
+    let cfg = opts.group;
+    assert_eq!(cfg.answer_score, AnswerScore::AbsWeighted);
+    assert_eq!(cfg.granularity, Granularity::PerRubric);
+    assert_eq!(cfg.mode, ScoreMode::AnswerOnly);
+    assert!(!cfg.generate, "DeepRubric's rubrics are fixed per task");
+    let specs = json!([
+        {"title": "R1 (factual)", "description": "names the alpha pathway", "weight": 2.0, "key_terms": ["alpha"]},
+        {"title": "R2 (logical)", "description": "copies sources verbatim", "weight": -5.0, "key_terms": ["verbatim"]},
+        {"title": "R3 (logical)", "description": "adds context", "weight": 0.5, "key_terms": ["context"]},
+    ]);
+    let rubrics = persistent_rubrics_as(AnswerScore::AbsWeighted, &specs);
+    let answers = [
+        Some("the alpha pathway, in context"),
+        Some("a verbatim copy of the abstract"),
+        Some("the alpha pathway, copied verbatim"),
+    ];
+    let judge = LexicalJudge::new("lexical-v1");
+    let mut buf = RubricBuffer::with_persistent(rubrics, 0);
+    let out = judge_group(&judge, &mut buf, cfg, "Q?", &group(&answers), 0).await;
+    assert!(
+        out.calls.iter().all(|c| c.kind != CallKind::Generate),
+        "no generation"
+    );
+    // Σ|w| = 7.5.
+    let want = [(2.0 + 0.5) / 7.5, -5.0 / 7.5, (2.0 - 5.0) / 7.5];
+    for (t, want) in out.trajectories.iter().zip(want) {
+        assert!(
+            (t.rubric_score - want).abs() < 1e-9,
+            "{} vs {want}",
+            t.rubric_score
+        );
+    }
+    assert!(matches!(
+        opts.credit,
+        orchestrator::pipeline::judging::Credit::Composite { citation: true }
+    ));
+}

@@ -73,6 +73,20 @@ impl StepOptions {
                 },
                 credit: Credit::Composite { citation },
             },
+            // DeepRubric (method.md C.5): the task's fixed rubrics only (nothing generated),
+            // judged per rubric on the answer, Σ w·s / Σ |w|, the paper's composite reward.
+            Recipe::Deeprubric => StepOptions {
+                recipe,
+                group: GroupConfig {
+                    policy: BufferPolicy::RLER,
+                    mode: ScoreMode::AnswerOnly,
+                    generate: false,
+                    citation,
+                    granularity: Granularity::PerRubric,
+                    answer_score: AnswerScore::AbsWeighted,
+                },
+                credit: Credit::Composite { citation },
+            },
         }
     }
 }
@@ -189,7 +203,7 @@ pub fn persistent_rubrics_as(score: AnswerScore, specs: &serde_json::Value) -> V
             description: s.description,
             weight: match score {
                 AnswerScore::WeightedMean => s.weight.abs().round().clamp(1.0, 3.0),
-                AnswerScore::SignedPoints => s.weight.abs(),
+                AnswerScore::SignedPoints | AnswerScore::AbsWeighted => s.weight.abs(),
             },
             negative: s.weight < 0.0,
             key_terms: s.key_terms,

@@ -44,6 +44,13 @@ pub const PRESETS: &[(&str, &str)] = &[
             "/experiments/drtulu.toml"
         )),
     ),
+    (
+        "deeprubric",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/experiments/deeprubric.toml"
+        )),
+    ),
 ];
 
 /// The recipes of the paper's ablation plus DR Tulu's RLER.
@@ -60,6 +67,8 @@ pub enum Recipe {
     Full,
     /// DR Tulu's RLER: evolving answer rubrics with the composite reward.
     Drtulu,
+    /// DeepRubric: fixed evidence-tree rubrics, `Σ w·s / Σ |w|`, the composite reward.
+    Deeprubric,
 }
 
 impl Recipe {
@@ -70,6 +79,7 @@ impl Recipe {
             Recipe::MetaPolicy => "meta-policy",
             Recipe::Full => "full",
             Recipe::Drtulu => "drtulu",
+            Recipe::Deeprubric => "deeprubric",
         }
     }
 
@@ -78,12 +88,13 @@ impl Recipe {
         matches!(self, Recipe::MetaPolicy | Recipe::Full)
     }
 
-    pub const ALL: [Recipe; 5] = [
+    pub const ALL: [Recipe; 6] = [
         Recipe::BaselineRl,
         Recipe::SsGrpo,
         Recipe::MetaPolicy,
         Recipe::Full,
         Recipe::Drtulu,
+        Recipe::Deeprubric,
     ];
 
     /// The recipe named `s` as stored in `runs.recipe` and written in presets.

@@ -390,3 +390,17 @@ fn benchmark_eval_sets_name_their_benchmark_and_gold_judges() {
             .contains("eval.sets.judges")
     );
 }
+
+#[test]
+fn the_deeprubric_preset_states_its_rl_setting() {
+    let c = Config::load("deeprubric", &Overrides::default()).unwrap();
+    assert_eq!(c.experiment.recipes, vec![Recipe::Deeprubric]);
+    let t = &c.trainer.settings;
+    assert_eq!((t.lr, t.kl_beta, t.warmup_steps), (1e-6, 0.0, 0));
+    assert_eq!(t.reference, wire::settings::ReferencePolicy::None);
+    assert_eq!((c.rollout.n, c.rollout.tasks_per_step), (8, 64));
+    assert_eq!((c.rollout.temperature, c.rollout.top_p), (1.0, 1.0));
+    assert_eq!(c.rollout.max_tool_calls, 20);
+    assert!(c.credit.citation);
+    assert_eq!(c.experiment.steps, 140);
+}

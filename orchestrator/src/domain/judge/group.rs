@@ -237,13 +237,17 @@ fn aggregate(
             let (r, source) = finalize(stage_means(rubrics, scores));
             (r, source, r[STAGES - 1])
         }
-        AnswerScore::SignedPoints => {
+        AnswerScore::SignedPoints | AnswerScore::AbsWeighted => {
             let answer: Vec<Rubric> = rubrics
                 .iter()
                 .filter(|r| r.stage == Stage::Answer)
                 .cloned()
                 .collect();
-            let signed = rubric_points(&answer, scores);
+            let signed = if how == AnswerScore::AbsWeighted {
+                crate::domain::judge::score::abs_weighted_points(&answer, scores)
+            } else {
+                rubric_points(&answer, scores)
+            };
             let mut means = stage_means(rubrics, scores);
             means[STAGES - 1] = signed.map(|s| s.clamp(0.0, 1.0));
             let (r, source) = finalize(means);

@@ -52,6 +52,10 @@ pub enum AnswerScore {
     /// negative rubric subtracts its weight when its flaw is present); not clipped, as DR Tulu's
     /// code leaves it, so S ≤ 1 and may be negative. See [`rubric_points`].
     SignedPoints,
+    /// DeepRubric (method.md C.5): `S = Σ w·s / Σ |w|` over the answer rubrics with signed
+    /// weights and scores normalised to [0, 1]; a negative rubric subtracts when its flaw is
+    /// present. See [`abs_weighted_points`].
+    AbsWeighted,
 }
 
 /// Weighted mean of contributions per stage; `None` for a stage with no scored rubric.
@@ -143,6 +147,22 @@ pub fn rubric_points(rubrics: &[Rubric], scores: &[RubricScore]) -> Option<f64> 
         })
         .collect();
     (!items.is_empty()).then(|| signed_points(&items))
+}
+
+/// DeepRubric's rubric score `Σ w·s / Σ |w|` (signed weights, scores 0..2 normalised by 2);
+/// `None` without a scored rubric.
+pub fn abs_weighted_points(rubrics: &[Rubric], scores: &[RubricScore]) -> Option<f64> {
+    let by_id: HashMap<Uuid, &Rubric> = rubrics.iter().map(|r| (r.id, r)).collect();
+    let items: Vec<(f64, f64)> = scores
+        .iter()
+        .filter_map(|s| {
+            by_id
+                .get(&s.rubric_id)
+                .map(|r| (signed_weight(r), f64::from(s.score.min(2)) / 2.0))
+        })
+        .collect();
+    let denom: f64 = items.iter().map(|(w, _)| w.abs()).sum();
+    (denom > 0.0).then(|| items.iter().map(|(w, s)| w * s).sum::<f64>() / denom)
 }
 
 #[cfg(test)]

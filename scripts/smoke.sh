@@ -10,6 +10,7 @@
 #   SMOKE_EXPERIMENT preset to run on the smoke back-ends (default smoke; e.g. ablation-600)
 #   SMOKE_ARGS       extra arguments for `orchestrator run` (e.g. "--steps 3")
 #   SMOKE_PORT       trainer port (default 8100; the split layout's policy server uses +1)
+#   SMOKE_PREP_ONLY  1: stop after the SFT model exists (other scripts reuse it as a small LLM)
 #   SMOKE_LAYOUT     split (default): a policy server and a trainer, one core each, the trainer
 #                    publishing full weights to the server after every step, as a vLLM server
 #                    and a trainer would be deployed; shared: one `trainer serve` is both (a train
@@ -68,6 +69,11 @@ PY
   "$BIN/trainer" init --config trainer/configs/small.json --tokenizer "$DIR/tokenizer" --out "$DIR/model-init"
   "$BIN/trainer" sft --data "$DIR/sft.jsonl" --model "$DIR/model-init" --out "$DIR/model-sft" \
     --epochs "${SMOKE_SFT_EPOCHS:-3}" --batch 8 --lr 2e-3 --device cpu
+fi
+
+if [[ "${SMOKE_PREP_ONLY:-0}" == 1 ]]; then
+  say "prepared $DIR/model-sft"
+  exit 0
 fi
 
 PIDS=()

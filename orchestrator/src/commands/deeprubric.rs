@@ -126,6 +126,12 @@ fn print_stats(s: &Stats) {
         "LLM: {} calls, {} prompt + {} completion tokens",
         s.llm_calls, s.prompt_tokens, s.completion_tokens
     ));
+    for (stage, c) in &s.per_stage {
+        out(format!(
+            "  {stage}: {} calls, {} prompt + {} completion tokens",
+            c.calls, c.prompt_tokens, c.completion_tokens
+        ));
+    }
 }
 
 pub async fn deeprubric(args: &DeepRubricArgs) -> anyhow::Result<ExitCode> {

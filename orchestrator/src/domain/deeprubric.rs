@@ -477,6 +477,34 @@ pub struct Stats {
     pub llm_calls: u64,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// Per stage (tree, compose, verify): LLM calls, prompt and completion tokens.
+    pub per_stage: BTreeMap<String, StageCost>,
+}
+
+/// What one stage spent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StageCost {
+    pub calls: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+impl Stats {
+    /// Count LLM use of `stage` (and in the totals).
+    pub fn spend(&mut self, stage: &str, calls: i64, prompt: i64, completion: i64) {
+        let (c, p, k) = (
+            calls.max(0) as u64,
+            prompt.max(0) as u64,
+            completion.max(0) as u64,
+        );
+        let e = self.per_stage.entry(stage.to_string()).or_default();
+        e.calls += c;
+        e.prompt_tokens += p;
+        e.completion_tokens += k;
+        self.llm_calls += c;
+        self.prompt_tokens += p;
+        self.completion_tokens += k;
+    }
 }
 
 #[cfg(test)]

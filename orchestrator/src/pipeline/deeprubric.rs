@@ -704,9 +704,12 @@ pub async fn stats(pool: &PgPool, id: Uuid) -> Result<Stats, DbError> {
             leaves_total += 1;
             *s.leaf_depths.entry(n.depth).or_default() += 1;
         }
-        s.llm_calls += t.llm_calls.max(0) as u64;
-        s.prompt_tokens += t.prompt_tokens.max(0) as u64;
-        s.completion_tokens += t.completion_tokens.max(0) as u64;
+        s.spend(
+            "tree",
+            t.llm_calls.into(),
+            t.prompt_tokens,
+            t.completion_tokens,
+        );
     }
     let n = trees.len().max(1) as f64;
     s.nodes_per_tree = nodes_total as f64 / n;
@@ -731,14 +734,20 @@ pub async fn stats(pool: &PgPool, id: Uuid) -> Result<Stats, DbError> {
         .count() as f64
         / rubrics.len().max(1) as f64;
     for i in &items {
-        s.llm_calls += i.llm_calls.max(0) as u64;
-        s.prompt_tokens += i.prompt_tokens.max(0) as u64;
-        s.completion_tokens += i.completion_tokens.max(0) as u64;
+        s.spend(
+            "compose",
+            i.llm_calls.into(),
+            i.prompt_tokens,
+            i.completion_tokens,
+        );
     }
     for v in &verdicts {
-        s.llm_calls += v.llm_calls.max(0) as u64;
-        s.prompt_tokens += v.prompt_tokens.max(0) as u64;
-        s.completion_tokens += v.completion_tokens.max(0) as u64;
+        s.spend(
+            "verify",
+            v.llm_calls.into(),
+            v.prompt_tokens,
+            v.completion_tokens,
+        );
         match v.decision.as_deref() {
             Some("KEEP") => s.keep += 1,
             Some("REVISE") => s.revise += 1,

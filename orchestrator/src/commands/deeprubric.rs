@@ -123,6 +123,10 @@ fn print_stats(s: &Stats) {
         s.reasons
     ));
     out(format!(
+        "per tree: {:.2} s retrieving and asking, {:.4} s writing nodes to Postgres",
+        s.tree_seconds, s.db_seconds_per_tree
+    ));
+    out(format!(
         "LLM: {} calls, {} prompt + {} completion tokens",
         s.llm_calls, s.prompt_tokens, s.completion_tokens
     ));

@@ -460,6 +460,10 @@ pub struct Stats {
     pub trees: usize,
     pub trees_failed: usize,
     pub nodes_per_tree: f64,
+    /// Mean seconds per tree spent retrieving and asking the LLM.
+    pub tree_seconds: f64,
+    /// Mean seconds per tree spent writing its nodes to Postgres.
+    pub db_seconds_per_tree: f64,
     pub leaves_per_tree: f64,
     /// Leaves by depth.
     pub leaf_depths: BTreeMap<u8, usize>,

@@ -343,6 +343,7 @@ async fn grow(
         nodes.push(root);
     }
     let mut capped = false;
+    let mut db_seconds = 0.0;
     loop {
         if cancel.is_cancelled() {
             return Ok(());
@@ -358,20 +359,14 @@ async fn grow(
         };
         let t0 = Instant::now();
         let (node, children, spent) = expand(spec, &nodes, k).await;
+        let work = t0.elapsed().as_secs_f64();
+        let w0 = Instant::now();
         capped |= node
             .stop_reason
             .as_deref()
             .is_some_and(|r| r.contains("nodes, the cap"));
-        store::finish_node(
-            pool,
-            id,
-            seed_index,
-            &node,
-            &children,
-            spent,
-            t0.elapsed().as_secs_f64(),
-        )
-        .await?;
+        store::finish_node(pool, id, seed_index, &node, &children, spent, work).await?;
+        db_seconds += w0.elapsed().as_secs_f64();
         nodes[k] = node;
         nodes.extend(children);
     }
@@ -384,10 +379,19 @@ async fn grow(
             .iter()
             .find_map(|n| n.stop_reason.clone().filter(|_| n.status == "failed"))
             .unwrap_or_else(|| "no leaf with statements".into());
-        store::set_tree(pool, id, seed_index, "failed", None, Some(&why)).await?;
+        store::set_tree(pool, id, seed_index, "failed", None, Some(&why), db_seconds).await?;
     } else {
         let stop = capped.then(|| format!("node cap {} reached", spec.limits.max_nodes));
-        store::set_tree(pool, id, seed_index, "grown", stop.as_deref(), None).await?;
+        store::set_tree(
+            pool,
+            id,
+            seed_index,
+            "grown",
+            stop.as_deref(),
+            None,
+            db_seconds,
+        )
+        .await?;
     }
     Ok(())
 }
@@ -713,6 +717,8 @@ pub async fn stats(pool: &PgPool, id: Uuid) -> Result<Stats, DbError> {
     }
     let n = trees.len().max(1) as f64;
     s.nodes_per_tree = nodes_total as f64 / n;
+    s.tree_seconds = trees.iter().map(|t| t.seconds).sum::<f64>() / n;
+    s.db_seconds_per_tree = trees.iter().map(|t| t.db_seconds).sum::<f64>() / n;
     s.leaves_per_tree = leaves_total as f64 / n;
     let composed: Vec<Candidate> = items
         .iter()

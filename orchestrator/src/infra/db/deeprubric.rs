@@ -28,6 +28,7 @@ pub struct TreeRow {
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
     pub seconds: f64,
+    pub db_seconds: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -125,7 +126,7 @@ pub async fn add_trees(pool: &PgPool, id: Uuid, seeds: &[String]) -> Result<(), 
 pub async fn trees(pool: &PgPool, id: Uuid) -> Result<Vec<TreeRow>, DbError> {
     Ok(sqlx::query_as(
         "SELECT seed_index, seed, status, stop_reason, error, llm_calls, prompt_tokens,
-                completion_tokens, seconds
+                completion_tokens, seconds, db_seconds
          FROM dr_trees WHERE build_id = $1 ORDER BY seed_index",
     )
     .bind(id)
@@ -133,6 +134,8 @@ pub async fn trees(pool: &PgPool, id: Uuid) -> Result<Vec<TreeRow>, DbError> {
     .await?)
 }
 
+/// Close a tree: its status, why it stopped or failed, and the time its node writes took (added
+/// to what earlier runs of a resumed build recorded).
 pub async fn set_tree(
     pool: &PgPool,
     id: Uuid,
@@ -140,9 +143,11 @@ pub async fn set_tree(
     status: &str,
     stop_reason: Option<&str>,
     error: Option<&str>,
+    db_seconds: f64,
 ) -> Result<(), DbError> {
     sqlx::query(
-        "UPDATE dr_trees SET status = $3, stop_reason = $4, error = $5
+        "UPDATE dr_trees SET status = $3, stop_reason = $4, error = $5,
+             db_seconds = db_seconds + $6
          WHERE build_id = $1 AND seed_index = $2",
     )
     .bind(id)
@@ -150,6 +155,7 @@ pub async fn set_tree(
     .bind(status)
     .bind(stop_reason.map(pg_text))
     .bind(error.map(pg_text))
+    .bind(db_seconds)
     .execute(pool)
     .await?;
     Ok(())

@@ -9,6 +9,8 @@
 #   DR_PROFILE         cargo profile of the binaries (release | debug; default release)
 #   DR_SEEDS           seeds sampled from SciFact (default 5)
 #   DR_MAX_TOKENS      completion tokens per LLM call (default 384)
+#   DR_PASSAGES        passages per node and DR_PASSAGE_CHARS characters each (default 2 x 700:
+#                      the small model's context is 4,096 tokens)
 #   DR_PORT            port of the LLM server (default 8190)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,6 +50,7 @@ start=$(date +%s.%N)
 "$BIN/orchestrator" data deeprubric --name "$NAME" --seed-corpus "$DATA/corpus.jsonl" \
   --seed-count "${DR_SEEDS:-5}" --seed 7 --index "$DIR/index" \
   --llm-url "http://127.0.0.1:$PORT" --llm-model "$MODEL" --max-tokens "${DR_MAX_TOKENS:-384}" \
+  --passages "${DR_PASSAGES:-2}" --passage-chars "${DR_PASSAGE_CHARS:-700}" \
   --trees-in-flight 2 --json --out "$DIR/tasks.jsonl" | tee "$DIR/run.log"
 end=$(date +%s.%N)
 python3 - "$start" "$end" "$DIR/run.log" <<'PY'

@@ -738,6 +738,9 @@ pub struct DeepRubricArgs {
     /// Passages retrieved per node.
     #[arg(long, env = "ORCH_DR_PASSAGES", default_value_t = 5)]
     pub passages: usize,
+    /// Characters kept of each passage (the paper: 5,000; less for a small model's context).
+    #[arg(long, env = "ORCH_DR_PASSAGE_CHARS", default_value_t = 5000)]
+    pub passage_chars: usize,
     /// Attempts per LLM call whose reply breaks the schema or a rule.
     #[arg(long, env = "ORCH_DR_ATTEMPTS", default_value_t = 3)]
     pub attempts: u32,

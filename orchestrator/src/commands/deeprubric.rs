@@ -206,7 +206,7 @@ pub async fn deeprubric(args: &DeepRubricArgs) -> anyhow::Result<ExitCode> {
             max_depth: args.max_depth,
             max_nodes: args.max_nodes,
             passages: args.passages.clamp(1, 20),
-            passage_chars: 5000,
+            passage_chars: args.passage_chars.clamp(100, 100_000),
         },
         llm,
         verifier,

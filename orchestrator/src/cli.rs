@@ -649,7 +649,11 @@ pub struct EvalArgs {
     pub webwalker_cot_qa: bool,
     /// FACT with `browse`: address blocks the fetcher may reach although private, loopback or
     /// link-local (refused by default), e.g. 127.0.0.1/32 for a local mirror.
-    #[arg(long = "fact-allow", value_delimiter = ',')]
+    #[arg(
+        long = "fact-allow",
+        env = "ORCH_EVAL_FACT_ALLOW",
+        value_delimiter = ','
+    )]
     pub fact_allow: Vec<String>,
     /// Attempts per judge call when its reply does not parse.
     #[arg(long, env = "ORCH_EVAL_PARSE_ATTEMPTS", default_value_t = 3)]
@@ -755,6 +759,6 @@ pub struct DeepRubricArgs {
     #[arg(long, env = "ORCH_DR_LLM_IN_FLIGHT", default_value_t = 16)]
     pub llm_in_flight: usize,
     /// Print the statistics as one JSON object on the last line of stdout.
-    #[arg(long)]
+    #[arg(long, env = "ORCH_DR_JSON")]
     pub json: bool,
 }

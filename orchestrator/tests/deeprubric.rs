@@ -73,6 +73,7 @@ async fn spec(fake: &FakeDr, name: &str) -> DrSpec {
     DrSpec {
         name: name.into(),
         seeds: SEEDS.iter().map(|s| s.to_string()).collect(),
+        pages: vec![None; SEEDS.len()],
         limits: TreeLimits::default(),
         verifier: llm.clone(),
         llm,
@@ -300,4 +301,42 @@ async fn a_build_killed_mid_tree_continues_without_duplicates(pool: sqlx::PgPool
         .unwrap();
     assert_eq!(items, 3);
     assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 3);
+}
+
+/// Seeds drawn from the corpus carry their page: the root's statements are the page's summary
+/// and information points (no retrieval at the root), and the tree grows on from there.
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn corpus_seeds_start_the_root_from_their_page(pool: sqlx::PgPool) {
+    let fake = FakeDr::start().await;
+    let docs = orchestrator::infra::tools::read_corpus(&scifact()).unwrap();
+    let picked: Vec<_> = docs
+        .iter()
+        .filter(|d| d.text.split(". ").count() >= 4)
+        .take(2)
+        .collect();
+    let mut spec = spec(&fake, "pages").await;
+    spec.seeds = picked.iter().map(|d| d.title.clone()).collect();
+    spec.pages = picked
+        .iter()
+        .map(|d| Some(format!("{}\n\n{}", d.title, d.text)))
+        .collect();
+    let (id, s) = dr::run(&pool, &spec, &[Stage::Tree], &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!((s.trees, s.trees_failed), (2, 0));
+    assert_eq!(fake.calls("root"), 2);
+    assert_eq!(s.nodes_per_tree, 7.0);
+    let (passages, statements): (serde_json::Value, serde_json::Value) = sqlx::query_as(
+        "SELECT passages, statements FROM dr_nodes WHERE build_id = $1 AND seed_index = 0 AND node_id = 'N1'",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(passages[0]["id"], "seed-page");
+    let first = statements[0].as_str().unwrap().trim_end_matches('.');
+    assert!(
+        picked[0].text.contains(first),
+        "the summary comes from the page: {first}"
+    );
 }

@@ -15,8 +15,9 @@ use crate::infra::db;
 use crate::infra::llm::{self, ApiKey, EndpointPool, LlmClient, RetryPolicy, Role};
 use crate::pipeline::deeprubric::{self as dr, DeepRubricError, DrSpec, Stage};
 
-/// Seed topics: lines of text, or JSONL rows with `topic` / `seed` / `title`.
-fn read_seeds(args: &DeepRubricArgs) -> anyhow::Result<Vec<String>> {
+/// The seeds with their pages: topics from lines of text or JSONL rows with `topic` / `seed` /
+/// `title` (no page), or the titles of sampled corpus documents (their text is the page).
+fn read_seeds(args: &DeepRubricArgs) -> anyhow::Result<(Vec<String>, Vec<Option<String>>)> {
     match (&args.seeds, &args.seed_corpus) {
         (Some(path), None) => {
             let text = std::fs::read_to_string(path)
@@ -46,7 +47,8 @@ fn read_seeds(args: &DeepRubricArgs) -> anyhow::Result<Vec<String>> {
                 seeds.push(seed);
             }
             anyhow::ensure!(!seeds.is_empty(), "{} holds no seed", path.display());
-            Ok(seeds)
+            let pages = vec![None; seeds.len()];
+            Ok((seeds, pages))
         }
         (None, Some(path)) => {
             let docs = crate::infra::tools::read_corpus(path)?;
@@ -62,13 +64,17 @@ fn read_seeds(args: &DeepRubricArgs) -> anyhow::Result<Vec<String>> {
                 .into_iter()
                 .map(|i| {
                     let d = &docs[i];
-                    if d.title.trim().is_empty() {
+                    let seed = if d.title.trim().is_empty() {
                         d.text.split('.').next().unwrap_or("").trim().to_string()
                     } else {
                         d.title.trim().to_string()
-                    }
+                    };
+                    (
+                        seed,
+                        Some(format!("{}\n\n{}", d.title.trim(), d.text.trim())),
+                    )
                 })
-                .collect())
+                .unzip())
         }
         _ => anyhow::bail!("give the seeds: --seeds FILE, or --seed-corpus CORPUS.jsonl"),
     }
@@ -140,7 +146,7 @@ fn print_stats(s: &Stats) {
 
 pub async fn deeprubric(args: &DeepRubricArgs) -> anyhow::Result<ExitCode> {
     let cfg = load_config(&args.config)?;
-    let seeds = read_seeds(args)?;
+    let (seeds, pages) = read_seeds(args)?;
     let setup = crate::infra::tools::setup::ToolSetup {
         index: args.index.clone(),
         index_tool: None,
@@ -202,6 +208,7 @@ pub async fn deeprubric(args: &DeepRubricArgs) -> anyhow::Result<ExitCode> {
     let spec = DrSpec {
         name: name.clone(),
         seeds,
+        pages,
         limits: TreeLimits {
             max_depth: args.max_depth,
             max_nodes: args.max_nodes,

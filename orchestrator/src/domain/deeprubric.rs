@@ -128,6 +128,28 @@ pub fn parse_statements(text: &str) -> Result<Vec<String>, Invalid> {
         .collect())
 }
 
+/// The root page's `{"summary": str, "information_points": [...]}`: the summary first, then the
+/// points, deduplicated; at least one statement.
+pub fn parse_root(text: &str) -> Result<Vec<String>, Invalid> {
+    let v = object(text)?;
+    let summary = v["summary"]
+        .as_str()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| field("summary", "missing or empty"))?;
+    let mut seen = BTreeSet::from([norm(summary)]);
+    let mut out = vec![summary.to_string()];
+    out.extend(
+        strings(&v, "information_points")?
+            .into_iter()
+            .filter(|s| !s.is_empty() && seen.insert(norm(s))),
+    );
+    Ok(out)
+}
+
+/// Characters of a seed page the root prompt shows (the paper: at most 15,000).
+pub const ROOT_PAGE_CHARS: usize = 15_000;
+
 /// The stop gate `{"branch": bool, "reason": str}`.
 pub fn parse_gate(text: &str) -> Result<(bool, String), Invalid> {
     let v = object(text)?;

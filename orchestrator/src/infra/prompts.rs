@@ -193,9 +193,16 @@ impl Retrieved {
 }
 
 /// The benchmark graders' templates (`prompts/eval/`), by name.
-/// DeepRubric's templates (`prompts/deeprubric/`): statement extraction, stop gate, sub-query
-/// proposal, co-generation and verification.
-pub const DEEPRUBRIC_TEMPLATES: [(&str, &str); 5] = [
+/// DeepRubric's templates (`prompts/deeprubric/`): the root page's summary and information
+/// points, statement extraction, stop gate, sub-query proposal, co-generation and verification.
+pub const DEEPRUBRIC_TEMPLATES: [(&str, &str); 6] = [
+    (
+        "root",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../prompts/deeprubric/root.jinja"
+        )),
+    ),
     (
         "statements",
         include_str!(concat!(

@@ -58,6 +58,9 @@ pub enum Stage {
 pub struct DrSpec {
     pub name: String,
     pub seeds: Vec<String>,
+    /// The page each seed was drawn from (corpus seeds), whose summary and information points
+    /// seed the root; `None` for a topic (the root retrieves like any node).
+    pub pages: Vec<Option<String>>,
     pub limits: TreeLimits,
     /// Tree expansion and co-generation.
     pub llm: LlmClient,
@@ -80,6 +83,9 @@ impl DrSpec {
         json!({
             "seeds_sha256": crate::domain::util::sha256_hex(self.seeds.join("\n").as_bytes()),
             "seeds": self.seeds.len(),
+            "pages_sha256": crate::domain::util::sha256_hex(
+                self.pages.iter().map(|p| p.as_deref().unwrap_or("")).collect::<Vec<_>>().join("\u{1f}").as_bytes()
+            ),
             "limits": self.limits,
             "llm": self.llm.model(), "verifier": self.verifier.model(),
             "temperature": self.temperature, "max_tokens": self.max_tokens,
@@ -358,7 +364,11 @@ async fn grow(
             break;
         };
         let t0 = Instant::now();
-        let (node, children, spent) = expand(spec, &nodes, k).await;
+        let page = spec
+            .pages
+            .get(seed_index as usize)
+            .and_then(|p| p.as_deref());
+        let (node, children, spent) = expand(spec, &nodes, k, page).await;
         let work = t0.elapsed().as_secs_f64();
         let w0 = Instant::now();
         capped |= node
@@ -396,10 +406,41 @@ async fn grow(
     Ok(())
 }
 
-/// Process node `k`: passages, statements, then leaf or children.
-async fn expand(spec: &DrSpec, nodes: &[Node], k: usize) -> (Node, Vec<Node>, Spent) {
+/// Process node `k`: passages, statements, then leaf or children. A root with its seed page
+/// takes its statements from the page's summary and information points instead.
+async fn expand(
+    spec: &DrSpec,
+    nodes: &[Node],
+    k: usize,
+    page: Option<&str>,
+) -> (Node, Vec<Node>, Spent) {
     let mut node = nodes[k].clone();
     let mut spent = Spent::default();
+    if let (0, Some(page)) = (node.depth, page) {
+        node.passages = vec![json!({"id": "seed-page", "title": node.query, "url": null})];
+        let text: String = page.chars().take(dr::ROOT_PAGE_CHARS).collect();
+        let a = ask(
+            spec,
+            &spec.llm,
+            "root",
+            &["summary", "information_points"],
+            minijinja::context! { topic => node.query, page => text },
+            dr::parse_root,
+        )
+        .await;
+        add(&mut spent, a.spent);
+        return match a.value {
+            Ok(st) => {
+                node.statements = st;
+                branch(spec, nodes, node, spent).await
+            }
+            Err(e) => {
+                node.status = "failed".into();
+                node.stop_reason = Some(e);
+                (node, vec![], spent)
+            }
+        };
+    }
     let res = spec
         .tools
         .run(
@@ -450,6 +491,16 @@ async fn expand(spec: &DrSpec, nodes: &[Node], k: usize) -> (Node, Vec<Node>, Sp
             return (node, vec![], spent);
         }
     }
+    branch(spec, nodes, node, spent).await
+}
+
+/// A node with its statements: a leaf (caps, gate), or expanded with its proposed children.
+async fn branch(
+    spec: &DrSpec,
+    nodes: &[Node],
+    mut node: Node,
+    mut spent: Spent,
+) -> (Node, Vec<Node>, Spent) {
     if let Some(why) = dr::stop_reason(node.depth, nodes.len(), &spec.limits) {
         node.status = "leaf".into();
         node.stop_reason = Some(why);

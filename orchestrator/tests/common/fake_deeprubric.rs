@@ -1,6 +1,7 @@
 //! A loopback fake of the LLM DeepRubric's stages call (an OpenAI-compatible
 //! `/v1/chat/completions`) that reads the prompts of `prompts/deeprubric/` and answers by fixed
 //! rules, never by echoing what the validation expects:
+//! - root: the seed page's first sentence as the summary, the next two as information points;
 //! - statements: the first sentence of each passage shown (at most 3);
 //! - gate: branch while the node's depth is below 2;
 //! - sub-queries: two, "mechanism of ..." and "risks of ..." over the node's first words;
@@ -73,7 +74,9 @@ impl FakeDr {
 }
 
 fn kind(prompt: &str) -> &'static str {
-    if prompt.contains("Extract the factual statements") {
+    if prompt.contains("its information points") {
+        "root"
+    } else if prompt.contains("Extract the factual statements") {
         "statements"
     } else if prompt.contains("should branch into sub-questions") {
         "gate"
@@ -126,6 +129,20 @@ fn reply(state: &DrState, kind: &str, prompt: &str) -> String {
                 .map(first_sentence)
                 .collect();
             json!({ "statements": stmts }).to_string()
+        }
+        "root" => {
+            // The page's text (after its title line): the first sentence summarises, the next
+            // two are the information points.
+            let page = section(prompt, "# Page");
+            let body = page.split_once("\n\n").map_or(page, |x| x.1);
+            let sentences: Vec<String> = body
+                .split(". ")
+                .filter(|x| x.split_whitespace().count() >= 4)
+                .take(3)
+                .map(first_sentence)
+                .collect();
+            json!({"summary": sentences.first(), "information_points": sentences.get(1..).unwrap_or(&[])})
+                .to_string()
         }
         "gate" => {
             let depth: u32 = prompt

@@ -586,14 +586,21 @@ fn rank_timing() {
     let world = g.world();
     let mut group: Option<Box<dyn Collective>> = Some(Box::new(g));
     let seqs = bench_batch();
-    for (lora, bucket) in [
-        (false, trainer::train::DEFAULT_BUCKET_ELEMS),
-        (false, 0),
-        (true, trainer::train::DEFAULT_BUCKET_ELEMS),
+    use trainer::dist::zero::ZeroStage;
+    for (lora, bucket, zero) in [
+        (false, trainer::train::DEFAULT_BUCKET_ELEMS, ZeroStage::Off),
+        (false, 0, ZeroStage::Off),
+        (true, trainer::train::DEFAULT_BUCKET_ELEMS, ZeroStage::Off),
+        (false, trainer::train::DEFAULT_BUCKET_ELEMS, ZeroStage::One),
+        (false, trainer::train::DEFAULT_BUCKET_ELEMS, ZeroStage::Two),
     ] {
+        if zero != ZeroStage::Off && world == 1 {
+            continue;
+        }
         let mut t = bench_trainer(lora);
         t.bucket_elems = bucket;
         t.set_collective(group.take().unwrap());
+        t.set_zero(zero).unwrap();
         let rank = t.collective().unwrap().rank();
         let run = |t: &mut Trainer| {
             if rank == 0 {
@@ -611,9 +618,20 @@ fn rank_timing() {
             secs += t0.elapsed().as_secs_f64();
             comm += t.last_sync.seconds;
         }
+        // fp32 AdamW state (m, v) held by this rank, in MB.
+        let params: i64 = t
+            .model
+            .trainable()
+            .iter()
+            .map(|(_, p)| p.numel() as i64)
+            .sum();
+        let state_mb = match t.zero_shard() {
+            Some(z) => z.layout.chunk as f64 * 8.0 / 1e6,
+            None => params as f64 * 8.0 / 1e6,
+        };
         eprintln!(
-            "timing -> world {world} lora {lora} bucket_elems {bucket}: {:.3} s/step, \
-             gradient all-reduce {:.4} s/step ({} collectives, {} elements)",
+            "timing -> world {world} lora {lora} bucket_elems {bucket} zero {zero:?}: {:.3} s/step, \
+             gradient sync {:.4} s/step ({} collectives, {} elements), optimizer moments {state_mb:.1} MB on this rank",
             secs / steps as f64,
             comm / steps as f64,
             t.last_sync.collectives,

@@ -52,3 +52,111 @@ extern "C" char* rc10d_nccl_new(
     return r;
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// A raw NCCL communicator for vLLM's weight-transfer route (trainer/src/dist/vllm.rs): vLLM's
+// workers join with `ncclCommInitRank` on the unique id this side publishes, so the group is
+// raw NCCL, not a c10d process group. Collectives run on the current CUDA stream of the
+// communicator's device and are waited for before returning.
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <nccl.h>
+
+namespace {
+
+char* nccl_err(const std::string& m) {
+  char* r = static_cast<char*>(std::malloc(m.size() + 1));
+  if (r != nullptr) {
+    std::memcpy(r, m.c_str(), m.size() + 1);
+  }
+  return r;
+}
+
+void nccl_check(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(r));
+  }
+}
+
+struct rc10d_raw_nccl {
+  ncclComm_t comm;
+  int device;
+};
+
+template <typename F>
+char* nccl_guard(F&& f) noexcept {
+  try {
+    f();
+    return nullptr;
+  } catch (const std::exception& e) {
+    std::string m(e.what());
+    auto nl = m.find('\n');
+    return nccl_err(nl == std::string::npos ? m : m.substr(0, nl));
+  } catch (...) {
+    return nccl_err("unknown C++ exception");
+  }
+}
+
+}  // namespace
+
+extern "C" char* rc10d_nccl_unique_id(unsigned char* out) {
+  return nccl_guard([&] {
+    ncclUniqueId id;
+    nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    static_assert(sizeof(id.internal) == 128, "ncclUniqueId is 128 bytes");
+    std::memcpy(out, id.internal, 128);
+  });
+}
+
+extern "C" char* rc10d_nccl_comm_init(
+    const unsigned char* id_bytes,
+    int world,
+    int rank,
+    int device,
+    void** out) {
+  return nccl_guard([&] {
+    c10::cuda::CUDAGuard g(static_cast<c10::DeviceIndex>(device));
+    ncclUniqueId id;
+    std::memcpy(id.internal, id_bytes, 128);
+    ncclComm_t comm;
+    nccl_check(ncclCommInitRank(&comm, world, id, rank), "ncclCommInitRank");
+    // vLLM's warm-up: an all-reduce of one f32 zero.
+    auto t = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device));
+    auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+    nccl_check(
+        ncclAllReduce(t.data_ptr(), t.data_ptr(), 1, ncclFloat, ncclSum, comm, stream.stream()),
+        "warm-up ncclAllReduce");
+    stream.synchronize();
+    *out = new rc10d_raw_nccl{comm, device};
+  });
+}
+
+extern "C" char* rc10d_nccl_comm_broadcast(void* comm, void* tensor, int root) {
+  return nccl_guard([&] {
+    if (comm == nullptr || tensor == nullptr) {
+      throw std::invalid_argument("null communicator or tensor");
+    }
+    auto* c = static_cast<rc10d_raw_nccl*>(comm);
+    auto& t = *static_cast<at::Tensor*>(tensor);
+    if (!t.is_cuda() || !t.is_contiguous()) {
+      throw std::invalid_argument("the broadcast buffer must be a contiguous CUDA tensor");
+    }
+    c10::cuda::CUDAGuard g(static_cast<c10::DeviceIndex>(c->device));
+    auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(c->device));
+    nccl_check(
+        ncclBroadcast(
+            t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.nbytes()), ncclUint8, root,
+            c->comm, stream.stream()),
+        "ncclBroadcast");
+    stream.synchronize();
+  });
+}
+
+extern "C" void rc10d_nccl_comm_free(void* comm) {
+  if (comm != nullptr) {
+    auto* c = static_cast<rc10d_raw_nccl*>(comm);
+    ncclCommDestroy(c->comm);
+    delete c;
+  }
+}

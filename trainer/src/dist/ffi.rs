@@ -447,3 +447,85 @@ impl Drop for PendingWork {
         unsafe { rc10d_work_free(self.ptr.as_ptr()) }
     }
 }
+
+// ---- raw NCCL for vLLM's weight-transfer route (GPU builds, feature `nccl`) ----------------
+
+#[cfg(feature = "nccl")]
+unsafe extern "C" {
+    fn rc10d_nccl_unique_id(out: *mut u8) -> *mut c_char;
+    fn rc10d_nccl_comm_init(
+        id: *const u8,
+        world: c_int,
+        rank: c_int,
+        device: c_int,
+        out: *mut *mut c_void,
+    ) -> *mut c_char;
+    fn rc10d_nccl_comm_broadcast(comm: *mut c_void, t: *mut c_void, root: c_int) -> *mut c_char;
+    fn rc10d_nccl_comm_free(comm: *mut c_void);
+}
+
+/// Rank 0 of a raw NCCL group with vLLM's workers, on CUDA device `device`.
+#[cfg(feature = "nccl")]
+pub struct RawNcclComm {
+    comm: *mut c_void,
+    device: i32,
+}
+
+// SAFETY: the communicator is used by one thread at a time (`&mut self` methods); NCCL
+// communicators are not tied to the thread that made them.
+#[cfg(feature = "nccl")]
+unsafe impl Send for RawNcclComm {}
+
+#[cfg(feature = "nccl")]
+impl RawNcclComm {
+    pub fn new(device: i32) -> Self {
+        Self {
+            comm: null_mut(),
+            device,
+        }
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl super::vllm::WeightComm for RawNcclComm {
+    fn unique_id(&mut self) -> super::vllm::Result<[u8; 128]> {
+        let mut id = [0u8; 128];
+        // SAFETY: `id` has the 128 bytes the shim writes.
+        check(unsafe { rc10d_nccl_unique_id(id.as_mut_ptr()) })
+            .map_err(super::vllm::BridgeError::Comm)?;
+        Ok(id)
+    }
+
+    fn init(&mut self, id: &[u8; 128], world: usize) -> super::vllm::Result<()> {
+        let world = int("world size", world).map_err(super::vllm::BridgeError::Comm)?;
+        let mut out = null_mut();
+        // SAFETY: `id` holds 128 bytes; `out` is written only on success.
+        check(unsafe { rc10d_nccl_comm_init(id.as_ptr(), world, 0, self.device, &mut out) })
+            .map_err(super::vllm::BridgeError::Comm)?;
+        self.comm = out;
+        Ok(())
+    }
+
+    fn broadcast(&mut self, buf: &Tensor) -> super::vllm::Result<()> {
+        if self.comm.is_null() {
+            return Err(super::vllm::BridgeError::Comm("not initialised".into()));
+        }
+        let on_device = buf
+            .to_device(tch::Device::Cuda(self.device as usize))
+            .contiguous();
+        // SAFETY: the communicator is live (owned by self); the tensor outlives the call,
+        // which waits for the broadcast.
+        check(unsafe { rc10d_nccl_comm_broadcast(self.comm, raw(&on_device), 0) })
+            .map_err(super::vllm::BridgeError::Comm)
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl Drop for RawNcclComm {
+    fn drop(&mut self) {
+        if !self.comm.is_null() {
+            // SAFETY: owned by self, freed only here.
+            unsafe { rc10d_nccl_comm_free(self.comm) }
+        }
+    }
+}

@@ -15,6 +15,7 @@
 mod ffi;
 
 pub mod data_parallel;
+pub mod vllm;
 pub mod zero;
 
 use std::collections::HashMap;
@@ -599,6 +600,27 @@ impl Collective for C10d {
     fn commands(&self) -> &AtomicU64 {
         &self.commands
     }
+}
+
+/// A client of a c10d TCPStore another process serves (what vLLM's ranks see of the weight-transfer
+/// handshake's store, for example).
+pub struct StoreClient(ffi::Store);
+
+impl StoreClient {
+    /// The value at `key`, waiting up to `timeout` for it to be set.
+    pub fn get(&self, key: &str, timeout: Duration) -> std::result::Result<Vec<u8>, String> {
+        self.0.get(key, timeout)
+    }
+}
+
+/// Connect to the TCPStore at `host:port` (of a `world`-process group) as a client.
+pub fn store_client(
+    host: &str,
+    port: u16,
+    world: usize,
+    timeout: Duration,
+) -> std::result::Result<StoreClient, String> {
+    ffi::Store::tcp(host, port, false, world, timeout).map(StoreClient)
 }
 
 /// The group this process belongs to: a [`C10d`] group when the environment names one

@@ -5,7 +5,7 @@
 //! disk weight-transfer API or SGLang's `/update_weights_from_disk`), with retries. Versions that
 //! fall out of the staleness window are unloaded and their directories removed. A failed load
 //! is reported and the previous version stays in service. This file is reqwest's and backon's
-//! only door in the trainer.
+//! only door in the trainer (`dist::vllm`'s weight-transfer requests go through it too).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -53,6 +53,51 @@ pub struct Publisher {
     cfg: PublishConfig,
     /// (version, name, dir) currently loaded, oldest first.
     live: VecDeque<(i64, String, PathBuf)>,
+}
+
+/// `POST url+route` with a JSON body: `Err` names the transport error or the HTTP status with
+/// the start of the reply (for `dist::vllm`, whose requests go through this door too).
+pub async fn post_json(
+    http: &reqwest::Client,
+    url: &str,
+    route: &str,
+    body: &serde_json::Value,
+) -> Result<(), String> {
+    let resp = http
+        .post(format!("{}{route}", url.trim_end_matches('/')))
+        .json(body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(());
+    }
+    let text: String = resp
+        .text()
+        .await
+        .unwrap_or_default()
+        .chars()
+        .take(300)
+        .collect();
+    Err(format!("HTTP {status}: {text}"))
+}
+
+/// `GET url+route` as JSON: `Err` names the transport error or the HTTP status.
+pub async fn get_json(
+    http: &reqwest::Client,
+    url: &str,
+    route: &str,
+) -> Result<serde_json::Value, String> {
+    let resp = http
+        .get(format!("{}{route}", url.trim_end_matches('/')))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("HTTP {}", resp.status()));
+    }
+    resp.json().await.map_err(|e| e.to_string())
 }
 
 /// Ask a server what it is: SGLang answers `/get_server_info`, vLLM does not.

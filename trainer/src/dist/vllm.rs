@@ -175,29 +175,13 @@ pub struct Bridge {
 }
 
 async fn post(http: &reqwest::Client, url: &str, route: &'static str, body: Value) -> Result<()> {
-    let err = |message: String| BridgeError::Http {
-        url: url.to_string(),
-        route,
-        message,
-    };
-    let resp = http
-        .post(format!("{}{route}", url.trim_end_matches('/')))
-        .json(&body)
-        .send()
+    crate::publish::post_json(http, url, route, &body)
         .await
-        .map_err(|e| err(e.to_string()))?;
-    let status = resp.status();
-    if !status.is_success() {
-        let text: String = resp
-            .text()
-            .await
-            .unwrap_or_default()
-            .chars()
-            .take(300)
-            .collect();
-        return Err(err(format!("HTTP {status}: {text}")));
-    }
-    Ok(())
+        .map_err(|message| BridgeError::Http {
+            url: url.to_string(),
+            route,
+            message,
+        })
 }
 
 /// `POST route` to every server at once (bodies by server); the first failure.
@@ -229,18 +213,13 @@ async fn world_size(http: &reqwest::Client, url: &str) -> Result<usize> {
         route: "/get_world_size",
         message,
     };
-    let resp = http
-        .get(format!("{}/get_world_size", url.trim_end_matches('/')))
-        .send()
+    let v = crate::publish::get_json(http, url, "/get_world_size")
         .await
-        .map_err(|e| err(e.to_string()))?;
-    if !resp.status().is_success() {
-        return Err(err(format!(
-            "HTTP {} (is the server in dev mode, VLLM_SERVER_DEV_MODE=1?)",
-            resp.status()
-        )));
-    }
-    let v: Value = resp.json().await.map_err(|e| err(e.to_string()))?;
+        .map_err(|e| {
+            err(format!(
+                "{e} (is the server in dev mode, VLLM_SERVER_DEV_MODE=1?)"
+            ))
+        })?;
     v.as_u64()
         .or_else(|| v["world_size"].as_u64())
         .filter(|&n| n >= 1)

@@ -487,28 +487,29 @@ impl RawNcclComm {
 }
 
 #[cfg(feature = "nccl")]
-impl super::vllm::WeightComm for RawNcclComm {
-    fn unique_id(&mut self) -> super::vllm::Result<[u8; 128]> {
+impl RawNcclComm {
+    /// A fresh `ncclUniqueId`.
+    pub fn unique_id(&mut self) -> ShimResult<[u8; 128]> {
         let mut id = [0u8; 128];
         // SAFETY: `id` has the 128 bytes the shim writes.
-        check(unsafe { rc10d_nccl_unique_id(id.as_mut_ptr()) })
-            .map_err(super::vllm::BridgeError::Comm)?;
+        check(unsafe { rc10d_nccl_unique_id(id.as_mut_ptr()) })?;
         Ok(id)
     }
 
-    fn init(&mut self, id: &[u8; 128], world: usize) -> super::vllm::Result<()> {
-        let world = int("world size", world).map_err(super::vllm::BridgeError::Comm)?;
+    /// Join as rank 0 of `world` (blocks until all joined), then the warm-up all-reduce.
+    pub fn init(&mut self, id: &[u8; 128], world: usize) -> ShimResult<()> {
+        let world = int("world size", world)?;
         let mut out = null_mut();
         // SAFETY: `id` holds 128 bytes; `out` is written only on success.
-        check(unsafe { rc10d_nccl_comm_init(id.as_ptr(), world, 0, self.device, &mut out) })
-            .map_err(super::vllm::BridgeError::Comm)?;
+        check(unsafe { rc10d_nccl_comm_init(id.as_ptr(), world, 0, self.device, &mut out) })?;
         self.comm = out;
         Ok(())
     }
 
-    fn broadcast(&mut self, buf: &Tensor) -> super::vllm::Result<()> {
+    /// Broadcast `buf` from rank 0 (copied to this communicator's CUDA device first).
+    pub fn broadcast(&mut self, buf: &Tensor) -> ShimResult<()> {
         if self.comm.is_null() {
-            return Err(super::vllm::BridgeError::Comm("not initialised".into()));
+            return Err("the NCCL communicator is not initialised".into());
         }
         let on_device = buf
             .to_device(tch::Device::Cuda(self.device as usize))
@@ -516,7 +517,6 @@ impl super::vllm::WeightComm for RawNcclComm {
         // SAFETY: the communicator is live (owned by self); the tensor outlives the call,
         // which waits for the broadcast.
         check(unsafe { rc10d_nccl_comm_broadcast(self.comm, raw(&on_device), 0) })
-            .map_err(super::vllm::BridgeError::Comm)
     }
 }
 

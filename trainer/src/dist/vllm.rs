@@ -358,6 +358,19 @@ impl Bridge {
 #[cfg(feature = "nccl")]
 pub use super::ffi::RawNcclComm as NcclComm;
 
+#[cfg(feature = "nccl")]
+impl WeightComm for NcclComm {
+    fn unique_id(&mut self) -> Result<[u8; 128]> {
+        NcclComm::unique_id(self).map_err(BridgeError::Comm)
+    }
+    fn init(&mut self, id: &[u8; 128], world: usize) -> Result<()> {
+        NcclComm::init(self, id, world).map_err(BridgeError::Comm)
+    }
+    fn broadcast(&mut self, buf: &Tensor) -> Result<()> {
+        NcclComm::broadcast(self, buf).map_err(BridgeError::Comm)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -592,6 +592,18 @@ async fn chat(State(s): State<Arc<FakeState>>, Json(body): Json<Value>) -> Json<
             s.responses.lock().unwrap().push(response);
             json!({"score": score})
         }
+        // DeepRubric's 0-4 scale: 3 ("met with small gaps") when the word is there.
+        "rubric_score_4" => {
+            let response = between(prompt, "<response>\n", "\n</response>").to_string();
+            let criterion = between(prompt, "<criterion>\n", "\n</criterion>");
+            let word = criterion.split_whitespace().last().unwrap().to_lowercase();
+            let score = if response.to_lowercase().contains(&word) {
+                3
+            } else {
+                0
+            };
+            json!({"score": score})
+        }
         "stage_rubrics" => {
             let empty = json!({"positive_rubrics": [], "negative_rubrics": []});
             json!({
@@ -888,4 +900,46 @@ async fn the_deeprubric_recipe_scores_fixed_rubrics_by_absolute_weights() {
         opts.credit,
         orchestrator::pipeline::judging::Credit::Composite { citation: true }
     ));
+}
+
+/// With the LLM judge, the DeepRubric recipe asks each criterion on DeepRubric's 0-4 scale (its
+/// own prompt and schema) and normalises by 4.
+#[tokio::test]
+async fn the_deeprubric_recipe_asks_the_llm_judge_for_zero_to_four() {
+    let (addr, state) = fake_judge().await;
+    let judge = llm_judge(addr);
+    let cfg = StepOptions::for_recipe(Recipe::Deeprubric, Lambda::default(), false).group;
+    assert_eq!(cfg.point_scale, 4);
+    let specs = json!([
+        {"title": "R1 (factual)", "description": "names the alpha pathway", "weight": 2.0},
+        {"title": "R2 (logical)", "description": "copies sources verbatim", "weight": -5.0},
+        {"title": "R3 (logical)", "description": "adds context", "weight": 0.5},
+    ]);
+    let rubrics = persistent_rubrics_as(AnswerScore::AbsWeighted, &specs);
+    let answers = [
+        Some("the alpha pathway, in context"),
+        Some("a verbatim copy of the abstract"),
+        Some("the alpha pathway, copied verbatim"),
+    ];
+    let mut buf = RubricBuffer::with_persistent(rubrics, 0);
+    let out = judge_group(&judge, &mut buf, cfg, "Q?", &group(&answers), 0).await;
+    assert_eq!(
+        state.by_schema.lock().unwrap().get("rubric_score_4"),
+        Some(&9),
+        "one 0-4 call per (trajectory, rubric)"
+    );
+    // Grades of 3 of 4 on the criteria whose word is present; Σ|w| = 7.5.
+    let want = [
+        (2.0 + 0.5) * 0.75 / 7.5,
+        -5.0 * 0.75 / 7.5,
+        (2.0 - 5.0) * 0.75 / 7.5,
+    ];
+    for (t, want) in out.trajectories.iter().zip(want) {
+        assert_eq!(t.point_scale, 4);
+        assert!(
+            (t.rubric_score - want).abs() < 1e-9,
+            "{} vs {want}",
+            t.rubric_score
+        );
+    }
 }

@@ -97,6 +97,28 @@ const JUDGE_RUBRIC: &str = include_str!(concat!(
 
 /// The per-rubric judge prompt (DR Tulu's granularity, method.md B.2): the question, the judged
 /// text (the final answer) and one criterion; the judge answers `{"score": 0|1|2}`.
+/// The per-rubric judge prompt on DeepRubric's 0-4 scale (`prompts/judge/rubric_4.jinja`).
+pub fn judge_rubric_prompt_4(
+    question: &str,
+    response: &str,
+    criterion: &str,
+) -> Result<String, minijinja::Error> {
+    render(
+        JUDGE_RUBRIC_4,
+        minijinja::context! {
+            question => question.trim(),
+            response => response.trim(),
+            criterion => criterion.trim(),
+        },
+    )
+    .map(|s| s.trim().to_string())
+}
+
+const JUDGE_RUBRIC_4: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../prompts/judge/rubric_4.jinja"
+));
+
 pub fn judge_rubric_prompt(
     question: &str,
     response: &str,

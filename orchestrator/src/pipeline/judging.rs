@@ -55,6 +55,7 @@ impl StepOptions {
                 citation: false,
                 granularity: Granularity::PerTrajectory,
                 answer_score: AnswerScore::WeightedMean,
+                point_scale: 2,
             },
             credit: Credit::Stage(credit),
         };
@@ -70,6 +71,7 @@ impl StepOptions {
                     citation,
                     granularity: Granularity::PerRubric,
                     answer_score: AnswerScore::SignedPoints,
+                    point_scale: 2,
                 },
                 credit: Credit::Composite { citation },
             },
@@ -84,6 +86,8 @@ impl StepOptions {
                     citation,
                     granularity: Granularity::PerRubric,
                     answer_score: AnswerScore::AbsWeighted,
+                    // DeepRubric's judge grades each criterion 0-4 (method.md C.5).
+                    point_scale: 4,
                 },
                 credit: Credit::Composite { citation },
             },
@@ -339,6 +343,7 @@ pub async fn judge_step_guarded(
                 trajectory_id: t.trajectory_id,
                 scores: &t.scores,
                 fallback: t.source != ScoreSource::Judged,
+                point_scale: t.point_scale,
             })
             .collect();
         judging::insert_judgments(&mut tx, &d.judged.scored_against, &sets, &model, kind).await?;

@@ -71,6 +71,8 @@ pub struct GroupConfig {
     pub granularity: Granularity,
     /// How the Answer score is aggregated: RubricEM's weighted mean or DR Tulu's signed points.
     pub answer_score: AnswerScore,
+    /// The per-rubric scale: 2 (0/1/2), or 4 (DeepRubric's 0-4, per-rubric granularity only).
+    pub point_scale: u8,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -85,6 +87,8 @@ pub struct TrajectoryJudgment {
     /// [`AnswerScore::SignedPoints`] DR Tulu's signed, unclipped score (R4 keeps it clipped to
     /// [0, 1] for the stage rows). 0 when the trajectory could not be scored.
     pub rubric_score: f64,
+    /// The scale of `scores` (2 or 4, [`GroupConfig::point_scale`]).
+    pub point_scale: u8,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -180,6 +184,7 @@ async fn score_per_rubric(
     view: &TraceView,
     rubrics: &[Rubric],
     mode: ScoreMode,
+    scale: u8,
 ) -> (Vec<RubricScore>, bool, Vec<CallRecord>) {
     if mode == ScoreMode::AnswerOnly && view.extracted_answer().is_none() {
         let scores = rubrics
@@ -195,7 +200,7 @@ async fn score_per_rubric(
     let results = join_all(
         rubrics
             .iter()
-            .map(|r| judge.score_rubric(question, view, r, mode)),
+            .map(|r| judge.score_rubric_on(question, view, r, mode, scale)),
     )
     .await;
     let mut calls = Vec::with_capacity(rubrics.len());
@@ -231,6 +236,7 @@ fn aggregate(
     how: AnswerScore,
     rubrics: &[Rubric],
     scores: &[RubricScore],
+    scale: u8,
 ) -> ([f64; STAGES], ScoreSource, f64) {
     match how {
         AnswerScore::WeightedMean => {
@@ -244,7 +250,7 @@ fn aggregate(
                 .cloned()
                 .collect();
             let signed = if how == AnswerScore::AbsWeighted {
-                crate::domain::judge::score::abs_weighted_points(&answer, scores)
+                crate::domain::judge::score::abs_weighted_points(&answer, scores, scale)
             } else {
                 rubric_points(&answer, scores)
             };
@@ -290,6 +296,11 @@ pub async fn judge_group(
         }
     }
     let rubrics = buffer.scoring_set();
+    // The 0-4 scale is asked per rubric only; a per-trajectory call grades 0/1/2.
+    let scale = match cfg.granularity {
+        Granularity::PerRubric => cfg.point_scale.clamp(2, 4),
+        Granularity::PerTrajectory => 2,
+    };
     let scored = join_all(group.iter().map(|(id, v)| {
         let rubrics = &rubrics;
         async move {
@@ -298,7 +309,7 @@ pub async fn judge_group(
                     score_one(judge, question, *id, v, rubrics, cfg.mode).await
                 }
                 Granularity::PerRubric => {
-                    score_per_rubric(judge, question, *id, v, rubrics, cfg.mode).await
+                    score_per_rubric(judge, question, *id, v, rubrics, cfg.mode, scale).await
                 }
             }
         }
@@ -327,7 +338,7 @@ pub async fn judge_group(
     for (i, ((id, _), (scores, full, mut c))) in group.iter().zip(scored).enumerate() {
         calls.append(&mut c);
         let (stage_scores, mut source, rubric_score) =
-            aggregate(cfg.answer_score, &rubrics, &scores);
+            aggregate(cfg.answer_score, &rubrics, &scores, scale);
         if !full && source != ScoreSource::Failed {
             source = ScoreSource::Broadcast;
         }
@@ -345,6 +356,7 @@ pub async fn judge_group(
             source,
             citation,
             rubric_score,
+            point_scale: scale,
         });
     }
     let variances = rubric_variances(&rubrics, &full_groups);

@@ -278,4 +278,24 @@ pub trait Judge: Send + Sync {
         findings: &'a [Finding],
         candidates: &'a [String],
     ) -> BoxFuture<'a, Result<(Vec<ReflectionGrade>, Usage), JudgeError>>;
+
+    /// [`Judge::score_rubric`] on a `0..=scale` scale: 2 (0/1/2) or 4 (DeepRubric's 0-4,
+    /// method.md C.5). A judge that grades 0/1/2 only answers a 4-point request with its score
+    /// doubled (0, 2 or 4), which loses the odd grades; the LLM judge asks for 0-4 itself.
+    fn score_rubric_on<'a>(
+        &'a self,
+        question: &'a str,
+        trace: &'a TraceView,
+        rubric: &'a Rubric,
+        mode: ScoreMode,
+        scale: u8,
+    ) -> BoxFuture<'a, Result<(RubricScore, Usage), JudgeError>> {
+        Box::pin(async move {
+            let (mut s, usage) = self.score_rubric(question, trace, rubric, mode).await?;
+            if scale == 4 {
+                s.score = s.score.min(2) * 2;
+            }
+            Ok((s, usage))
+        })
+    }
 }

@@ -149,16 +149,21 @@ pub fn rubric_points(rubrics: &[Rubric], scores: &[RubricScore]) -> Option<f64> 
     (!items.is_empty()).then(|| signed_points(&items))
 }
 
-/// DeepRubric's rubric score `Σ w·s / Σ |w|` (signed weights, scores 0..2 normalised by 2);
-/// `None` without a scored rubric.
-pub fn abs_weighted_points(rubrics: &[Rubric], scores: &[RubricScore]) -> Option<f64> {
+/// DeepRubric's rubric score `Σ w·s / Σ |w|` (signed weights, scores on `0..=scale`
+/// normalised by the scale: 4 for DeepRubric's judge, 2 for ours); `None` without a scored
+/// rubric.
+pub fn abs_weighted_points(rubrics: &[Rubric], scores: &[RubricScore], scale: u8) -> Option<f64> {
+    let scale = scale.max(1);
     let by_id: HashMap<Uuid, &Rubric> = rubrics.iter().map(|r| (r.id, r)).collect();
     let items: Vec<(f64, f64)> = scores
         .iter()
         .filter_map(|s| {
-            by_id
-                .get(&s.rubric_id)
-                .map(|r| (signed_weight(r), f64::from(s.score.min(2)) / 2.0))
+            by_id.get(&s.rubric_id).map(|r| {
+                (
+                    signed_weight(r),
+                    f64::from(s.score.min(scale)) / f64::from(scale),
+                )
+            })
         })
         .collect();
     let denom: f64 = items.iter().map(|(w, _)| w.abs()).sum();

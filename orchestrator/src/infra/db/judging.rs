@@ -193,6 +193,8 @@ pub struct JudgmentSet<'a> {
     pub scores: &'a [RubricScore],
     /// The scores came from a fallback (answer-only call), not the stagewise call.
     pub fallback: bool,
+    /// The scale of `scores` (2, or 4 for DeepRubric's 0-4 grades).
+    pub point_scale: u8,
 }
 
 /// Store the per-rubric judgments of a group of trajectories in one statement (upsert per
@@ -218,9 +220,13 @@ pub async fn insert_judgments(
     let fallback: Vec<bool> = kept.iter().map(|(j, _)| j.fallback).collect();
     let rids: Vec<Uuid> = kept.iter().map(|(_, s)| s.rubric_id).collect();
     let stages: Vec<i16> = kept.iter().map(|(_, s)| stage_of[&s.rubric_id]).collect();
+    // Stored on the 0..2 scale whatever the judge's (a 0-4 grade of 3 is 1.5).
     let sc: Vec<f32> = kept
         .iter()
-        .map(|(_, s)| f32::from(s.score.min(2)))
+        .map(|(j, s)| {
+            let scale = j.point_scale.max(1);
+            f32::from(s.score.min(scale)) * 2.0 / f32::from(scale)
+        })
         .collect();
     let just: Vec<String> = kept
         .iter()

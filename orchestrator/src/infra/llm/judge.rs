@@ -4,7 +4,8 @@
 //! per-endpoint concurrency from the endpoint pool and tokens and cost accounted per call.
 //! Scoring is one call per trajectory (`rubric_scores`: every rubric, with justifications), or
 //! DR Tulu's one call per (trajectory, rubric) (`rubric_score`: question, answer text and one
-//! criterion in, `{"score": 0|1|2}` out; method.md B.2, drtulu.md 2.3).
+//! criterion in, `{"score": 0|1|2}` out; method.md B.2, drtulu.md 2.3), or on DeepRubric's
+//! 0-4 scale (`rubric_score_4`, method.md C.5).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
@@ -213,9 +214,15 @@ fn score_schema() -> serde_json::Value {
 }
 
 fn point_schema() -> serde_json::Value {
+    point_schema_to(2)
+}
+
+/// `{"score": 0..=scale}`.
+fn point_schema_to(scale: u8) -> serde_json::Value {
+    let values: Vec<u8> = (0..=scale).collect();
     json!({
         "type": "object",
-        "properties": {"score": {"type": "integer", "enum": [0, 1, 2]}},
+        "properties": {"score": {"type": "integer", "enum": values}},
         "required": ["score"],
         "additionalProperties": false
     })
@@ -600,6 +607,66 @@ impl Judge for LlmJudge {
                         Ok(())
                     }
                 })
+                .await?;
+            Ok((
+                RubricScore {
+                    rubric_id: rubric.id,
+                    score: out.score,
+                    justification: String::new(),
+                },
+                usage,
+            ))
+        })
+    }
+
+    fn score_rubric_on<'a>(
+        &'a self,
+        question: &'a str,
+        trace: &'a TraceView,
+        rubric: &'a Rubric,
+        mode: ScoreMode,
+        scale: u8,
+    ) -> BoxFuture<'a, Result<(RubricScore, Usage), JudgeError>> {
+        if scale != 4 {
+            return self.score_rubric(question, trace, rubric, mode);
+        }
+        Box::pin(async move {
+            let text = trace.text_for(rubric.stage, mode);
+            let text = if text.trim().is_empty() {
+                "(empty)"
+            } else {
+                text
+            };
+            let criterion = if rubric.description.trim().is_empty() {
+                &rubric.title
+            } else {
+                &rubric.description
+            };
+            let user = crate::infra::prompts::judge_rubric_prompt_4(
+                question,
+                &crate::domain::judge::view::clip_middle(text, self.opts.max_stage_chars),
+                criterion,
+            )
+            .map_err(|e| JudgeError::Prompt {
+                name: "rubric_4",
+                message: e.to_string(),
+            })?;
+            let (out, usage): (PointOut, Usage) = self
+                .call(
+                    "rubric_score_4",
+                    point_schema_to(4),
+                    user,
+                    |p: &PointOut| {
+                        if p.score > 4 {
+                            Err(format!(
+                                "score {} is out of range; allowed: 0, 1, 2, 3, 4",
+                                p.score
+                            ))
+                        } else {
+                            Ok(())
+                        }
+                    },
+                )
                 .await?;
             Ok((
                 RubricScore {

@@ -758,6 +758,12 @@ pub struct DeepRubricArgs {
     /// LLM calls in flight per endpoint.
     #[arg(long, env = "ORCH_DR_LLM_IN_FLIGHT", default_value_t = 16)]
     pub llm_in_flight: usize,
+    /// USD per million prompt tokens of the LLM (cost accounting per stage).
+    #[arg(long, env = "ORCH_DR_USD_PER_MTOK_PROMPT", default_value_t = 0.0)]
+    pub usd_per_mtok_prompt: f64,
+    /// USD per million completion tokens of the LLM.
+    #[arg(long, env = "ORCH_DR_USD_PER_MTOK_COMPLETION", default_value_t = 0.0)]
+    pub usd_per_mtok_completion: f64,
     /// Print the statistics as one JSON object on the last line of stdout.
     #[arg(long, env = "ORCH_DR_JSON")]
     pub json: bool,

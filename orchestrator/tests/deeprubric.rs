@@ -84,6 +84,10 @@ async fn spec(fake: &FakeDr, name: &str) -> DrSpec {
         search_tool: "snippet_search".into(),
         trees_inflight: 2,
         progress: false,
+        prices: orchestrator::domain::deeprubric::Prices {
+            prompt: 2.0,
+            completion: 8.0,
+        },
     }
 }
 
@@ -142,6 +146,15 @@ async fn three_stages_on_scifact_keep_revise_drop_and_write_tasks(pool: sqlx::Pg
     assert_eq!(s.reasons.get("scope/merge overreach"), Some(&1));
     assert_eq!(s.reasons.get("negative-weight removal"), Some(&1));
     assert!(s.llm_calls > 0 && s.prompt_tokens > 0);
+    // Cost per stage at $2 / $8 per million tokens, summing to the total.
+    let want = (s.prompt_tokens as f64 * 2.0 + s.completion_tokens as f64 * 8.0) / 1e6;
+    assert!((s.cost_usd - want).abs() < 1e-9 && s.cost_usd > 0.0);
+    let by_stage: f64 = s.per_stage.values().map(|c| c.cost_usd).sum();
+    assert!((by_stage - s.cost_usd).abs() < 1e-9);
+    assert_eq!(
+        s.per_stage.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["compose", "tree", "verify"]
+    );
 
     let out = tempfile::tempdir().unwrap();
     let path = out.path().join("tasks.jsonl");

@@ -133,13 +133,13 @@ fn print_stats(s: &Stats) {
         s.tree_seconds, s.db_seconds_per_tree
     ));
     out(format!(
-        "LLM: {} calls, {} prompt + {} completion tokens",
-        s.llm_calls, s.prompt_tokens, s.completion_tokens
+        "LLM: {} calls, {} prompt + {} completion tokens, ${:.4}",
+        s.llm_calls, s.prompt_tokens, s.completion_tokens, s.cost_usd
     ));
     for (stage, c) in &s.per_stage {
         out(format!(
-            "  {stage}: {} calls, {} prompt + {} completion tokens",
-            c.calls, c.prompt_tokens, c.completion_tokens
+            "  {stage}: {} calls, {} prompt + {} completion tokens, ${:.4}",
+            c.calls, c.prompt_tokens, c.completion_tokens, c.cost_usd
         ));
     }
 }
@@ -224,6 +224,10 @@ pub async fn deeprubric(args: &DeepRubricArgs) -> anyhow::Result<ExitCode> {
         search_tool,
         trees_inflight: args.trees_in_flight.max(1),
         progress: true,
+        prices: crate::domain::deeprubric::Prices {
+            prompt: args.usd_per_mtok_prompt.max(0.0),
+            completion: args.usd_per_mtok_completion.max(0.0),
+        },
     };
     let stages: &[Stage] = match args.stage {
         DeepRubricStage::Tree => &[Stage::Tree],

@@ -503,7 +503,8 @@ pub struct Stats {
     pub llm_calls: u64,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
-    /// Per stage (tree, compose, verify): LLM calls, prompt and completion tokens.
+    pub cost_usd: f64,
+    /// Per stage (tree, compose, verify): LLM calls, prompt and completion tokens, cost.
     pub per_stage: BTreeMap<String, StageCost>,
 }
 
@@ -513,23 +514,34 @@ pub struct StageCost {
     pub calls: u64,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    pub cost_usd: f64,
+}
+
+/// USD per million prompt and completion tokens (0 for a self-hosted LLM).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Prices {
+    pub prompt: f64,
+    pub completion: f64,
 }
 
 impl Stats {
-    /// Count LLM use of `stage` (and in the totals).
-    pub fn spend(&mut self, stage: &str, calls: i64, prompt: i64, completion: i64) {
+    /// Count LLM use of `stage` (and in the totals) at `prices`.
+    pub fn spend(&mut self, stage: &str, calls: i64, prompt: i64, completion: i64, prices: Prices) {
         let (c, p, k) = (
             calls.max(0) as u64,
             prompt.max(0) as u64,
             completion.max(0) as u64,
         );
+        let usd = (p as f64 * prices.prompt + k as f64 * prices.completion) / 1e6;
         let e = self.per_stage.entry(stage.to_string()).or_default();
         e.calls += c;
         e.prompt_tokens += p;
         e.completion_tokens += k;
+        e.cost_usd += usd;
         self.llm_calls += c;
         self.prompt_tokens += p;
         self.completion_tokens += k;
+        self.cost_usd += usd;
     }
 }
 

@@ -75,6 +75,8 @@ pub struct DrSpec {
     pub search_tool: String,
     pub trees_inflight: usize,
     pub progress: bool,
+    /// LLM prices for the cost accounting.
+    pub prices: dr::Prices,
 }
 
 impl DrSpec {
@@ -318,7 +320,7 @@ pub async fn run(
             return Err(interrupted());
         }
     }
-    let stats = stats(pool, id).await?;
+    let stats = stats(pool, id, spec.prices).await?;
     let value = serde_json::to_value(&stats).unwrap_or(Value::Null);
     store::set_build(pool, id, "finished", Some(&value)).await?;
     Ok((id, stats))
@@ -742,7 +744,7 @@ async fn verify(
 }
 
 /// The build's statistics from what is stored.
-pub async fn stats(pool: &PgPool, id: Uuid) -> Result<Stats, DbError> {
+pub async fn stats(pool: &PgPool, id: Uuid, prices: dr::Prices) -> Result<Stats, DbError> {
     let trees = store::trees(pool, id).await?;
     let items = store::items(pool, id).await?;
     let verdicts = store::verdicts(pool, id).await?;
@@ -764,6 +766,7 @@ pub async fn stats(pool: &PgPool, id: Uuid) -> Result<Stats, DbError> {
             t.llm_calls.into(),
             t.prompt_tokens,
             t.completion_tokens,
+            prices,
         );
     }
     let n = trees.len().max(1) as f64;
@@ -796,6 +799,7 @@ pub async fn stats(pool: &PgPool, id: Uuid) -> Result<Stats, DbError> {
             i.llm_calls.into(),
             i.prompt_tokens,
             i.completion_tokens,
+            prices,
         );
     }
     for v in &verdicts {
@@ -804,6 +808,7 @@ pub async fn stats(pool: &PgPool, id: Uuid) -> Result<Stats, DbError> {
             v.llm_calls.into(),
             v.prompt_tokens,
             v.completion_tokens,
+            prices,
         );
         match v.decision.as_deref() {
             Some("KEEP") => s.keep += 1,

@@ -237,23 +237,12 @@ pub async fn run(
             .filter(|t| t.status == "growing")
             .map(|t| (t.seed_index, t.seed))
             .collect();
-        let pb = bar(spec.progress, todo.len(), "trees");
-        let mut s = futures::stream::iter(
-            todo.into_iter()
-                .map(|(i, seed)| async move { grow(pool, spec, id, i, &seed, cancel).await }),
-        )
-        .buffer_unordered(spec.trees_inflight.max(1));
-        while let Some(r) = s.next().await {
-            r?;
-            pb.inc(1);
-        }
-        pb.finish_and_clear();
-        if cancel.is_cancelled() {
-            store::set_build(pool, id, "interrupted", None).await?;
-            return Err(interrupted());
-        }
+        let jobs = todo
+            .into_iter()
+            .map(|(i, seed)| async move { grow(pool, spec, id, i, &seed, cancel).await });
+        drive(spec, jobs, "trees", cancel).await?;
     }
-    if stages.contains(&Stage::Compose) {
+    if stages.contains(&Stage::Compose) && !cancel.is_cancelled() {
         let done: BTreeSet<i32> = store::items(pool, id)
             .await?
             .into_iter()
@@ -266,28 +255,12 @@ pub async fn run(
             .filter(|t| t.status == "grown" && !done.contains(&t.seed_index))
             .map(|t| t.seed_index)
             .collect();
-        let pb = bar(spec.progress, todo.len(), "compose");
-        let mut s = futures::stream::iter(
-            todo.into_iter()
-                .map(|i| async move { compose(pool, spec, id, i).await }),
-        )
-        .buffer_unordered(spec.trees_inflight.max(1));
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                next = s.next() => match next {
-                    Some(r) => { r?; pb.inc(1); }
-                    None => break,
-                }
-            }
-        }
-        pb.finish_and_clear();
-        if cancel.is_cancelled() {
-            store::set_build(pool, id, "interrupted", None).await?;
-            return Err(interrupted());
-        }
+        let jobs = todo
+            .into_iter()
+            .map(|i| async move { compose(pool, spec, id, i).await });
+        drive(spec, jobs, "compose", cancel).await?;
     }
-    if stages.contains(&Stage::Verify) {
+    if stages.contains(&Stage::Verify) && !cancel.is_cancelled() {
         let done: BTreeSet<i32> = store::verdicts(pool, id)
             .await?
             .into_iter()
@@ -299,31 +272,46 @@ pub async fn run(
             .into_iter()
             .filter(|i| i.status == "composed" && !done.contains(&i.seed_index))
             .collect();
-        let pb = bar(spec.progress, todo.len(), "verify");
-        let mut s = futures::stream::iter(
-            todo.into_iter()
-                .map(|i| async move { verify(pool, spec, id, i).await }),
-        )
-        .buffer_unordered(spec.trees_inflight.max(1));
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                next = s.next() => match next {
-                    Some(r) => { r?; pb.inc(1); }
-                    None => break,
-                }
-            }
-        }
-        pb.finish_and_clear();
-        if cancel.is_cancelled() {
-            store::set_build(pool, id, "interrupted", None).await?;
-            return Err(interrupted());
-        }
+        let jobs = todo
+            .into_iter()
+            .map(|i| async move { verify(pool, spec, id, i).await });
+        drive(spec, jobs, "verify", cancel).await?;
+    }
+    if cancel.is_cancelled() {
+        store::set_build(pool, id, "interrupted", None).await?;
+        return Err(interrupted());
     }
     let stats = stats(pool, id, spec.prices).await?;
     let value = serde_json::to_value(&stats).unwrap_or(Value::Null);
     store::set_build(pool, id, "finished", Some(&value)).await?;
     Ok((id, stats))
+}
+
+/// Run one stage's `jobs`, `spec.trees_inflight` at once behind a progress bar, until done or
+/// `cancel` (what finished is stored: every job writes as it goes); the first error.
+async fn drive<F>(
+    spec: &DrSpec,
+    jobs: impl Iterator<Item = F>,
+    what: &str,
+    cancel: &CancellationToken,
+) -> Result<(), DeepRubricError>
+where
+    F: std::future::Future<Output = Result<(), DeepRubricError>>,
+{
+    let jobs: Vec<F> = jobs.collect();
+    let pb = bar(spec.progress, jobs.len(), what);
+    let mut s = futures::stream::iter(jobs).buffer_unordered(spec.trees_inflight.max(1));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            next = s.next() => match next {
+                Some(r) => { r?; pb.inc(1); }
+                None => break,
+            }
+        }
+    }
+    pb.finish_and_clear();
+    Ok(())
 }
 
 /// Grow (or continue) one tree: process pending nodes depth first (deepest, then oldest).

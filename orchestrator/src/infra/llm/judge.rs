@@ -213,10 +213,6 @@ fn score_schema() -> serde_json::Value {
     })
 }
 
-fn point_schema() -> serde_json::Value {
-    point_schema_to(2)
-}
-
 /// `{"score": 0..=scale}`.
 fn point_schema_to(scale: u8) -> serde_json::Value {
     let values: Vec<u8> = (0..=scale).collect();
@@ -330,6 +326,70 @@ fn check_items(items: &[&RubricItem]) -> Result<(), String> {
 }
 
 impl LlmJudge {
+    /// One criterion judged on the judged text alone (DR Tulu passes the rubric's description;
+    /// a rubric without one falls back to its title), on 0/1/2 (`scale` 2) or DeepRubric's 0-4
+    /// (`scale` 4, its own prompt and schema).
+    async fn score_point(
+        &self,
+        question: &str,
+        trace: &TraceView,
+        rubric: &Rubric,
+        mode: ScoreMode,
+        scale: u8,
+    ) -> Result<(RubricScore, Usage), JudgeError> {
+        let text = trace.text_for(rubric.stage, mode);
+        let text = if text.trim().is_empty() {
+            "(empty)"
+        } else {
+            text
+        };
+        let criterion = if rubric.description.trim().is_empty() {
+            &rubric.title
+        } else {
+            &rubric.description
+        };
+        let clipped = crate::domain::judge::view::clip_middle(text, self.opts.max_stage_chars);
+        let (name, schema_name, max, prompt) = if scale == 4 {
+            (
+                "rubric_4",
+                "rubric_score_4",
+                4u8,
+                crate::infra::prompts::judge_rubric_prompt_4(question, &clipped, criterion),
+            )
+        } else {
+            (
+                "rubric",
+                "rubric_score",
+                2u8,
+                crate::infra::prompts::judge_rubric_prompt(question, &clipped, criterion),
+            )
+        };
+        let user = prompt.map_err(|e| JudgeError::Prompt {
+            name,
+            message: e.to_string(),
+        })?;
+        let (out, usage): (PointOut, Usage) = self
+            .call(schema_name, point_schema_to(max), user, |p: &PointOut| {
+                if p.score > max {
+                    Err(format!(
+                        "score {} is out of range; allowed: 0..={max}",
+                        p.score
+                    ))
+                } else {
+                    Ok(())
+                }
+            })
+            .await?;
+        Ok((
+            RubricScore {
+                rubric_id: rubric.id,
+                score: out.score,
+                justification: String::new(),
+            },
+            usage,
+        ))
+    }
+
     pub fn new(client: LlmClient, opts: LlmJudgeOptions) -> Result<Self, JudgeError> {
         let mut env = crate::infra::prompts::environment();
         for (name, src) in [
@@ -573,50 +633,7 @@ impl Judge for LlmJudge {
         rubric: &'a Rubric,
         mode: ScoreMode,
     ) -> BoxFuture<'a, Result<(RubricScore, Usage), JudgeError>> {
-        Box::pin(async move {
-            // The judge reads the judged text and one criterion only (DR Tulu passes the
-            // rubric's description; a rubric without one falls back to its title).
-            let text = trace.text_for(rubric.stage, mode);
-            let text = if text.trim().is_empty() {
-                "(empty)"
-            } else {
-                text
-            };
-            let criterion = if rubric.description.trim().is_empty() {
-                &rubric.title
-            } else {
-                &rubric.description
-            };
-            let user = crate::infra::prompts::judge_rubric_prompt(
-                question,
-                &crate::domain::judge::view::clip_middle(text, self.opts.max_stage_chars),
-                criterion,
-            )
-            .map_err(|e| JudgeError::Prompt {
-                name: "rubric",
-                message: e.to_string(),
-            })?;
-            let (out, usage): (PointOut, Usage) = self
-                .call("rubric_score", point_schema(), user, |p: &PointOut| {
-                    if p.score > 2 {
-                        Err(format!(
-                            "score {} is out of range; allowed: 0, 1, 2",
-                            p.score
-                        ))
-                    } else {
-                        Ok(())
-                    }
-                })
-                .await?;
-            Ok((
-                RubricScore {
-                    rubric_id: rubric.id,
-                    score: out.score,
-                    justification: String::new(),
-                },
-                usage,
-            ))
-        })
+        Box::pin(self.score_point(question, trace, rubric, mode, 2))
     }
 
     fn score_rubric_on<'a>(
@@ -627,56 +644,7 @@ impl Judge for LlmJudge {
         mode: ScoreMode,
         scale: u8,
     ) -> BoxFuture<'a, Result<(RubricScore, Usage), JudgeError>> {
-        if scale != 4 {
-            return self.score_rubric(question, trace, rubric, mode);
-        }
-        Box::pin(async move {
-            let text = trace.text_for(rubric.stage, mode);
-            let text = if text.trim().is_empty() {
-                "(empty)"
-            } else {
-                text
-            };
-            let criterion = if rubric.description.trim().is_empty() {
-                &rubric.title
-            } else {
-                &rubric.description
-            };
-            let user = crate::infra::prompts::judge_rubric_prompt_4(
-                question,
-                &crate::domain::judge::view::clip_middle(text, self.opts.max_stage_chars),
-                criterion,
-            )
-            .map_err(|e| JudgeError::Prompt {
-                name: "rubric_4",
-                message: e.to_string(),
-            })?;
-            let (out, usage): (PointOut, Usage) = self
-                .call(
-                    "rubric_score_4",
-                    point_schema_to(4),
-                    user,
-                    |p: &PointOut| {
-                        if p.score > 4 {
-                            Err(format!(
-                                "score {} is out of range; allowed: 0, 1, 2, 3, 4",
-                                p.score
-                            ))
-                        } else {
-                            Ok(())
-                        }
-                    },
-                )
-                .await?;
-            Ok((
-                RubricScore {
-                    rubric_id: rubric.id,
-                    score: out.score,
-                    justification: String::new(),
-                },
-                usage,
-            ))
-        })
+        Box::pin(self.score_point(question, trace, rubric, mode, scale))
     }
 
     fn ground<'a>(

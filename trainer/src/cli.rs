@@ -39,6 +39,13 @@ pub enum Command {
     },
     /// Print what libtorch sees (version of the build, CUDA devices).
     Info,
+    /// Rewrite a ZeRO-sharded optimizer save (optimizer.zero-R-of-N.safetensors from every rank
+    /// and optimizer.zero.json) in DIR as the single-file optimizer state a one-process trainer
+    /// restores (optimizer.safetensors and optimizer.json). Prints JSON.
+    Consolidate {
+        #[arg(long, env = "TRAINER_CONSOLIDATE_DIR")]
+        dir: PathBuf,
+    },
     /// Estimate the per-rank memory of a fine-tune in each parallel layout (LoRA, DDP,
     /// ZeRO-1/2/3) before renting GPUs; prints JSON (GB = 10^9 bytes).
     Plan {

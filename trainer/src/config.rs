@@ -34,6 +34,8 @@ pub enum Task {
     },
     /// `trainer info`.
     Info,
+    /// `trainer consolidate`.
+    Consolidate { dir: PathBuf },
     /// `trainer sft`.
     Sft(Box<SftOptions>),
     /// `trainer serve`.
@@ -95,6 +97,7 @@ impl Task {
                 seed,
             },
             Command::Info => Task::Info,
+            Command::Consolidate { dir } => Task::Consolidate { dir },
             Command::Plan {
                 config,
                 world_size,

@@ -57,6 +57,11 @@ fn run(task: Task) -> anyhow::Result<String> {
         }
         Task::Bench(spec) => serde_json::to_string(&trainer::bench::run(&spec)?)?,
         Task::Plan(spec) => serde_json::to_string_pretty(&trainer::plan::plan(&spec))?,
+        Task::Consolidate { dir } => {
+            let (params, elements, step) = trainer::dist::zero::consolidate(&dir)?;
+            serde_json::json!({"dir": dir, "params": params, "elements": elements, "step": step})
+                .to_string()
+        }
         Task::Serve(settings) => {
             serve(*settings)?;
             "trainer serve stopped".into()

@@ -743,7 +743,19 @@ fn rank_zero_steps() {
     dp.save_zero(&dir).unwrap();
     dp.collective().unwrap().barrier().unwrap();
 
-    // One process, from the consolidated shards.
+    // One process from the single-file state `trainer consolidate` writes (rank 0 writes it).
+    let mut solo_file = trainer_for(&c);
+    copy_params(&solo_file, &dp);
+    if dp.collective().unwrap().rank() == 0 {
+        let (params, _, step) = trainer::dist::zero::consolidate(&dir).unwrap();
+        assert_eq!((params, step), (dp.model.trainable().len(), 1));
+    }
+    dp.collective().unwrap().barrier().unwrap();
+    solo_file.opt.load(&dir).unwrap();
+    assert_eq!(solo_file.opt.step, 1);
+    let got_file = step(&mut solo_file, &c, &seqs);
+
+    // One process, from the shards reassembled in memory.
     let mut solo = trainer_for(&c);
     copy_params(&solo, &dp);
     let saved = Saved::read(&dir, Device::Cpu).unwrap();
@@ -762,6 +774,15 @@ fn rank_zero_steps() {
         .zip(one.model.trainable().iter())
     {
         close(&format!("restored on 1 rank: {n}"), a, b);
+    }
+    assert!((got_file.loss - want.loss).abs() <= 1e-5 * want.loss.abs().max(1.0));
+    for ((n, a), (_, b)) in solo_file
+        .model
+        .trainable()
+        .iter()
+        .zip(one.model.trainable().iter())
+    {
+        close(&format!("consolidated on 1 rank: {n}"), a, b);
     }
 
     // Two ranks again, a fresh trainer restored from the shards.

@@ -49,6 +49,7 @@ impl std::str::FromStr for ZeroStage {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Layout {
     pub names: Vec<String>,
+    pub shapes: Vec<Vec<i64>>,
     pub numels: Vec<i64>,
     /// Elements of all parameters.
     pub total: i64,
@@ -63,6 +64,7 @@ impl Layout {
         let w = world.max(1) as i64;
         Layout {
             names: params.iter().map(|(n, _)| n.clone()).collect(),
+            shapes: params.iter().map(|(_, t)| t.size()).collect(),
             numels,
             total,
             chunk: (total + w - 1) / w,
@@ -286,6 +288,7 @@ impl ZeroShard {
             let meta = serde_json::json!({
                 "step": step, "world": self.world, "stage": self.stage,
                 "names": self.layout.names, "numels": self.layout.numels,
+                "shapes": self.layout.shapes,
             });
             let text = serde_json::to_string_pretty(&meta)
                 .map_err(crate::error::TrainerError::json(&path))?;
@@ -326,6 +329,7 @@ impl ZeroShard {
 /// A sharded save reassembled: the flat fp32 master weights and moments of every parameter.
 pub struct Saved {
     pub names: Vec<String>,
+    pub shapes: Vec<Vec<i64>>,
     pub numels: Vec<i64>,
     pub step: u64,
     pub master: Tensor,
@@ -354,6 +358,19 @@ impl Saved {
             serde_json::from_value(field("names")?).map_err(TrainerError::json(&path))?;
         let numels: Vec<i64> =
             serde_json::from_value(field("numels")?).map_err(TrainerError::json(&path))?;
+        let shapes: Vec<Vec<i64>> =
+            serde_json::from_value(field("shapes")?).map_err(TrainerError::json(&path))?;
+        if shapes.len() != numels.len()
+            || shapes
+                .iter()
+                .zip(&numels)
+                .any(|(s, n)| s.iter().product::<i64>() != *n)
+        {
+            return Err(TrainerError::Config(format!(
+                "{}: shapes and element counts disagree",
+                path.display()
+            )));
+        }
         let mut parts: BTreeMap<&str, Vec<Tensor>> = BTreeMap::new();
         for r in 0..world {
             let mut t = crate::model::weights::read_file(
@@ -386,6 +403,7 @@ impl Saved {
             m: whole("m")?,
             v: whole("v")?,
             names,
+            shapes,
             numels,
             step,
         })
@@ -406,21 +424,42 @@ impl Saved {
         Ok(())
     }
 
-    /// Per parameter, in saved order: (name, master, m, v), each flat fp32 of the parameter's
-    /// size: what an unsharded optimizer restores ([`crate::optim::AdamW::set_state`]).
+    /// Per parameter, in saved order: (name, master, m, v), each fp32 in the parameter's
+    /// shape: what an unsharded optimizer restores ([`crate::optim::AdamW::set_state`]).
     pub fn per_parameter(&self) -> Vec<(String, Tensor, Tensor, Tensor)> {
         let mut off = 0i64;
         self.names
             .iter()
             .zip(&self.numels)
-            .map(|(name, &n)| {
-                let cut = |t: &Tensor| t.narrow(0, off, n).copy();
+            .zip(&self.shapes)
+            .map(|((name, &n), shape)| {
+                let cut = |t: &Tensor| t.narrow(0, off, n).reshape(shape.as_slice());
                 let out = (name.clone(), cut(&self.master), cut(&self.m), cut(&self.v));
                 off += n;
                 out
             })
             .collect()
     }
+}
+
+/// Rewrite the sharded optimizer save in `dir` (any world size) as the single-file state a
+/// one-process trainer restores (`optimizer.safetensors` with `m.NAME`, `v.NAME`, `master.NAME`
+/// and `optimizer.json`, [`crate::optim::AdamW::load`]). Returns (parameters, elements, step).
+pub fn consolidate(dir: &Path) -> crate::error::Result<(usize, i64, u64)> {
+    use crate::error::TrainerError;
+    let saved = Saved::read(dir, tch::Device::Cpu)?;
+    let mut tensors = Vec::new();
+    for (name, master, m, v) in saved.per_parameter() {
+        tensors.push((format!("m.{name}"), m));
+        tensors.push((format!("v.{name}"), v));
+        tensors.push((format!("master.{name}"), master));
+    }
+    crate::model::weights::write_file(&dir.join("optimizer.safetensors"), &tensors)?;
+    let path = dir.join("optimizer.json");
+    let meta = serde_json::json!({"step": saved.step, "consolidated_from_zero": true});
+    let text = serde_json::to_string_pretty(&meta).map_err(TrainerError::json(&path))?;
+    std::fs::write(&path, text).map_err(TrainerError::io(&path))?;
+    Ok((saved.names.len(), saved.numels.iter().sum(), saved.step))
 }
 
 /// The file of shard `rank` of a `world`-rank save.

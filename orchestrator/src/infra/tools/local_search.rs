@@ -111,6 +111,9 @@ pub struct VecTokenStream {
     tokens: Vec<Token>,
     /// 1-based position of the current token; 0 before the first `advance`.
     at: usize,
+    /// What `token` answers before the first `advance` of a text without tokens (as
+    /// `SimpleTokenizer` does, an empty token rather than a panic).
+    blank: Token,
 }
 
 impl TokenStream for VecTokenStream {
@@ -124,11 +127,14 @@ impl TokenStream for VecTokenStream {
     }
 
     fn token(&self) -> &Token {
-        &self.tokens[self.at.max(1) - 1]
+        self.tokens.get(self.at.max(1) - 1).unwrap_or(&self.blank)
     }
 
     fn token_mut(&mut self) -> &mut Token {
-        &mut self.tokens[self.at.max(1) - 1]
+        match self.tokens.get_mut(self.at.max(1) - 1) {
+            Some(t) => t,
+            None => &mut self.blank,
+        }
     }
 }
 
@@ -170,7 +176,11 @@ impl Tokenizer for CjkBigramTokenizer {
             }
             k = j;
         }
-        VecTokenStream { tokens, at: 0 }
+        VecTokenStream {
+            tokens,
+            at: 0,
+            blank: Token::default(),
+        }
     }
 }
 
@@ -373,6 +383,73 @@ mod tests {
             want.push(s.token().text.clone());
         }
         assert_eq!(tokens(text), want);
+    }
+
+    /// On text without CJK the tokens (text, offsets, positions) are SimpleTokenizer's, so an
+    /// English index and its BM25 scores are what they were: checked on every document of the
+    /// synthetic research world and on odd input.
+    #[test]
+    fn english_tokens_are_simple_tokenizers() {
+        fn all(mut s: impl TokenStream) -> Vec<(String, usize, usize, usize, usize)> {
+            let mut v = Vec::new();
+            while let Some(t) = s.next() {
+                v.push((
+                    t.text.clone(),
+                    t.offset_from,
+                    t.offset_to,
+                    t.position,
+                    t.position_length,
+                ));
+            }
+            v
+        }
+        let w = crate::domain::data::world::generate(3, 300, 9);
+        let mut texts: Vec<String> = w
+            .docs
+            .iter()
+            .map(|d| format!("{}\n{}", d.title, d.text))
+            .collect();
+        texts.extend(w.tasks.iter().map(|t| t.query.clone()));
+        texts.extend(
+            [
+                "",
+                " ",
+                "...",
+                "a",
+                "x-y_z 1,000.5",
+                "naïve ÉCOLE",
+                "👍🏽 ok",
+                "\u{0}\t\n",
+            ]
+            .map(String::from),
+        );
+        for text in &texts {
+            let mut simple = tantivy::tokenizer::SimpleTokenizer::default();
+            let want = all(simple.token_stream(text));
+            let got = all(CjkBigramTokenizer.token_stream(text));
+            assert_eq!(got, want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn odd_input_never_panics() {
+        let mut t = CjkBigramTokenizer;
+        let mut s = t.token_stream("");
+        assert_eq!(s.token().text, "");
+        s.token_mut().text.push('x');
+        assert!(!s.advance() && !s.advance());
+        assert_eq!(tokens("中"), vec!["中"]);
+        assert_eq!(tokens("🚀中🚀文"), vec!["中", "文"]);
+        assert_eq!(
+            tokens("東京タワー의한국어"),
+            vec![
+                "東京", "京タ", "タワ", "ワー", "ー의", "의한", "한국", "국어"
+            ]
+        );
+        let idx = LocalIndex::build(&[], None).unwrap();
+        for q in ["", "中", "🚀", "的", "ｇｐｔ４", "\u{feff}"] {
+            assert!(idx.search(q, 3).unwrap().is_empty());
+        }
     }
 
     #[test]

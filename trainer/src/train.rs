@@ -128,6 +128,9 @@ pub struct Trainer {
     zero_shard: Option<ZeroShard>,
 }
 
+/// How long rank 0 waits, after its part of a step failed, for a follower's report of why.
+const PEER_REPORT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Default gradient bucket: 32 Mi fp32 elements (128 MiB), near DDP's 25 MB order of magnitude.
 pub const DEFAULT_BUCKET_ELEMS: usize = 32 << 20;
 
@@ -432,7 +435,27 @@ impl Trainer {
         };
         let cmds = data_parallel::plan(kind, seqs, &ranges, g.world());
         let own = data_parallel::publish(g, cmds)?;
-        self.run_command(own)
+        match self.run_command(own) {
+            Ok(m) => Ok(m),
+            Err(e) => {
+                // A follower that failed first said why: name it (wait a moment for its report,
+                // which it writes as soon as its own error surfaces).
+                let Some(g) = self.group() else {
+                    return Err(e);
+                };
+                match data_parallel::peer_failure(g, PEER_REPORT_WAIT) {
+                    Some((rank, message)) => {
+                        Err(TrainerError::Dist(crate::dist::DistError::Peer {
+                            rank,
+                            message,
+                            at: g.rank(),
+                            here: e.to_string(),
+                        }))
+                    }
+                    None => Err(e),
+                }
+            }
+        }
     }
 
     /// A rank other than 0: wait up to `timeout` for rank 0's next step and take it. A timeout
@@ -442,7 +465,11 @@ impl Trainer {
             return Err(TrainerError::Config("not in a data-parallel group".into()));
         };
         let cmd = data_parallel::receive(g, timeout)?;
-        self.run_command(cmd)
+        let r = self.run_command(cmd);
+        if let (Err(e), Some(g)) = (&r, self.group()) {
+            data_parallel::report_fatal(g, &e.to_string());
+        }
+        r
     }
 
     /// One rank's share of a step: the updates of `cmd`, each weighted by its global totals.

@@ -806,3 +806,41 @@ fn rank_zero_steps() {
     }
     eprintln!("zero save/restore: ok");
 }
+
+// ---------------------------------------------------------------------------------------------
+// A follower's failure reaches rank 0 through the store with its reason, so the step's error
+// names the rank and the cause.
+
+#[test]
+fn a_followers_failure_is_reported_to_rank_0_with_its_reason() {
+    let outs = run_ranks("rank_fatal_report", 2, Duration::from_secs(120));
+    assert_ranks_passed("rank_fatal_report", &outs);
+}
+
+#[test]
+fn rank_fatal_report() {
+    use trainer::dist::data_parallel::{peer_failure, report_fatal};
+    let Some(g) = child_group("rank_fatal_report", Duration::from_secs(20)) else {
+        return;
+    };
+    if g.rank() == 1 {
+        report_fatal(&g, "rank 1: zero step: 0 parameters for a layout of 12");
+    } else {
+        let (rank, why) = peer_failure(&g, Duration::from_secs(15)).expect("a report");
+        assert_eq!(rank, 1);
+        assert!(why.contains("for a layout"), "{why}");
+        // Consumed: asked again, nothing is pending.
+        assert!(peer_failure(&g, Duration::from_millis(100)).is_none());
+        let e = trainer::dist::DistError::Peer {
+            rank,
+            message: why,
+            at: 0,
+            here: "all_reduce failed: timed out".into(),
+        };
+        assert!(
+            e.to_string()
+                .starts_with("rank 1 failed the step: rank 1: zero step")
+        );
+    }
+    g.barrier().unwrap();
+}

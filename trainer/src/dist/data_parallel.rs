@@ -141,6 +141,38 @@ pub fn receive(coll: &dyn Collective, timeout: Duration) -> Result<Command> {
     })
 }
 
+fn fatal_key(rank: usize) -> String {
+    format!("fatal/rank/{rank}")
+}
+
+/// A follower whose share of a step failed: leave the reason where rank 0 looks for it, so the
+/// step's error names the rank and the cause rather than only rank 0's side of a broken
+/// collective. Best effort (a dead store loses the report, not the error).
+pub fn report_fatal(coll: &dyn Collective, message: &str) {
+    let key = fatal_key(coll.rank());
+    if let Err(e) = coll.set(&key, message.as_bytes()) {
+        tracing::warn!(error = %e, "could not report this rank's failure to the group");
+    }
+}
+
+/// The first failure another rank reported within `wait` (and consume it): (rank, reason).
+pub fn peer_failure(coll: &dyn Collective, wait: Duration) -> Option<(usize, String)> {
+    let deadline = Instant::now() + wait;
+    loop {
+        for r in (0..coll.world()).filter(|&r| r != coll.rank()) {
+            let key = fatal_key(r);
+            if let Ok(bytes) = coll.get(&key, Duration::from_millis(10)) {
+                let _ = coll.delete(&key);
+                return Some((r, String::from_utf8_lossy(&bytes).into_owned()));
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Give every parameter without a gradient a zero one, so every rank hands the same tensors
 /// to the gradient collectives whatever its backward reached (or an empty shard).
 pub fn ensure_grads(coll: &dyn Collective, params: &mut [Tensor]) -> Result<()> {

@@ -59,6 +59,15 @@ pub enum DistError {
         key: String,
         message: String,
     },
+    /// Another rank of the group failed its part of the step and said why (its report comes
+    /// first: it names the cause; `here` is what this rank saw of it).
+    #[error("rank {rank} failed the step: {message} (rank {at}: {here})")]
+    Peer {
+        rank: usize,
+        message: String,
+        at: usize,
+        here: String,
+    },
 }
 
 pub type Result<T, E = DistError> = std::result::Result<T, E>;

@@ -580,6 +580,10 @@ async fn chat(State(s): State<Arc<FakeState>>, Json(body): Json<Value>) -> Json<
         .entry(schema.clone())
         .or_default() += 1;
     let content = match schema.as_str() {
+        "rubric_score" if prompt.contains("flaky") => {
+            // A judge that never answers this criterion in the schema.
+            json!("the judge rambles instead of answering")
+        }
         "rubric_score" => {
             let response = between(prompt, "<response>\n", "\n</response>").to_string();
             let criterion = between(prompt, "<criterion>\n", "\n</criterion>");
@@ -942,4 +946,42 @@ async fn the_deeprubric_recipe_asks_the_llm_judge_for_zero_to_four() {
             t.rubric_score
         );
     }
+}
+
+/// A per-rubric judge call that fails after its retries leaves the trajectory unscored (source
+/// `failed`, out of the group's advantages, the error in the call records), never a 0 for that
+/// rubric (which would train on the judge's outage).
+#[tokio::test]
+async fn a_failed_rubric_call_leaves_the_trajectory_unscored_not_zero() {
+    use orchestrator::domain::judge::score::ScoreSource;
+    let (addr, _state) = fake_judge().await;
+    let judge = llm_judge(addr);
+    let cfg = StepOptions::for_recipe(Recipe::Drtulu, Lambda::default(), false).group;
+    let specs = json!([
+        {"title": "core", "description": "names the alpha pathway", "weight": 2.0},
+        {"title": "odd", "description": "is judged by a flaky judge", "weight": 1.0},
+    ]);
+    let rubrics = persistent_rubrics_as(AnswerScore::SignedPoints, &specs);
+    let mut buf = RubricBuffer::with_persistent(rubrics, 0);
+    let mut dr = cfg;
+    dr.generate = false;
+    let out = judge_group(
+        &judge,
+        &mut buf,
+        dr,
+        "Q?",
+        &group(&[Some("the alpha pathway"), Some("nothing")]),
+        0,
+    )
+    .await;
+    for t in &out.trajectories {
+        assert_eq!(t.source, ScoreSource::Failed);
+        assert!(
+            t.scores.is_empty(),
+            "no score stands in for the failed call"
+        );
+        assert_eq!(t.rubric_score, 0.0);
+    }
+    let failed = out.calls.iter().filter(|c| c.error.is_some()).count();
+    assert_eq!(failed, 2, "one failed call per trajectory, recorded");
 }

@@ -171,12 +171,14 @@ async fn score_one(
     }
 }
 
-/// DR Tulu's granularity: one call per rubric, all in flight together. A failed call scores that
-/// rubric 0 (DR Tulu: judge errors score 0, never crash) and keeps its error in the record; when
-/// every call failed the trajectory has no scores (R = 0, source `failed`). Answer-only without
-/// an extracted answer (none, or never closed): every rubric scores 0 without a call, as DR
-/// Tulu's reward code does. Returns the scores, whether they count as a full scoring (for the
-/// variance statistics), and the call records.
+/// DR Tulu's granularity: one call per rubric, all in flight together. A call that failed after
+/// the client's retries leaves the trajectory unscored (no scores: source `failed`, kept out of
+/// the group's advantages, its errors in the call records), never a 0 for that rubric: DR Tulu
+/// scores a failed judge call 0, which would train on the judge's outage as if it were the
+/// policy's. Answer-only without an extracted answer (none, or never closed): every rubric
+/// scores 0 without a call, as DR Tulu's reward code does (that 0 is the policy's). Returns the
+/// scores, whether they count as a full scoring (for the variance statistics), and the call
+/// records.
 async fn score_per_rubric(
     judge: &dyn Judge,
     question: &str,
@@ -215,17 +217,12 @@ async fn score_per_rubric(
             }
             Err(e) => {
                 let why = crate::domain::util::error_chain(&e);
-                tracing::warn!(trajectory = %id, rubric = %r.id, error = %why, "rubric scoring failed; the rubric scores 0");
+                tracing::warn!(trajectory = %id, rubric = %r.id, error = %why, "rubric scoring failed; the trajectory is left unscored");
                 calls.push(record(CallKind::Score, Some(id), Err(&e)));
-                scores.push(RubricScore {
-                    rubric_id: r.id,
-                    score: 0,
-                    justification: format!("judge call failed, scored 0: {why}"),
-                });
             }
         }
     }
-    if ok == 0 && !rubrics.is_empty() {
+    if ok < rubrics.len() {
         return (vec![], false, calls);
     }
     (scores, true, calls)

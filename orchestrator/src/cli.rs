@@ -165,16 +165,8 @@ pub struct RolloutArgs {
     /// Model directory with tokenizer.json and the chat template of the policy.
     #[arg(long, env = "ORCH_TOKENIZER")]
     pub tokenizer: PathBuf,
-    /// Local BM25 index (from `index build`) served as google_search and snippet_search.
-    #[arg(long, env = "ORCH_INDEX_DIR")]
-    pub index: Option<PathBuf>,
-    /// Real web tools: google_search (Serper, SERPER_API_KEY), snippet_search (Semantic
-    /// Scholar, S2_API_KEY) and browse_webpage behind the SSRF guard.
-    #[arg(long, env = "ORCH_WEB_TOOLS")]
-    pub web_tools: bool,
-    /// MCP server (streamable HTTP) whose tools are attached; repeat or comma-separate.
-    #[arg(long, env = "ORCH_MCP_URLS", value_delimiter = ',')]
-    pub mcp: Vec<String>,
+    #[command(flatten)]
+    pub tools: ToolFlags,
     /// Agent scaffold: rubricem, drtulu or react.
     #[arg(long, env = "ORCH_SCAFFOLD", default_value = "rubricem")]
     pub scaffold: crate::domain::scaffold::Scaffold,
@@ -575,15 +567,8 @@ pub struct EvalArgs {
     /// Agent: model directory with tokenizer.json and the chat template (default: data.tokenizer).
     #[arg(long, env = "ORCH_TOKENIZER")]
     pub tokenizer: Option<PathBuf>,
-    /// Agent: a local BM25 index served as the search tools.
-    #[arg(long, env = "ORCH_INDEX_DIR")]
-    pub index: Option<PathBuf>,
-    /// Agent: the real web tools (Serper, Semantic Scholar, browse); keys from the environment.
-    #[arg(long, env = "ORCH_WEB_TOOLS")]
-    pub web_tools: bool,
-    /// Agent: MCP servers whose tools are attached.
-    #[arg(long, env = "ORCH_MCP_URLS", value_delimiter = ',')]
-    pub mcp: Vec<String>,
+    #[command(flatten)]
+    pub tools: ToolFlags,
     /// Sampling temperature of the policy (default: rollout.temperature of the preset).
     #[arg(long, env = "ORCH_EVAL_TEMPERATURE")]
     pub temperature: Option<f32>,
@@ -710,15 +695,8 @@ pub struct DeepRubricArgs {
     /// The build's name: the same name continues it (default: derived from the seeds).
     #[arg(long, env = "ORCH_DR_NAME")]
     pub name: Option<String>,
-    /// A local BM25 index serving the search tools.
-    #[arg(long, env = "ORCH_DR_INDEX")]
-    pub index: Option<PathBuf>,
-    /// The real web tools (keys from the environment).
-    #[arg(long, env = "ORCH_DR_WEB_TOOLS")]
-    pub web_tools: bool,
-    /// MCP servers whose tools are attached.
-    #[arg(long = "mcp", env = "ORCH_DR_MCP", value_delimiter = ',')]
-    pub mcp: Vec<String>,
+    #[command(flatten)]
+    pub tools: ToolFlags,
     /// The tool passages come from (default: snippet_search, else google_search).
     #[arg(long, env = "ORCH_DR_SEARCH_TOOL")]
     pub search_tool: Option<String>,
@@ -767,4 +745,32 @@ pub struct DeepRubricArgs {
     /// Print the statistics as one JSON object on the last line of stdout.
     #[arg(long, env = "ORCH_DR_JSON")]
     pub json: bool,
+}
+
+/// The tools an agent (or a data build) searches with: one set of flags for `rollout`, `eval`
+/// and `data deeprubric`.
+#[derive(Debug, Clone, Args)]
+pub struct ToolFlags {
+    /// Local BM25 index (from `index build`) served as google_search and snippet_search.
+    #[arg(long, env = "ORCH_INDEX_DIR")]
+    pub index: Option<PathBuf>,
+    /// Real web tools: google_search (Serper, SERPER_API_KEY), snippet_search (Semantic
+    /// Scholar, S2_API_KEY) and browse_webpage behind the SSRF guard.
+    #[arg(long, env = "ORCH_WEB_TOOLS")]
+    pub web_tools: bool,
+    /// MCP server (streamable HTTP) whose tools are attached; repeat or comma-separate.
+    #[arg(long = "mcp", env = "ORCH_MCP_URLS", value_delimiter = ',')]
+    pub mcp: Vec<String>,
+}
+
+impl ToolFlags {
+    /// The tool runner's setup from these flags.
+    pub fn setup(&self) -> crate::infra::tools::setup::ToolSetup {
+        crate::infra::tools::setup::ToolSetup {
+            index: self.index.clone(),
+            index_tool: None,
+            web: self.web_tools,
+            mcp_urls: self.mcp.clone(),
+        }
+    }
 }

@@ -108,9 +108,11 @@ async fn rollout_command_stores_and_summarises(pool: sqlx::PgPool) {
         n: Some(n as u32),
         limit: None,
         tokenizer: tok_dir,
-        index: Some(idx_dir),
-        web_tools: false,
-        mcp: vec![],
+        tools: orchestrator::cli::ToolFlags {
+            index: Some(idx_dir),
+            web_tools: false,
+            mcp: vec![],
+        },
         scaffold: orchestrator::domain::scaffold::Scaffold::Rubricem,
         // One at a time: the fake's scripted replies are a single queue.
         max_inflight: 1,

@@ -147,12 +147,7 @@ fn print_stats(s: &Stats) {
 pub async fn deeprubric(args: &DeepRubricArgs) -> anyhow::Result<ExitCode> {
     let cfg = load_config(&args.config)?;
     let (seeds, pages) = read_seeds(args)?;
-    let setup = crate::infra::tools::setup::ToolSetup {
-        index: args.index.clone(),
-        index_tool: None,
-        web: args.web_tools,
-        mcp_urls: args.mcp.clone(),
-    };
+    let setup = args.tools.setup();
     let runner = crate::infra::tools::setup::build(&setup, None).await?;
     let names = runner.names();
     let search_tool = match &args.search_tool {

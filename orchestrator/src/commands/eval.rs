@@ -225,12 +225,7 @@ async fn responder(
     );
     let tokenizer = ModelTokenizer::from_dir(&tokenizer_dir)?;
     llm::detect_all(&client, Role::Policy).await?;
-    let setup = crate::infra::tools::setup::ToolSetup {
-        index: args.index.clone(),
-        index_tool: None,
-        web: args.web_tools,
-        mcp_urls: args.mcp.clone(),
-    };
+    let setup = args.tools.setup();
     let runner = crate::infra::tools::setup::build(&setup, None).await?;
     let system = crate::infra::prompts::system_prompt(
         args.scaffold,
@@ -244,8 +239,8 @@ async fn responder(
         "kind": "agent", "scaffold": args.scaffold, "model": policy.model, "urls": policy.urls,
         "temperature": temperature, "top_p": rcfg.top_p, "max_tokens": rcfg.max_tokens,
         "max_tool_calls": rcfg.max_tool_calls, "seed": cfg.experiment.seed,
-        "tools": tools, "index": args.index.as_ref().map(|p| p.display().to_string()),
-        "web_tools": args.web_tools, "mcp": args.mcp,
+        "tools": tools, "index": args.tools.index.as_ref().map(|p| p.display().to_string()),
+        "web_tools": args.tools.web_tools, "mcp": args.tools.mcp,
         "system_sha256": sha256_hex(system.as_bytes()),
         "format_sha256": sha256_hex(crate::infra::prompts::user_message("", if bench.short_answer() { crate::infra::chat::AnswerFormat::Exact } else { crate::infra::chat::AnswerFormat::Long }).as_bytes()),
         "tokenizer": tokenizer_dir.display().to_string(),

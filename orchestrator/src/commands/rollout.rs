@@ -41,12 +41,7 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     llm::detect_all(&client, Role::Policy).await?;
 
     let cache = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
-    let setup = crate::infra::tools::setup::ToolSetup {
-        index: args.index.clone(),
-        index_tool: None,
-        web: args.web_tools,
-        mcp_urls: args.mcp.clone(),
-    };
+    let setup = args.tools.setup();
     let runner = crate::infra::tools::setup::build(&setup, Some(cache)).await?;
     let system = crate::infra::prompts::system_prompt(
         scaffold,

@@ -87,6 +87,30 @@ fn spec(
     }
 }
 
+/// DRB tasks 0 (Chinese), 60 and 61 (English) of the real criteria file, the first two with a
+/// reference article joined by prompt text from a reference file written into `dir`.
+fn drb_items_with_two_references(dir: &std::path::Path) -> Vec<Item> {
+    let criteria = shared("deep_research_bench/criteria.jsonl");
+    let all = load(Benchmark::Drb, &criteria, &LoadOptions::default()).unwrap();
+    assert_eq!(all.len(), 100);
+    let refs: Vec<String> = [&all[0], &all[60]]
+        .iter()
+        .map(|i| json!({"id": i.id, "prompt": i.question(), "article": "Reference report body. ".repeat(20)}).to_string())
+        .collect();
+    let ref_path = dir.join("reference.jsonl");
+    std::fs::write(&ref_path, refs.join("\n")).unwrap();
+    let all = load(
+        Benchmark::Drb,
+        &criteria,
+        &LoadOptions {
+            references: Some(ref_path),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    vec![all[0].clone(), all[60].clone(), all[61].clone()]
+}
+
 /// Three HealthBench conversations in the published JSONL shape.
 fn healthbench_file(dir: &std::path::Path) -> PathBuf {
     let rows = [
@@ -484,31 +508,7 @@ async fn two_judge_panel_reports_each_judge_and_their_agreement(pool: sqlx::PgPo
 #[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn drb_race_on_the_real_criteria_against_a_reference(pool: sqlx::PgPool) {
     let dir = tempfile::tempdir().unwrap();
-    let all = load(
-        Benchmark::Drb,
-        &shared("deep_research_bench/criteria.jsonl"),
-        &LoadOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(all.len(), 100);
-    // A reference file joined by prompt text for two tasks (one Chinese, one English).
-    let picked: Vec<Item> = vec![all[0].clone(), all[60].clone()];
-    let refs: Vec<String> = picked
-        .iter()
-        .map(|i| json!({"id": i.id, "prompt": i.question(), "article": "Reference report body. ".repeat(20)}).to_string())
-        .collect();
-    let ref_path = dir.path().join("reference.jsonl");
-    std::fs::write(&ref_path, refs.join("\n")).unwrap();
-    let all = load(
-        Benchmark::Drb,
-        &shared("deep_research_bench/criteria.jsonl"),
-        &LoadOptions {
-            references: Some(ref_path),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let items: Vec<Item> = vec![all[0].clone(), all[60].clone(), all[61].clone()];
+    let items = drb_items_with_two_references(dir.path());
     let answers: HashMap<String, String> = items
         .iter()
         .map(|i| {
@@ -654,23 +654,14 @@ async fn a_killed_eval_resumes_without_regenerating_or_regrading(pool: sqlx::PgP
     };
     let mut child = args(&dir.path().join("o1")).spawn().unwrap();
     // Wait until some units are stored, then kill -9.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_grades")
-            .fetch_one(&pool)
-            .await
-            .unwrap_or(0);
-        if n >= 2 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no unit was graded in time"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    child.kill().unwrap();
-    let _ = child.wait();
+    common::kill::kill_once_stored(
+        &mut child,
+        &pool,
+        "SELECT count(*) FROM bench_grades",
+        2,
+        "no unit was graded",
+    )
+    .await;
     let stored_units: i64 =
         sqlx::query_scalar("SELECT count(*) FROM bench_grades WHERE parsed IS NOT NULL")
             .fetch_one(&pool)
@@ -818,29 +809,8 @@ async fn sqa_rubric_answer_precision_and_citation_precision_recall(pool: sqlx::P
 #[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn drb_fact_checks_citations_against_fetched_pages(pool: sqlx::PgPool) {
     let dir = tempfile::tempdir().unwrap();
-    let all = load(
-        Benchmark::Drb,
-        &shared("deep_research_bench/criteria.jsonl"),
-        &LoadOptions::default(),
-    )
-    .unwrap();
-    let refs: Vec<String> = [&all[0], &all[60]]
-        .iter()
-        .map(|i| json!({"id": i.id, "prompt": i.question(), "article": "Reference report body. ".repeat(20)}).to_string())
-        .collect();
-    let ref_path = dir.path().join("reference.jsonl");
-    std::fs::write(&ref_path, refs.join("\n")).unwrap();
-    let all = load(
-        Benchmark::Drb,
-        &shared("deep_research_bench/criteria.jsonl"),
-        &LoadOptions {
-            references: Some(ref_path),
-            ..Default::default()
-        },
-    )
-    .unwrap();
     // The third task has no reference article: RACE fails for it, FACT still counts.
-    let items: Vec<Item> = vec![all[0].clone(), all[60].clone(), all[61].clone()];
+    let items = drb_items_with_two_references(dir.path());
     let g = FakeGrader::start().await;
     g.page(
         "report",

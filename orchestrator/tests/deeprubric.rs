@@ -245,23 +245,14 @@ async fn a_build_killed_mid_tree_continues_without_duplicates(pool: sqlx::PgPool
         c
     };
     let mut child = command().spawn().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM dr_nodes WHERE status <> 'pending'")
-            .fetch_one(&pool)
-            .await
-            .unwrap_or(0);
-        if n >= 3 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no node processed in time"
-        );
-        tokio::time::sleep(Duration::from_millis(30)).await;
-    }
-    child.kill().unwrap();
-    let _ = child.wait();
+    common::kill::kill_once_stored(
+        &mut child,
+        &pool,
+        "SELECT count(*) FROM dr_nodes WHERE status <> 'pending'",
+        3,
+        "no node processed",
+    )
+    .await;
     let items: i64 = sqlx::query_scalar("SELECT count(*) FROM dr_items")
         .fetch_one(&pool)
         .await

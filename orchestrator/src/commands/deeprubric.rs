@@ -12,7 +12,7 @@ use super::{cancel_on_ctrl_c, load_config, out};
 use crate::cli::{DeepRubricArgs, DeepRubricStage};
 use crate::domain::deeprubric::{Stats, TreeLimits};
 use crate::infra::db;
-use crate::infra::llm::{self, ApiKey, EndpointPool, LlmClient, RetryPolicy, Role};
+use crate::infra::llm::{self, LlmClient, Role};
 use crate::pipeline::deeprubric::{self as dr, DeepRubricError, DrSpec, Stage};
 
 /// The seeds with their pages: topics from lines of text or JSONL rows with `topic` / `seed` /
@@ -80,27 +80,28 @@ fn read_seeds(args: &DeepRubricArgs) -> anyhow::Result<(Vec<String>, Vec<Option<
     }
 }
 
+/// A judge-role client of one endpoint with the experiment's retry and health settings.
 fn client(
     cfg: &crate::domain::config::Config,
     url: &str,
     model: &str,
-    key: Option<ApiKey>,
+    key_env: Option<&str>,
     inflight: usize,
 ) -> anyhow::Result<LlmClient> {
-    let pool = EndpointPool::new(
-        Role::Judge,
-        model,
-        &[url.to_string()],
-        inflight.max(1),
-        Duration::from_secs(cfg.judge.timeout_secs.max(1)),
-        cfg.health.failures_before_unhealthy,
-    );
-    Ok(LlmClient::new(
+    let endpoint = crate::domain::config::EndpointPoolConfig {
+        urls: vec![url.to_string()],
+        model: model.to_string(),
+        max_concurrency: u32::try_from(inflight.max(1)).unwrap_or(u32::MAX),
+        timeout_secs: cfg.judge.timeout_secs.max(1),
+        api_key_env: key_env.map(str::to_string),
+    };
+    Ok(LlmClient::from_config(
         llm::build_http(Duration::from_secs(10))?,
-        Arc::new(pool),
-        RetryPolicy::from_config(&cfg.retry),
-    )
-    .with_api_key(key))
+        Role::Judge,
+        &endpoint,
+        &cfg.retry,
+        &cfg.health,
+    )?)
 }
 
 fn print_stats(s: &Stats) {
@@ -175,13 +176,13 @@ pub async fn deeprubric(args: &DeepRubricArgs) -> anyhow::Result<ExitCode> {
         .llm_model
         .clone()
         .unwrap_or_else(|| cfg.judge.model.clone());
-    let key = ApiKey::from_setting(args.key_env.as_deref().or(cfg.judge.api_key_env.as_deref()))?;
-    let llm = client(&cfg, &url, &model, key.clone(), args.llm_in_flight)?;
+    let key_env = args.key_env.as_deref().or(cfg.judge.api_key_env.as_deref());
+    let llm = client(&cfg, &url, &model, key_env, args.llm_in_flight)?;
     let verifier = client(
         &cfg,
         args.verifier_url.as_deref().unwrap_or(&url),
         args.verifier_model.as_deref().unwrap_or(&model),
-        key,
+        key_env,
         args.llm_in_flight,
     )?;
     anyhow::ensure!(

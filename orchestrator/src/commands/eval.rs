@@ -22,7 +22,7 @@ use crate::domain::config::Config;
 use crate::domain::util::sha256_hex;
 use crate::infra::chat::ModelTokenizer;
 use crate::infra::db;
-use crate::infra::llm::{self, ApiKey, LlmClient, Role};
+use crate::infra::llm::{self, LlmClient, Role};
 use crate::infra::tools::browse::Browser;
 use crate::infra::tools::ssrf::{AddressGuard, IpBlock};
 use crate::pipeline::bench::{
@@ -291,11 +291,10 @@ fn judges(args: &EvalArgs, cfg: &Config, bench: Benchmark) -> anyhow::Result<Vec
             urls.len()
         ),
     };
-    let key = ApiKey::from_setting(
-        args.judge_key_env
-            .as_deref()
-            .or(cfg.judge.api_key_env.as_deref()),
-    )?;
+    let key_env = args
+        .judge_key_env
+        .as_deref()
+        .or(cfg.judge.api_key_env.as_deref());
     let http = llm::build_http(Duration::from_secs(10))?;
     let mut out = Vec::new();
     for (url, model) in urls.iter().zip(models) {
@@ -304,10 +303,10 @@ fn judges(args: &EvalArgs, cfg: &Config, bench: Benchmark) -> anyhow::Result<Vec
             http.clone(),
             url,
             &model,
-            key.clone(),
+            key_env,
             args.judge_inflight,
-            Duration::from_secs(args.judge_timeout_secs.max(1)),
-        );
+            args.judge_timeout_secs.max(1),
+        )?;
         judge.temperature = args.judge_temperature;
         judge.max_tokens = args.judge_max_tokens;
         judge.usd_per_mtok_prompt = args.usd_per_mtok_prompt;

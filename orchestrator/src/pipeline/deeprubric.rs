@@ -239,7 +239,7 @@ pub async fn run(
             .collect();
         let jobs = todo
             .into_iter()
-            .map(|(i, seed)| async move { grow(pool, spec, id, i, &seed, cancel).await });
+            .map(|(i, seed)| async move { grow(pool, spec, id, i, &seed).await });
         drive(spec, jobs, "trees", cancel).await?;
     }
     if stages.contains(&Stage::Compose) && !cancel.is_cancelled() {
@@ -321,7 +321,6 @@ async fn grow(
     id: Uuid,
     seed_index: i32,
     seed: &str,
-    cancel: &CancellationToken,
 ) -> Result<(), DeepRubricError> {
     let mut nodes = store::nodes(pool, id, seed_index).await?;
     if nodes.is_empty() {
@@ -340,19 +339,16 @@ async fn grow(
     }
     let mut capped = false;
     let mut db_seconds = 0.0;
-    loop {
-        if cancel.is_cancelled() {
-            return Ok(());
-        }
-        let Some(k) = nodes
+    // Depth first: the deepest pending node, the oldest of those.
+    let next = |nodes: &[Node]| {
+        nodes
             .iter()
             .enumerate()
             .filter(|(_, n)| n.status == "pending")
             .max_by_key(|(i, n)| (n.depth, std::cmp::Reverse(*i)))
             .map(|(i, _)| i)
-        else {
-            break;
-        };
+    };
+    while let Some(k) = next(&nodes) {
         let t0 = Instant::now();
         let page = spec
             .pages

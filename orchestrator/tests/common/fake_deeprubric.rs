@@ -244,19 +244,9 @@ async fn chat(State(state): State<Arc<DrState>>, Json(body): Json<Value>) -> Jso
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let prompt = body["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or("")
-        .to_string();
+    let prompt = super::loopback::last_message(&body);
     let k = kind(&prompt);
-    *state
-        .by_kind
-        .lock()
-        .unwrap()
-        .entry(k.to_string())
-        .or_insert(0) += 1;
+    super::loopback::tally(&state.by_kind, k);
     let garbage = {
         let mut q = state.garbage.lock().unwrap();
         match q.iter().position(|x| *x == k) {
@@ -272,9 +262,10 @@ async fn chat(State(state): State<Arc<DrState>>, Json(body): Json<Value>) -> Jso
     } else {
         reply(&state, k, &prompt)
     };
-    Json(json!({
-        "id": "x", "object": "chat.completion", "model": body["model"],
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": prompt.len() / 4, "completion_tokens": content.len() / 4},
-    }))
+    Json(super::loopback::completion(
+        &body,
+        &content,
+        prompt.len() / 4,
+        content.len() / 4,
+    ))
 }

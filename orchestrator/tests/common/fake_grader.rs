@@ -477,19 +477,9 @@ async fn chat(State(state): State<Arc<GraderState>>, Json(body): Json<Value>) ->
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let prompt = body["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or("")
-        .to_string();
+    let prompt = super::loopback::last_message(&body);
     let k = kind(&prompt);
-    *state
-        .by_kind
-        .lock()
-        .unwrap()
-        .entry(k.to_string())
-        .or_insert(0) += 1;
+    super::loopback::tally(&state.by_kind, k);
     let fault = state
         .always
         .read()
@@ -514,10 +504,11 @@ async fn chat(State(state): State<Arc<GraderState>>, Json(body): Json<Value>) ->
         None => reply(&state, k, &prompt),
     };
     state.in_flight.fetch_sub(1, Ordering::SeqCst);
-    Json(json!({
-        "id": "x", "object": "chat.completion", "model": body["model"],
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": prompt.len() / 4, "completion_tokens": 20},
-    }))
+    Json(super::loopback::completion(
+        &body,
+        &content,
+        prompt.len() / 4,
+        20,
+    ))
     .into_response()
 }

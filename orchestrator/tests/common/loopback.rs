@@ -36,3 +36,32 @@ impl Drop for Loopback {
         }
     }
 }
+
+/// The prompt a chat-completions request ends with (its last message's content).
+pub fn last_message(body: &serde_json::Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Count one call of `kind` in a fake's per-kind tally.
+pub fn tally(by_kind: &std::sync::Mutex<std::collections::BTreeMap<String, u64>>, kind: &str) {
+    *by_kind.lock().unwrap().entry(kind.to_string()).or_insert(0) += 1;
+}
+
+/// An OpenAI chat-completions reply with `content` and the given token usage.
+pub fn completion(
+    body: &serde_json::Value,
+    content: &str,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+) -> serde_json::Value {
+    serde_json::json!({
+        "id": "x", "object": "chat.completion", "model": body["model"],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+    })
+}

@@ -3,4 +3,5 @@ pub mod fake_grader;
 pub mod fake_judge;
 pub mod fake_openai;
 pub mod fixtures;
+pub mod kill;
 pub mod loopback;

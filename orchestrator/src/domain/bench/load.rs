@@ -273,6 +273,40 @@ fn turns(path: &Path, line: usize, v: &Value, key: &str) -> Result<Vec<Turn>, Lo
         .collect()
 }
 
+/// A row's `rubrics` list as weighted items: `criterion` text, the signed weight under
+/// `weight_key` (HealthBench `points`, ResearchRubrics `weight`), tags by `tags`.
+fn weighted_rubrics(
+    path: &Path,
+    line: usize,
+    v: &Value,
+    weight_key: &str,
+    tags: impl Fn(&Value) -> Vec<String>,
+) -> Result<Vec<WeightedItem>, LoadError> {
+    list_field(path, line, v, "rubrics")?
+        .iter()
+        .enumerate()
+        .map(|(k, r)| {
+            Ok(WeightedItem {
+                text: text_field(
+                    path,
+                    line,
+                    r,
+                    "criterion",
+                    &format!("rubrics[{k}].criterion"),
+                )?,
+                weight: num_field(
+                    path,
+                    line,
+                    r,
+                    weight_key,
+                    &format!("rubrics[{k}].{weight_key}"),
+                )?,
+                tags: tags(r),
+            })
+        })
+        .collect()
+}
+
 fn healthbench(path: &Path) -> Result<Vec<Item>, LoadError> {
     jsonl(path)?
         .into_iter()
@@ -282,30 +316,7 @@ fn healthbench(path: &Path) -> Result<Vec<Item>, LoadError> {
             if v.get("rubrics").is_some() {
                 // The official file.
                 let prompt = turns(path, line, &v, "prompt")?;
-                let rubrics = list_field(path, line, &v, "rubrics")?;
-                let items = rubrics
-                    .iter()
-                    .enumerate()
-                    .map(|(k, r)| {
-                        Ok(WeightedItem {
-                            text: text_field(
-                                path,
-                                line,
-                                r,
-                                "criterion",
-                                &format!("rubrics[{k}].criterion"),
-                            )?,
-                            weight: num_field(
-                                path,
-                                line,
-                                r,
-                                "points",
-                                &format!("rubrics[{k}].points"),
-                            )?,
-                            tags: strings(&r["tags"]),
-                        })
-                    })
-                    .collect::<Result<Vec<_>, LoadError>>()?;
+                let items = weighted_rubrics(path, line, &v, "points", |r| strings(&r["tags"]))?;
                 Ok(Item {
                     id,
                     row,
@@ -597,33 +608,12 @@ fn researchrubrics(path: &Path) -> Result<Vec<Item>, LoadError> {
             let id = id_of(&v, &["sample_id"])
                 .ok_or_else(|| row_err(path, line, "sample_id", "missing"))?;
             let prompt = str_field(path, line, &v, "prompt")?;
-            let rubrics = list_field(path, line, &v, "rubrics")?;
-            let items = rubrics
-                .iter()
-                .enumerate()
-                .map(|(k, r)| {
-                    Ok(WeightedItem {
-                        text: text_field(
-                            path,
-                            line,
-                            r,
-                            "criterion",
-                            &format!("rubrics[{k}].criterion"),
-                        )?,
-                        weight: num_field(
-                            path,
-                            line,
-                            r,
-                            "weight",
-                            &format!("rubrics[{k}].weight"),
-                        )?,
-                        tags: r["axis"]
-                            .as_str()
-                            .map(|a| vec![format!("axis:{a}")])
-                            .unwrap_or_default(),
-                    })
-                })
-                .collect::<Result<Vec<_>, LoadError>>()?;
+            let items = weighted_rubrics(path, line, &v, "weight", |r| {
+                r["axis"]
+                    .as_str()
+                    .map(|a| vec![format!("axis:{a}")])
+                    .unwrap_or_default()
+            })?;
             let mut tags = Vec::new();
             for key in [
                 "domain",

@@ -33,32 +33,32 @@ pub struct JudgeSpec {
 }
 
 impl JudgeSpec {
-    /// A judge on one endpoint with the experiment's retry and health settings, labelled
-    /// `model@host:port`, at temperature 0 and 2,048 completion tokens, costing nothing unless
-    /// priced.
+    /// A judge on one endpoint with the experiment's retry and health settings (the key read
+    /// from the environment variable `key_env`), labelled `model@host:port`, at temperature 0 and
+    /// 2,048 completion tokens, costing nothing unless priced.
     pub fn on_endpoint(
         cfg: &crate::domain::config::Config,
         http: reqwest::Client,
         url: &str,
         model: &str,
-        key: Option<crate::infra::llm::ApiKey>,
+        key_env: Option<&str>,
         max_concurrency: usize,
-        timeout: std::time::Duration,
-    ) -> Self {
-        let pool = crate::infra::llm::EndpointPool::new(
-            crate::infra::llm::Role::Judge,
-            model,
-            &[url.to_string()],
-            max_concurrency.max(1),
-            timeout,
-            cfg.health.failures_before_unhealthy,
-        );
-        let client = LlmClient::new(
+        timeout_secs: u64,
+    ) -> Result<Self, crate::infra::llm::LlmError> {
+        let endpoint = crate::domain::config::EndpointPoolConfig {
+            urls: vec![url.to_string()],
+            model: model.to_string(),
+            max_concurrency: u32::try_from(max_concurrency.max(1)).unwrap_or(u32::MAX),
+            timeout_secs,
+            api_key_env: key_env.map(str::to_string),
+        };
+        let client = LlmClient::from_config(
             http,
-            Arc::new(pool),
-            crate::infra::llm::RetryPolicy::from_config(&cfg.retry),
-        )
-        .with_api_key(key);
+            crate::infra::llm::Role::Judge,
+            &endpoint,
+            &cfg.retry,
+            &cfg.health,
+        )?;
         let host = url::Url::parse(url)
             .ok()
             .and_then(|u| {
@@ -66,14 +66,14 @@ impl JudgeSpec {
                 u.host_str().map(|h| format!("{h}{port}"))
             })
             .unwrap_or_else(|| url.to_string());
-        JudgeSpec {
+        Ok(JudgeSpec {
             label: format!("{model}@{host}"),
             client,
             temperature: 0.0,
             max_tokens: 2048,
             usd_per_mtok_prompt: 0.0,
             usd_per_mtok_completion: 0.0,
-        }
+        })
     }
 
     pub fn model(&self) -> &str {

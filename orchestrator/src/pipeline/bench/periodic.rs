@@ -17,7 +17,6 @@ use crate::domain::bench::sample::{Sampling, select};
 use crate::domain::bench::{Benchmark, Item};
 use crate::domain::config::{Config, EvalSet};
 use crate::infra::db;
-use crate::infra::llm::ApiKey;
 use crate::pipeline::rollout::RolloutCtx;
 
 /// Evaluations the monitor looks back over.
@@ -64,16 +63,16 @@ fn load_set(cfg: &Config, set: &EvalSet) -> Result<BenchSet, String> {
         .judges
         .iter()
         .map(|j| {
-            let key = ApiKey::from_setting(j.api_key_env.as_deref()).map_err(|e| e.to_string())?;
-            Ok(JudgeSpec::on_endpoint(
+            JudgeSpec::on_endpoint(
                 cfg,
                 http.clone(),
                 &j.url,
                 &j.model,
-                key,
+                j.api_key_env.as_deref(),
                 cfg.judge.max_concurrency as usize,
-                Duration::from_secs(cfg.judge.timeout_secs),
-            ))
+                cfg.judge.timeout_secs,
+            )
+            .map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, String>>()?;
     Ok(BenchSet {

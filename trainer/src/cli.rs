@@ -46,6 +46,11 @@ pub enum Command {
         #[arg(long, env = "TRAINER_CONSOLIDATE_DIR")]
         dir: PathBuf,
     },
+    /// Export one policy version of a checkpoint for transformers, PEFT and vLLM: a Hugging
+    /// Face model directory (full fine-tune, or LoRA with --merge) or a PEFT adapter (LoRA),
+    /// with the base's tokenizer and chat template, export.json and a model card (README.md).
+    /// Written atomically; prints JSON (export.json's content).
+    Export(Box<ExportArgs>),
     /// Estimate the per-rank memory of a fine-tune in each parallel layout (LoRA, DDP,
     /// ZeRO-1/2/3) before renting GPUs; prints JSON (GB = 10^9 bytes).
     Plan {
@@ -187,6 +192,45 @@ pub struct ServeArgs {
     /// sharing a machine (a policy server and a trainer) each get a share this way.
     #[arg(long, env = "TRAINER_THREADS", default_value_t = 0)]
     pub threads: i32,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    /// A checkpoint directory (step-N, holding state.json), or a checkpoint root (its `latest`,
+    /// or the checkpoint of --version).
+    #[arg(long, env = "TRAINER_EXPORT_CHECKPOINT")]
+    pub checkpoint: PathBuf,
+    /// Policy version to export from a checkpoint root (a checkpoint directory must hold it).
+    #[arg(long, env = "TRAINER_EXPORT_VERSION")]
+    pub version: Option<i64>,
+    /// Output directory (replaced whole if it holds an earlier export).
+    #[arg(long, env = "TRAINER_EXPORT_OUT")]
+    pub out: PathBuf,
+    /// Base model directory (config, tokenizer files; LoRA's base weights). Default: the base
+    /// recorded in the checkpoint's state.json.
+    #[arg(long, env = "TRAINER_EXPORT_BASE")]
+    pub base: Option<PathBuf>,
+    /// The base as named in adapter_config.json and the model card (e.g. a hub id). Default:
+    /// the base directory's absolute path.
+    #[arg(long, env = "TRAINER_EXPORT_BASE_NAME")]
+    pub base_name: Option<String>,
+    /// Stored dtype of the weights: bf16, f32 or keep (the checkpoint's; merged: the base's).
+    #[arg(long, env = "TRAINER_EXPORT_DTYPE", default_value = "keep")]
+    pub dtype: String,
+    /// LoRA: write the merged full weights instead of the adapter (a full fine-tune is written
+    /// whole either way).
+    #[arg(long, env = "TRAINER_EXPORT_MERGE")]
+    pub merge: bool,
+    /// Markdown file appended to the model card (evaluation summary, resolved config).
+    #[arg(long, env = "TRAINER_EXPORT_CARD_EXTRA")]
+    pub card_extra: Option<PathBuf>,
+    /// Full weights above this many bytes are split into index-mapped shards.
+    #[arg(
+        long,
+        env = "TRAINER_EXPORT_MAX_SHARD_BYTES",
+        default_value_t = 5_000_000_000
+    )]
+    pub max_shard_bytes: u64,
 }
 
 #[derive(Debug, Subcommand)]

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 
 use crate::bench::BenchSpec;
-use crate::cli::{Cli, Command, ServeArgs, TokenizerCommand};
+use crate::cli::{Cli, Command, ExportArgs, ServeArgs, TokenizerCommand};
+use crate::export::ExportOptions;
 use crate::model::{LoraConfig, Qwen3Config};
 use crate::service::ApiToken;
 use crate::service::auth::{TOKEN_ENV, check_bind};
@@ -36,6 +37,8 @@ pub enum Task {
     Info,
     /// `trainer consolidate`.
     Consolidate { dir: PathBuf },
+    /// `trainer export`.
+    Export(Box<ExportOptions>),
     /// `trainer sft`.
     Sft(Box<SftOptions>),
     /// `trainer serve`.
@@ -98,6 +101,7 @@ impl Task {
             },
             Command::Info => Task::Info,
             Command::Consolidate { dir } => Task::Consolidate { dir },
+            Command::Export(a) => Task::Export(Box::new(export_options(*a)?)),
             Command::Plan {
                 config,
                 world_size,
@@ -244,6 +248,25 @@ impl ServeSettings {
     }
 }
 
+/// `trainer export`'s arguments checked into the library's options.
+fn export_options(a: ExportArgs) -> anyhow::Result<ExportOptions> {
+    let dtype = a.dtype.parse().map_err(anyhow::Error::msg)?;
+    if a.max_shard_bytes == 0 {
+        bail!("--max-shard-bytes = 0; allowed: 1 or more");
+    }
+    Ok(ExportOptions {
+        checkpoint: a.checkpoint,
+        version: a.version,
+        out: a.out,
+        base: a.base,
+        base_name: a.base_name,
+        dtype,
+        merge: a.merge,
+        card_extra: a.card_extra,
+        max_shard_bytes: a.max_shard_bytes,
+    })
+}
+
 /// `--lora-r` (0: full fine-tune) with `--lora-alpha` (default 2r).
 fn lora_config(r: i64, alpha: Option<f64>) -> Option<LoraConfig> {
     (r > 0).then(|| LoraConfig {
@@ -311,6 +334,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("TRAINER_API_TOKEN is 5 bytes"), "{e}");
+    }
+
+    #[test]
+    fn export_flags_and_checks() {
+        let parse = |args: &[&str]| -> anyhow::Result<ExportOptions> {
+            let mut argv = vec!["trainer", "export", "--checkpoint", "/ck", "--out", "/o"];
+            argv.extend_from_slice(args);
+            match Task::from_cli(Cli::try_parse_from(argv)?)? {
+                Task::Export(o) => Ok(*o),
+                other => anyhow::bail!("not export: {other:?}"),
+            }
+        };
+        let o = parse(&[]).unwrap();
+        assert_eq!(o.dtype, crate::export::ExportDtype::Keep);
+        assert!(!o.merge && o.version.is_none() && o.base.is_none());
+        assert_eq!(o.max_shard_bytes, crate::export::DEFAULT_MAX_SHARD_BYTES);
+        let o = parse(&["--dtype", "bf16", "--merge", "--version", "7"]).unwrap();
+        assert_eq!(o.dtype, crate::export::ExportDtype::Bf16);
+        assert!(o.merge);
+        assert_eq!(o.version, Some(7));
+        let e = parse(&["--dtype", "int8"]).unwrap_err().to_string();
+        assert!(
+            e.contains("--dtype = \"int8\"") && e.contains("bf16, f32, keep"),
+            "{e}"
+        );
+        let e = parse(&["--max-shard-bytes", "0"]).unwrap_err().to_string();
+        assert!(e.contains("--max-shard-bytes = 0"), "{e}");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The RubricEM trainer library: Qwen3 in libtorch (tch) with LoRA, the SS-GRPO / GRPO / SFT
 //! losses, AdamW with exact state restore, the train step (chunked logits head, gradient
 //! checkpointing, PPO minibatches), data parallelism over torch's c10d (`dist`), per-rank memory
-//! planning, the experiment's settings mapped onto it, and small-model tooling (tokenizer
-//! training, random-init model dirs).
+//! planning, the experiment's settings mapped onto it, exports that transformers, PEFT and vLLM
+//! load, and small-model tooling (tokenizer training, random-init model dirs).
 
 pub mod bench;
 pub mod chat;
@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod dist;
 pub mod error;
+pub mod export;
 pub mod loss;
 pub mod model;
 pub mod optim;

@@ -1,6 +1,6 @@
 //! The `trainer` binary: parse the command line (`trainer::cli`), check it into settings
 //! (`trainer::config`), set up tracing, run the subcommand. Results go to stdout (JSON for
-//! `bench` and `sft`), diagnostics to stderr.
+//! `bench`, `sft` and `export`), diagnostics to stderr.
 
 use std::process::ExitCode;
 
@@ -62,6 +62,7 @@ fn run(task: Task) -> anyhow::Result<String> {
             serde_json::json!({"dir": dir, "params": params, "elements": elements, "step": step})
                 .to_string()
         }
+        Task::Export(opts) => serde_json::to_string(&trainer::export::run(&opts)?)?,
         Task::Serve(settings) => {
             serve(*settings)?;
             "trainer serve stopped".into()

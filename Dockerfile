@@ -1,6 +1,9 @@
-# Images for compose.yaml: `--target orchestrator` (no libtorch) and `--target trainer`
-# (libtorch from PyPI torch==2.11.0, as scripts do on a host).
+# Images for compose.yaml: `--target orchestrator` (no libtorch), `--target trainer` (libtorch
+# from PyPI torch==2.11.0, as scripts do on a host) and `--target init` (both binaries and
+# scripts/init-smoke.sh, for the one-shot set-up service).
 FROM rust:1.95-bookworm AS build
+# npm: orchestrator/build.rs installs the dashboard's chart library from the npm registry.
+RUN apt-get update && apt-get install -y --no-install-recommends nodejs npm && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cargo build --release -p orchestrator
@@ -8,6 +11,8 @@ RUN cargo build --release -p orchestrator
 FROM debian:bookworm-slim AS orchestrator
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/orchestrator /usr/local/bin/orchestrator
+# Presets name their inputs relative to the working directory (runs/smoke/...: the ./runs mount).
+WORKDIR /
 ENTRYPOINT ["orchestrator"]
 
 FROM rust:1.95-bookworm AS trainer-build
@@ -24,3 +29,10 @@ COPY --from=trainer-build /opt/torch /opt/torch
 COPY --from=trainer-build /src/target/release/trainer /usr/local/bin/trainer
 ENV LD_LIBRARY_PATH=/opt/torch/lib/python3.11/site-packages/torch/lib
 ENTRYPOINT ["trainer"]
+
+FROM trainer AS init
+COPY --from=build /src/target/release/orchestrator /usr/local/bin/orchestrator
+COPY scripts/init-smoke.sh /opt/rubricem/scripts/init-smoke.sh
+COPY trainer/configs/small.json /opt/rubricem/trainer/configs/small.json
+WORKDIR /
+ENTRYPOINT ["/opt/rubricem/scripts/init-smoke.sh"]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded defaults (no GPU, no keys, no internet), end to end:
-#   research world + local index -> offline teacher SFT data -> tokenizer + small Qwen3 model
-#   -> `trainer sft` warm start -> `trainer serve` x2 (policy server, trainer) -> `orchestrator run
-#   --experiment smoke` (RL) -> `orchestrator report`.
+#   scripts/init-smoke.sh (research world + local index -> offline teacher SFT data ->
+#   tokenizer + small Qwen3 model -> `trainer sft` warm start) -> `trainer serve` x2 (policy
+#   server, trainer) -> `orchestrator run --experiment smoke` (RL) -> `orchestrator report`.
 # Everything lands under runs/smoke (kept between runs: delete it to start from scratch).
 #
 #   DATABASE_URL     default postgres://postgres@127.0.0.1:5432/rubricem
@@ -38,38 +38,9 @@ else
 fi
 "$BIN/orchestrator" migrate >/dev/null
 
-mkdir -p "$DIR"
-if [[ ! -f "$DIR/world/tasks.jsonl" ]]; then
-  "$BIN/orchestrator" world generate --seed 17 --docs 400 --tasks 96 --out "$DIR/world"
-fi
-if [[ ! -f "$DIR/index/meta.json" ]]; then
-  "$BIN/orchestrator" index build --corpus "$DIR/world/corpus.jsonl" --out "$DIR/index"
-fi
-if [[ ! -f "$DIR/sft.jsonl" ]]; then
-  say "SFT data from the offline teacher"
-  "$BIN/orchestrator" sft-data --experiment smoke --out "$DIR/sft.jsonl"
-fi
-if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
-  say "tokenizer + small model + SFT warm start"
-  python3 - "$DIR" <<'PY'
-import json, sys
-d = sys.argv[1]
-with open(f"{d}/tokenizer-corpus.txt", "w") as out:
-    for line in open(f"{d}/world/corpus.jsonl"):
-        doc = json.loads(line)
-        out.write(doc["title"] + "\n" + doc["text"] + "\n")
-    for line in open(f"{d}/sft.jsonl"):
-        row = json.loads(line)
-        for m in row["messages"][:2]:
-            out.write(m["content"] + "\n")
-        for s in row["segments"]:
-            out.write(s["text"] + "\n")
-PY
-  "$BIN/trainer" tokenizer train --corpus "$DIR/tokenizer-corpus.txt" --vocab 4096 --out "$DIR/tokenizer"
-  "$BIN/trainer" init --config trainer/configs/small.json --tokenizer "$DIR/tokenizer" --out "$DIR/model-init"
-  "$BIN/trainer" sft --data "$DIR/sft.jsonl" --model "$DIR/model-init" --out "$DIR/model-sft" \
-    --epochs "${SMOKE_SFT_EPOCHS:-3}" --batch 8 --lr 2e-3 --device cpu
-fi
+# World, index, SFT data, tokenizer, small model and SFT warm start (skipped when present):
+# the same script compose.yaml's `init` service runs.
+ORCH_BIN="$BIN/orchestrator" TRAINER_BIN="$BIN/trainer" bash scripts/init-smoke.sh "$DIR"
 
 if [[ "${SMOKE_PREP_ONLY:-0}" == 1 ]]; then
   say "prepared $DIR/model-sft"

@@ -72,6 +72,8 @@ fn services_exist_with_profiles_and_healthcheck() {
         "vllm-judge",
         "trainer",
         "orchestrator",
+        "init",
+        "dashboard",
     ] {
         assert!(s.get(name).is_some(), "service {name} missing");
     }
@@ -219,7 +221,12 @@ fn vllm_servers_are_configured_for_rl() {
         "True"
     );
     // `trainer serve` listens where the published port points (TRAINER_BIND = --bind).
-    assert_eq!(s["trainer"]["command"][0], "serve");
+    assert!(
+        s["trainer"]["entrypoint"][2]
+            .as_str()
+            .unwrap()
+            .ends_with("exec trainer serve")
+    );
     let bind = s["trainer"]["environment"]["TRAINER_BIND"]
         .as_str()
         .unwrap();
@@ -229,4 +236,96 @@ fn vllm_servers_are_configured_for_rl() {
             .as_str()
             .is_some()
     );
+}
+
+/// A fresh clone's `docker compose up`: the one-shot init runs scripts/init-smoke.sh into the
+/// directory the trainer loads and the smoke preset names, before the trainer, orchestrator and
+/// dashboard start; servers listening on all interfaces inside the network get the token init
+/// wrote; the dashboard publishes its default port on loopback.
+#[test]
+fn init_prepares_what_the_services_load_and_the_dashboard_is_served() {
+    let c = compose();
+    let s = &c["services"];
+    let smoke = Config::load("smoke", &Overrides::default()).unwrap();
+    let init = s["init"]["command"][0].as_str().unwrap();
+    assert!(
+        init.contains("/opt/rubricem/scripts/init-smoke.sh /runs/smoke"),
+        "{init}"
+    );
+    let dockerfile = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../Dockerfile"),
+    )
+    .unwrap();
+    assert!(
+        dockerfile.contains("COPY scripts/init-smoke.sh /opt/rubricem/scripts/init-smoke.sh")
+            && dockerfile.contains("AS init"),
+        "the init image carries the script"
+    );
+    for svc in ["trainer", "orchestrator", "dashboard"] {
+        assert_eq!(
+            s[svc]["depends_on"]["init"]["condition"], "service_completed_successfully",
+            "{svc} waits for init"
+        );
+    }
+    // The model the trainer serves and the tokenizer the smoke preset reads are init's output
+    // (the orchestrator's working directory is /, where ./runs is mounted).
+    let model = s["trainer"]["environment"]["TRAINER_MODEL"]
+        .as_str()
+        .unwrap();
+    assert_eq!(model, "/runs/smoke/model-sft");
+    assert_eq!(
+        format!("/{}", smoke.data.tokenizer.display()),
+        model,
+        "smoke's data.tokenizer"
+    );
+    assert_eq!(
+        format!("/{}", smoke.data.tasks.display()),
+        "/runs/smoke/world/tasks.jsonl"
+    );
+    let script = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/init-smoke.sh"),
+    )
+    .unwrap();
+    assert!(script.contains("\"$DIR/model-sft\"") && script.contains("\"$DIR/world\""));
+    // Token: every server bound to 0.0.0.0 inside the network reads it from init's file.
+    for (svc, var) in [
+        ("trainer", "TRAINER_API_TOKEN"),
+        ("orchestrator", "TRAINER_API_TOKEN"),
+        ("dashboard", orchestrator::pipeline::dashboard::TOKEN_ENV),
+    ] {
+        let entry = s[svc]["entrypoint"][2].as_str().unwrap();
+        assert!(
+            entry.contains(&format!("{var}=$$(cat /runs/.token)")),
+            "{svc}: {entry}"
+        );
+    }
+    let default: std::net::SocketAddr = orchestrator::pipeline::dashboard::DEFAULT_BIND
+        .parse()
+        .unwrap();
+    assert_eq!(ports(&s["dashboard"])[0].1, default.port());
+    let bind: std::net::SocketAddr = s["dashboard"]["environment"]["ORCH_DASHBOARD_BIND"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(ports(&s["dashboard"])[0].2, bind.port());
+    let known = orchestrator::cli::env_vars();
+    for k in s["dashboard"]["environment"].as_object().unwrap().keys() {
+        assert!(k == "RUST_LOG" || known.contains(k), "dashboard: {k}");
+    }
+    // The orchestrator's policy client sends the token to the trainer's generation routes.
+    let set = resolve(
+        s["orchestrator"]["environment"]["ORCH_SET"]
+            .as_str()
+            .unwrap(),
+    );
+    let cfg = Config::load(
+        "smoke",
+        &Overrides {
+            sets: set.split(';').map(String::from).collect(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(cfg.policy.api_key_env.as_deref(), Some("TRAINER_API_TOKEN"));
 }

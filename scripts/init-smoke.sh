@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The smoke run's inputs, created once (each step is skipped when its output exists):
+#   research world + local index -> offline teacher SFT data -> tokenizer + small Qwen3 model
+#   -> `trainer sft` warm start in DIR/model-sft (what `trainer serve` loads and the smoke
+#   preset's data.tokenizer names).
+# Used by scripts/smoke.sh on a host and by compose.yaml's one-shot `init` service, so
+# `docker compose up` on a fresh clone finds what the trainer and orchestrator expect.
+#
+#   usage: init-smoke.sh [DIR]        (default runs/smoke, relative to the working directory)
+#   ORCH_BIN     the orchestrator binary (default: `orchestrator` on PATH)
+#   TRAINER_BIN  the trainer binary (default: `trainer` on PATH)
+#   SMOKE_SFT_EPOCHS  SFT epochs (default 3)
+#   INIT_DOCS, INIT_TASKS, INIT_VOCAB, SMALL_CONFIG  world size (400 documents, 96 tasks),
+#                tokenizer vocabulary (4096) and model config (trainer/configs/small.json);
+#                tests shrink them, the smoke run keeps the defaults
+# Needs python3 (standard library only) to assemble the tokenizer corpus. No database.
+set -euo pipefail
+DIR="${1:-runs/smoke}"
+ORCH="${ORCH_BIN:-orchestrator}"
+TRAINER="${TRAINER_BIN:-trainer}"
+say() { echo "init-smoke: $*" >&2; }
+for b in "$ORCH" "$TRAINER" python3; do
+  command -v "$b" >/dev/null 2>&1 || { say "$b not found (set ORCH_BIN / TRAINER_BIN)"; exit 2; }
+done
+
+mkdir -p "$DIR"
+if [[ ! -f "$DIR/world/tasks.jsonl" ]]; then
+  "$ORCH" world generate --seed 17 --docs "${INIT_DOCS:-400}" --tasks "${INIT_TASKS:-96}" \
+    --out "$DIR/world"
+fi
+if [[ ! -f "$DIR/index/meta.json" ]]; then
+  "$ORCH" index build --corpus "$DIR/world/corpus.jsonl" --out "$DIR/index"
+fi
+if [[ ! -f "$DIR/sft.jsonl" ]]; then
+  say "SFT data from the offline teacher"
+  "$ORCH" sft-data --experiment smoke --set "data.tasks=$DIR/world/tasks.jsonl" \
+    --set "data.index=$DIR/index" --out "$DIR/sft.jsonl"
+fi
+if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
+  say "tokenizer + small model + SFT warm start"
+  python3 - "$DIR" <<'PY'
+import json, sys
+d = sys.argv[1]
+with open(f"{d}/tokenizer-corpus.txt", "w") as out:
+    for line in open(f"{d}/world/corpus.jsonl"):
+        doc = json.loads(line)
+        out.write(doc["title"] + "\n" + doc["text"] + "\n")
+    for line in open(f"{d}/sft.jsonl"):
+        row = json.loads(line)
+        for m in row["messages"][:2]:
+            out.write(m["content"] + "\n")
+        for s in row["segments"]:
+            out.write(s["text"] + "\n")
+PY
+  CONFIG="${SMALL_CONFIG:-$(dirname "${BASH_SOURCE[0]}")/../trainer/configs/small.json}"
+  "$TRAINER" tokenizer train --corpus "$DIR/tokenizer-corpus.txt" --vocab "${INIT_VOCAB:-4096}" \
+    --out "$DIR/tokenizer"
+  "$TRAINER" init --config "$CONFIG" --tokenizer "$DIR/tokenizer" --out "$DIR/model-init"
+  "$TRAINER" sft --data "$DIR/sft.jsonl" --model "$DIR/model-init" --out "$DIR/model-sft" \
+    --epochs "${SMOKE_SFT_EPOCHS:-3}" --batch 8 --lr 2e-3 --device cpu
+fi
+say "ready: $DIR/model-sft"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it (.ci/run calls this and nothing else):
 # Postgres + migrations, the Python environment (parity fixtures and libtorch for the trainer),
+# chromium + playwright-core (dashboard browser tests),
 # fmt, clippy, and every workspace test (the trainer's on CPU).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,6 +13,8 @@ echo "== setup (Postgres, migrations)"
 ORCH_PROFILE=debug bash scripts/setup.sh
 echo "== python environment for parity fixtures"
 bash scripts/python-env.sh
+echo "== chromium and playwright-core for the dashboard's browser tests"
+bash scripts/browser-env.sh
 # libtorch for the trainer (tch 0.24) comes from the venv's torch==2.11.0 wheel.
 source scripts/torch-env.sh
 echo "== cargo fmt --check"

@@ -90,6 +90,21 @@ pub enum Command {
     /// Inspect a run's rubric bank (reflection memory).
     #[command(subcommand)]
     Bank(BankCommand),
+    /// Serve the read-only web dashboard (runs, live metrics, trajectories, rubric buffers,
+    /// reflections, the bank). Binds to loopback by default; another address needs
+    /// ORCH_DASHBOARD_TOKEN.
+    Dashboard {
+        /// Address to listen on.
+        #[arg(long, env = "ORCH_DASHBOARD_BIND", default_value = crate::pipeline::dashboard::DEFAULT_BIND)]
+        bind: std::net::SocketAddr,
+        /// Postgres URL.
+        #[arg(long, env = "DATABASE_URL", default_value = crate::domain::config::DEFAULT_DATABASE_URL)]
+        database_url: String,
+    },
+    /// Export a run's policy version for transformers/PEFT/vLLM: writes the model card section
+    /// (run, evaluations up to that version, benchmarks, resolved config) and runs `trainer
+    /// export` on the version's checkpoint with it.
+    Export(ExportArgs),
     /// Write a markdown report with PNG and SVG plots for a run or a whole experiment.
     Report {
         /// A run id or an experiment id.
@@ -101,6 +116,63 @@ pub enum Command {
         #[arg(long, env = "DATABASE_URL", default_value = crate::domain::config::DEFAULT_DATABASE_URL)]
         database_url: String,
     },
+    /// Export a run's stored step metrics to experiment trackers (TensorBoard event files,
+    /// an MLflow server) under the tracker names of README.md "Trackers"; `tracking.*` in the
+    /// experiment config does the same live during `run`.
+    Track(TrackArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TrackArgs {
+    /// The run: its id, its name (the newest run of that name), or EXPERIMENT/NAME.
+    #[arg(long, env = "ORCH_TRACK_RUN")]
+    pub run: String,
+    /// TensorBoard log directory (the run's events go to DIR/EXPERIMENT/NAME.ID/).
+    #[arg(long, env = "ORCH_TRACK_TENSORBOARD")]
+    pub tensorboard: Option<PathBuf>,
+    /// MLflow tracking server; a token comes from MLFLOW_TRACKING_TOKEN.
+    #[arg(long, env = "ORCH_TRACK_MLFLOW_URL")]
+    pub mlflow_url: Option<String>,
+    /// MLflow experiment (default: the run's experiment name).
+    #[arg(long, env = "ORCH_TRACK_MLFLOW_EXPERIMENT")]
+    pub mlflow_experiment: Option<String>,
+    /// Postgres URL.
+    #[arg(long, env = "DATABASE_URL", default_value = crate::domain::config::DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExportArgs {
+    /// The run whose policy is exported.
+    #[arg(long, env = "ORCH_EXPORT_RUN")]
+    pub run: uuid::Uuid,
+    /// Policy version (default: the run's newest checkpoint).
+    #[arg(long, env = "ORCH_EXPORT_VERSION")]
+    pub version: Option<i32>,
+    /// Output directory (model directory or PEFT adapter, with README.md).
+    #[arg(long, env = "ORCH_EXPORT_OUT")]
+    pub out: PathBuf,
+    /// Write only the model card section, as markdown, to --out (no weights; no trainer needed).
+    #[arg(long, env = "ORCH_EXPORT_CARD_ONLY")]
+    pub card_only: bool,
+    /// The trainer binary that writes the weights.
+    #[arg(long, env = "ORCH_TRAINER_BIN", default_value = "trainer")]
+    pub trainer_bin: PathBuf,
+    /// The trainer's --checkpoint-dir: the run records checkpoint paths relative to it.
+    #[arg(long, env = "ORCH_EXPORT_CHECKPOINT_ROOT")]
+    pub checkpoint_root: Option<PathBuf>,
+    /// Base model directory (default: the checkpoint's).
+    #[arg(long, env = "ORCH_EXPORT_BASE")]
+    pub base: Option<PathBuf>,
+    /// LoRA: write merged full weights instead of an adapter.
+    #[arg(long, env = "ORCH_EXPORT_MERGE")]
+    pub merge: bool,
+    /// Stored dtype: bf16, f32 or keep.
+    #[arg(long, env = "ORCH_EXPORT_DTYPE", default_value = "keep")]
+    pub dtype: String,
+    /// Postgres URL.
+    #[arg(long, env = "DATABASE_URL", default_value = crate::domain::config::DEFAULT_DATABASE_URL)]
+    pub database_url: String,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "../../orchestrator/tests/common/browser.rs"]
+mod browser;
+
 use sqlx::PgPool;
 use trainer::service::{AppState, ServeConfig, load};
 use uuid::Uuid;
@@ -133,7 +136,11 @@ wait_secs = 120
 [eval]
 held_out = {HELD_OUT}
 every = 2
+[tracking]
+tensorboard_dir = "{tb}"
+poll_secs = 1
 "#,
+        tb = tmp.join("tb").display(),
         tasks = world.join("tasks.jsonl").display(),
         index = world.join("index").display(),
         model = model.display(),
@@ -548,7 +555,159 @@ async fn sigkill_mid_step_then_resume_loses_and_duplicates_nothing(pool: PgPool)
         .await
         .unwrap();
     assert_eq!(status, "completed");
+    // The final policy, exported with its model card: `orchestrator export` writes the card
+    // from Postgres, `trainer export` the weights from the version's checkpoint.
+    let export_dir = tmp.path().join("export");
+    let mut export = std::process::Command::new(&bin);
+    export
+        .arg("export")
+        .arg("--run")
+        .arg(run.to_string())
+        .arg("--out")
+        .arg(&export_dir)
+        .arg("--trainer-bin")
+        .arg(env!("CARGO_BIN_EXE_trainer"))
+        .arg("--checkpoint-root")
+        .arg(tmp.path().join("ckpt"))
+        .env("DATABASE_URL", &db);
+    let out = tokio::task::spawn_blocking(move || export.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "export failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let card = std::fs::read_to_string(export_dir.join("README.md")).unwrap();
+    assert!(
+        card.contains("## Evaluation") && card.contains("| **held-out** | **4** |"),
+        "{card}"
+    );
+    assert!(card.contains("## Resolved configuration") && card.contains("[rollout]"));
+    let weights =
+        trainer::model::weights::read_model_dir(&export_dir, tch::Device::Cpu, tch::Kind::Float)
+            .unwrap();
+    assert!(!weights.is_empty());
+    assert!(export_dir.join("tokenizer_config.json").exists());
+    // The run was followed into TensorBoard event files under verl's names (issue 23 item 3).
+    let mut events = Vec::new();
+    let mut stack = vec![tmp.path().join("tb")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("events.out.tfevents.")
+            {
+                events.extend(std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    let has = |tag: &str| events.windows(tag.len()).any(|w| w == tag.as_bytes());
+    assert!(
+        has("critic/score/mean") && has("actor/kl_loss") && has("timing_s/gen"),
+        "event files hold the mapped metrics ({} bytes)",
+        events.len()
+    );
+    dashboard_shows_the_run(&pool, exp, run).await;
     tr.task.abort();
+}
+
+/// The dashboard on this real run (4 trained steps, evaluations at versions 0, 2 and 4,
+/// reflections and a bank): every page renders in chromium without errors, each stored metric
+/// is one drawn series, and the evaluation, reflection and bank pages show what was stored.
+async fn dashboard_shows_the_run(pool: &PgPool, exp: Uuid, run: Uuid) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = orchestrator::pipeline::dashboard::router(pool.clone(), None);
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let traj: Uuid = sqlx::query_scalar(
+        "SELECT id FROM trajectories WHERE run_id = $1 ORDER BY step DESC, sample_index LIMIT 1",
+    )
+    .bind(run)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let names = scalar(
+        pool,
+        "SELECT count(DISTINCT name) FROM step_metrics WHERE run_id = $1",
+        run,
+    )
+    .await;
+    let subsets = scalar(
+        pool,
+        "SELECT count(DISTINCT subset) FROM evaluations WHERE run_id = $1",
+        run,
+    )
+    .await;
+    let reflections = scalar(
+        pool,
+        "SELECT count(*) FROM reflections WHERE run_id = $1",
+        run,
+    )
+    .await;
+    let pages = [
+        ("runs", "#/".to_string()),
+        ("metrics", format!("#/run/{run}")),
+        ("steps", format!("#/run/{run}/steps")),
+        ("step", format!("#/run/{run}/step/3")),
+        ("trajectory", format!("#/trajectory/{traj}")),
+        ("evaluations", format!("#/run/{run}/evaluations")),
+        ("rubrics", format!("#/run/{run}/rubrics")),
+        ("reflections", format!("#/run/{run}/reflections")),
+        ("bank", format!("#/run/{run}/bank")),
+        ("config", format!("#/run/{run}/config")),
+        ("experiment", format!("#/experiment/{exp}")),
+    ];
+    let out = browser::workspace().join("target/dashboard-screens/pipeline-run");
+    let report = browser::browse(&format!("http://{addr}"), &out, &pages).await;
+    for (name, _) in &pages {
+        let p = &report["pages"][name];
+        for key in ["console", "errors", "failed", "errorText"] {
+            assert_eq!(p[key], serde_json::json!([]), "{name}: {p}");
+        }
+    }
+    let charts = report["pages"]["metrics"]["charts"].as_array().unwrap();
+    let series: i64 = charts.iter().map(|c| c["series"].as_i64().unwrap()).sum();
+    assert_eq!(series, names, "one series per stored metric");
+    for c in charts {
+        assert!(c["inked"].as_i64().unwrap() > 500, "{c}");
+        assert!(c["points"].as_i64().unwrap() >= 1, "{c}");
+    }
+    assert!(
+        charts.iter().any(|c| c["points"].as_i64().unwrap() == 4),
+        "four trained steps on the x axis"
+    );
+    let evals = report["pages"]["evaluations"]["charts"].as_array().unwrap();
+    assert_eq!(
+        evals.len() as i64,
+        subsets,
+        "one chart per evaluated subset"
+    );
+    assert!(
+        evals.iter().all(|c| c["points"] == 3),
+        "versions 0, 2, 4: {evals:?}"
+    );
+    let text = report["pages"]["reflections"]["text"].as_str().unwrap();
+    assert!(
+        reflections > 0 && !text.contains("No reflection candidates"),
+        "{text}"
+    );
+    let items = scalar(
+        pool,
+        "SELECT count(*) FROM rubric_bank WHERE run_id = $1",
+        run,
+    )
+    .await;
+    let bank = report["pages"]["bank"]["text"].as_str().unwrap();
+    assert!(bank.contains(&format!("\n{items} items\n")), "{bank}");
+    server.abort();
 }
 
 /// A run of the `full` recipe on the smoke preset overlaid with `file`, built in-process.

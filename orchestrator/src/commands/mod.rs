@@ -4,8 +4,10 @@
 
 mod bank;
 mod config;
+mod dashboard;
 mod deeprubric;
 mod eval;
+mod export;
 mod index;
 mod judge;
 mod migrate;
@@ -15,6 +17,7 @@ mod rollout;
 mod rubrics;
 mod run;
 mod sft_data;
+mod track;
 mod world;
 
 use std::io::Write;
@@ -47,11 +50,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             deeprubric::deeprubric(&args).await
         }
         Command::Bank(cmd) => bank::bank(cmd).await,
+        Command::Dashboard { bind, database_url } => {
+            dashboard::dashboard(bind, &database_url).await
+        }
+        Command::Export(args) => export::export(&args).await,
         Command::Report {
             target,
             out: dir,
             database_url,
         } => report::report(target, &dir, &database_url).await,
+        Command::Track(args) => track::track(&args).await,
     }
 }
 

@@ -10,7 +10,7 @@ use super::{cancel_on_ctrl_c, load_config, out};
 use crate::cli::ConfigArgs;
 use crate::infra::db;
 use crate::pipeline::run::{RunStatus, find_resumable, mark, register_experiment};
-use crate::pipeline::setup;
+use crate::pipeline::{setup, tracking};
 
 pub(super) async fn run_experiment(
     args: &ConfigArgs,
@@ -75,8 +75,12 @@ pub(super) async fn run_experiment(
             }
         };
         let pb = crate::telemetry::progress(u64::from(cfg.experiment.steps), &name);
+        let trackers = tracking::follow(&pool, &cfg, run_id, &name, run.recipe.as_str());
         let result = pipeline.run(cancel.clone(), pb.clone()).await;
         pb.finish_and_clear();
+        if let Some(t) = trackers {
+            t.finish(tracking::end_status(&result)).await;
+        }
         match result {
             Ok(o) => {
                 let status = if o.interrupted {

@@ -25,6 +25,7 @@
 pub mod bank;
 pub mod batch;
 pub mod bench;
+pub mod dashboard;
 pub mod deeprubric;
 pub mod evaluate;
 pub mod judging;
@@ -35,6 +36,7 @@ pub mod rollout;
 pub mod run;
 pub mod setup;
 pub mod sft;
+pub mod tracking;
 mod trainer_sync;
 mod workers;
 

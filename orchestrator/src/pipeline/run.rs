@@ -105,12 +105,17 @@ pub async fn register_experiment(
 
 /// The `--resume` merge policy: a resumed run continues on the configuration it was started
 /// with (`stored`), except where it must reach the world of today (`current`): the database,
-/// the policy servers, the trainer and the judge servers; `--steps`, when given, extends it.
+/// the policy servers, the trainer and the judge servers, and the trackers when any is given;
+/// `--steps`, when given, extends it.
 pub fn merge_resumed(mut stored: Config, current: &Config, steps: Option<u32>) -> Config {
     stored.database = current.database.clone();
     stored.policy.urls = current.policy.urls.clone();
     stored.trainer = current.trainer.clone();
     stored.judge.urls = current.judge.urls.clone();
+    // Trackers given now replace the stored ones (whose MLflow URL is stored redacted).
+    if current.tracking.enabled() {
+        stored.tracking = current.tracking.clone();
+    }
     if let Some(steps) = steps {
         stored.experiment.steps = steps;
     }

@@ -1,3 +1,4 @@
+pub mod browser;
 pub mod fake_deeprubric;
 pub mod fake_grader;
 pub mod fake_judge;

@@ -130,6 +130,54 @@ pub struct Config {
     pub reflection: ReflectionConfig,
     #[serde(default)]
     pub eval: EvalConfig,
+    /// Experiment trackers the run's step metrics are copied to (off unless configured).
+    #[serde(default, skip_serializing_if = "TrackingConfig::is_off")]
+    pub tracking: TrackingConfig,
+}
+
+/// Experiment trackers (`[tracking]`): while a run goes on, its `step_metrics` are copied every
+/// `poll_secs` to TensorBoard event files and / or an MLflow tracking server under the names of
+/// `domain::tracking::MAPPING`. Trackers never stop or slow a run: their errors are logged and
+/// retried at the next poll.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrackingConfig {
+    /// TensorBoard log directory: each run writes
+    /// `<dir>/<experiment>/<run>.<id8>/events.out.tfevents.*`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensorboard_dir: Option<PathBuf>,
+    /// MLflow tracking server (`http(s)://host:port`); a token, if the server wants one, comes
+    /// from `MLFLOW_TRACKING_TOKEN` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mlflow_url: Option<String>,
+    /// MLflow experiment (created when missing); unset: `experiment.name`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mlflow_experiment: Option<String>,
+    /// Seconds between two reads of the run's new metrics.
+    pub poll_secs: u64,
+}
+
+impl Default for TrackingConfig {
+    fn default() -> Self {
+        Self {
+            tensorboard_dir: None,
+            mlflow_url: None,
+            mlflow_experiment: None,
+            poll_secs: 5,
+        }
+    }
+}
+
+impl TrackingConfig {
+    /// Whether any tracker is configured.
+    pub fn enabled(&self) -> bool {
+        self.tensorboard_dir.is_some() || self.mlflow_url.is_some()
+    }
+
+    /// Nothing set beyond the defaults (then `[tracking]` is left out of the rendered config).
+    pub fn is_off(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Evaluation of each run's policy on fixed task subsets (method.md A.9: the ablation recipes
@@ -696,6 +744,9 @@ impl Config {
     pub fn snapshot(&self) -> serde_json::Value {
         let mut cfg = self.clone();
         cfg.database.url = crate::domain::util::redact_url(&cfg.database.url);
+        if let Some(u) = &cfg.tracking.mlflow_url {
+            cfg.tracking.mlflow_url = Some(crate::domain::util::redact_url(u));
+        }
         serde_json::to_value(&cfg).unwrap_or(serde_json::Value::Null)
     }
 }

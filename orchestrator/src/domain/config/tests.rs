@@ -404,3 +404,51 @@ fn the_deeprubric_preset_states_its_rl_setting() {
     assert!(c.credit.citation);
     assert_eq!(c.experiment.steps, 140);
 }
+
+#[test]
+fn tracking_section_parses_validates_refuses_unknown_keys_and_redacts() {
+    let load = |sets: &[&str]| {
+        Config::load(
+            "smoke",
+            &Overrides {
+                sets: sets.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            },
+        )
+    };
+    let off = load(&[]).unwrap();
+    assert!(!off.tracking.enabled());
+    assert!(
+        !off.to_toml().contains("[tracking]"),
+        "an unset section is not rendered"
+    );
+    let cfg = load(&[
+        "tracking.tensorboard_dir=\"runs/tb\"",
+        "tracking.mlflow_url=\"http://u:s3cret-pass@127.0.0.1:5000\"",
+        "tracking.poll_secs=2",
+    ])
+    .unwrap();
+    assert!(cfg.tracking.enabled());
+    assert_eq!(
+        cfg.tracking.tensorboard_dir.as_deref(),
+        Some(Path::new("runs/tb"))
+    );
+    assert_eq!(cfg.tracking.mlflow_experiment, None);
+    assert_eq!(cfg.tracking.poll_secs, 2);
+    assert!(!cfg.snapshot().to_string().contains("s3cret-pass"));
+    let back: Config = toml::from_str(&cfg.to_toml()).unwrap();
+    assert_eq!(back.tracking, cfg.tracking);
+    for (kv, field) in [
+        ("tracking.mlflow_url=\"ftp://x\"", "tracking.mlflow_url"),
+        ("tracking.poll_secs=0", "tracking.poll_secs"),
+        (
+            "tracking.mlflow_experiment=\" \"",
+            "tracking.mlflow_experiment",
+        ),
+        ("tracking.tensorboard_dir=\"\"", "tracking.tensorboard_dir"),
+        ("tracking.wandb=1", "unknown field `wandb`"),
+    ] {
+        let err = load(&[kv]).unwrap_err().to_string();
+        assert!(err.contains(field), "{kv}: {err}");
+    }
+}

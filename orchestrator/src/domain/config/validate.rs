@@ -243,7 +243,38 @@ impl Config {
             ro.top_p,
             "(0, 1]",
         )?;
-        self.validate_eval()
+        self.validate_eval()?;
+        self.validate_tracking()
+    }
+
+    fn validate_tracking(&self) -> Result<(), ConfigError> {
+        let t = &self.tracking;
+        check(
+            (1..=3600).contains(&t.poll_secs),
+            "tracking.poll_secs",
+            t.poll_secs,
+            "1..=3600",
+        )?;
+        if let Some(d) = &t.tensorboard_dir {
+            check(
+                !d.as_os_str().is_empty(),
+                "tracking.tensorboard_dir",
+                "\"\"",
+                "a directory path (or unset: no TensorBoard files)",
+            )?;
+        }
+        if let Some(u) = &t.mlflow_url {
+            validate_url("tracking.mlflow_url", u)?;
+        }
+        if let Some(e) = &t.mlflow_experiment {
+            check(
+                !e.trim().is_empty(),
+                "tracking.mlflow_experiment",
+                format!("{e:?}"),
+                "a non-empty name (or unset: experiment.name)",
+            )?;
+        }
+        Ok(())
     }
 
     fn validate_eval(&self) -> Result<(), ConfigError> {

@@ -5,6 +5,7 @@
 pub mod bank;
 pub mod bench;
 mod copy;
+pub mod dashboard;
 pub mod deeprubric;
 pub mod evaluations;
 pub mod judging;
@@ -15,6 +16,7 @@ pub mod rollouts;
 pub mod runs;
 pub mod tasks;
 pub mod tool_cache;
+pub mod tracking;
 pub mod trajectories;
 
 use std::collections::BTreeMap;

@@ -176,3 +176,42 @@ pub async fn latest_checkpoint(
     .fetch_optional(pool)
     .await?)
 }
+
+/// Every checkpoint of a run, oldest first.
+pub async fn checkpoints(pool: &PgPool, run_id: Uuid) -> Result<Vec<CheckpointRow>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT step, policy_version, kind, path FROM checkpoints WHERE run_id = $1 ORDER BY step",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// What a model card says of a run: experiment name and preset, and its completed steps.
+pub async fn card_facts(
+    pool: &PgPool,
+    run_id: Uuid,
+) -> Result<Option<(String, String, i64)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT e.name, e.preset,
+                (SELECT count(*) FROM steps s WHERE s.run_id = r.id AND s.status = 'completed')
+         FROM runs r JOIN experiments e ON e.id = r.experiment_id WHERE r.id = $1",
+    )
+    .bind(run_id)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// Gold-judged benchmark runs of a run: (name, benchmark, policy version, summary score).
+pub async fn gold_benchmarks(
+    pool: &PgPool,
+    run_id: Uuid,
+) -> Result<Vec<(String, String, Option<i32>, Option<f64>)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT name, benchmark, policy_version, (summary->>'score')::float8 FROM bench_runs
+         WHERE source_run_id = $1 ORDER BY policy_version, name",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await?)
+}

@@ -58,10 +58,25 @@ impl RetryPolicy {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, LlmError>>,
     {
+        self.run_when(op, LlmError::is_retryable, on_retry).await
+    }
+
+    /// [`Self::run`] for another door's error type: `retryable` says which errors are retried
+    /// (the experiment trackers' client uses it).
+    pub async fn run_when<T, E, F, Fut>(
+        &self,
+        op: F,
+        retryable: impl FnMut(&E) -> bool,
+        on_retry: impl Fn(&E, Duration),
+    ) -> Result<T, E>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
         op.retry(self.backoff())
             .sleep(tokio::time::sleep)
-            .when(LlmError::is_retryable)
-            .notify(|e: &LlmError, d: Duration| on_retry(e, d))
+            .when(retryable)
+            .notify(|e: &E, d: Duration| on_retry(e, d))
             .await
     }
 }

@@ -78,9 +78,11 @@ fn services_exist_with_profiles_and_healthcheck() {
         assert!(s.get(name).is_some(), "service {name} missing");
     }
     for gpu in ["vllm-policy", "vllm-judge"] {
-        assert_eq!(
-            s[gpu]["profiles"],
-            serde_json::json!(["gpu"]),
+        assert!(
+            s[gpu]["profiles"]
+                .as_array()
+                .unwrap()
+                .contains(&serde_json::json!("gpu")),
             "{gpu} belongs to the gpu profile"
         );
     }
@@ -328,4 +330,45 @@ fn init_prepares_what_the_services_load_and_the_dashboard_is_served() {
     )
     .unwrap();
     assert_eq!(cfg.policy.api_key_env.as_deref(), Some("TRAINER_API_TOKEN"));
+}
+
+/// The multi-GPU profile: a data-parallel trainer with one rank per reserved GPU (NCCL),
+/// publishing to every vLLM policy server of the profile at its container port.
+#[test]
+fn the_multi_gpu_profile_runs_one_rank_per_gpu_and_publishes_to_each_policy_server() {
+    let c = compose();
+    let s = &c["services"];
+    let t = &s["trainer-multi"];
+    assert_eq!(t["profiles"], serde_json::json!(["gpu-multi"]));
+    let env = |k: &str| resolve(t["environment"][k].as_str().unwrap());
+    let ranks: usize = env("TRAINER_NPROC_PER_NODE").parse().unwrap();
+    let gpus = &t["deploy"]["resources"]["reservations"]["devices"][0]["count"];
+    let gpus: usize = match gpus {
+        Value::Number(n) => n.as_u64().unwrap() as usize,
+        v => resolve(v.as_str().unwrap()).parse().unwrap(),
+    };
+    assert!(ranks > 1 && ranks == gpus, "{ranks} ranks on {gpus} GPUs");
+    assert_eq!(env("TRAINER_DEVICE"), "cuda");
+    assert_eq!(env("TRAINER_DIST_BACKEND"), "nccl");
+    let urls = env("TRAINER_PUBLISH_URLS");
+    let servers: Vec<&str> = urls.split(',').collect();
+    assert!(servers.len() >= 2, "{urls}");
+    for u in servers {
+        let (host, port) = url_host_port(u);
+        let svc = &s[&host];
+        assert!(
+            svc["profiles"]
+                .as_array()
+                .unwrap()
+                .contains(&serde_json::json!("gpu-multi")),
+            "{host} runs in the profile"
+        );
+        assert_eq!(port, ports(svc)[0].2, "{u}");
+    }
+    assert!(
+        t["entrypoint"][2]
+            .as_str()
+            .unwrap()
+            .contains("TRAINER_API_TOKEN=$$(cat /runs/.token)")
+    );
 }

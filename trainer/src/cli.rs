@@ -192,6 +192,25 @@ pub struct ServeArgs {
     /// sharing a machine (a policy server and a trainer) each get a share this way.
     #[arg(long, env = "TRAINER_THREADS", default_value_t = 0)]
     pub threads: i32,
+    /// Data-parallel ranks on this node: this process becomes a launcher that starts N ranks
+    /// of this binary with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    /// MASTER_PORT); rank 0 serves HTTP, the others follow. Started under torchrun (WORLD_SIZE
+    /// set), the process is one rank instead.
+    #[arg(long, env = "TRAINER_NPROC_PER_NODE", default_value_t = 1)]
+    pub nproc_per_node: usize,
+    /// Nodes in the job (one launcher per node; MASTER_ADDR / MASTER_PORT name rank 0's host).
+    #[arg(long, env = "TRAINER_NNODES", default_value_t = 1)]
+    pub nnodes: usize,
+    /// This node's index among --nnodes.
+    #[arg(long, env = "TRAINER_NODE_RANK", default_value_t = 0)]
+    pub node_rank: usize,
+    /// c10d backend of the ranks: auto (nccl on CUDA, else gloo), gloo or nccl.
+    #[arg(long, env = "TRAINER_DIST_BACKEND", default_value = "auto")]
+    pub dist_backend: String,
+    /// Limit of every collective and of the rendezvous, in seconds: a rank that dies or hangs
+    /// fails the others' step within it.
+    #[arg(long, env = "TRAINER_DIST_TIMEOUT_SECS", default_value_t = 300)]
+    pub dist_timeout_secs: u64,
 }
 
 #[derive(Debug, clap::Args)]

@@ -66,6 +66,19 @@ pub struct ServeSettings {
     pub api_token: Option<ApiToken>,
     /// Publishing each new version to inference servers; `None`: no publishing.
     pub publish: Option<PublishSettings>,
+    /// Data-parallel ranks (`--nproc-per-node` and friends).
+    pub dist: DistSettings,
+}
+
+/// `trainer serve`'s data-parallel layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DistSettings {
+    pub nproc_per_node: usize,
+    pub nnodes: usize,
+    pub node_rank: usize,
+    /// `None`: auto (NCCL on CUDA, else gloo).
+    pub backend: Option<crate::dist::BackendKind>,
+    pub timeout: std::time::Duration,
 }
 
 /// `--publish-*`: where versions are written and which servers load them.
@@ -196,6 +209,31 @@ impl ServeSettings {
             bail!("--threads = {}; allowed: 0 (default) or more", a.threads);
         }
         let lora = lora_config(a.lora_r, a.lora_alpha);
+        let backend = match a.dist_backend.as_str() {
+            "auto" => None,
+            "gloo" => Some(crate::dist::BackendKind::Gloo),
+            "nccl" => Some(crate::dist::BackendKind::Nccl),
+            other => bail!("--dist-backend = {other:?}; allowed: auto, gloo, nccl"),
+        };
+        if a.nproc_per_node == 0 || a.nnodes == 0 || a.node_rank >= a.nnodes {
+            bail!(
+                "--nproc-per-node = {}, --nnodes = {}, --node-rank = {}; allowed: at least 1 \
+                 rank and 1 node, and 0 <= --node-rank < --nnodes",
+                a.nproc_per_node,
+                a.nnodes,
+                a.node_rank
+            );
+        }
+        if a.dist_timeout_secs == 0 {
+            bail!("--dist-timeout-secs = 0; allowed: 1 or more");
+        }
+        let dist = DistSettings {
+            nproc_per_node: a.nproc_per_node,
+            nnodes: a.nnodes,
+            node_rank: a.node_rank,
+            backend,
+            timeout: std::time::Duration::from_secs(a.dist_timeout_secs),
+        };
         let publish = if a.publish_urls.is_empty() && a.publish_dir.is_none() {
             None
         } else {
@@ -237,6 +275,7 @@ impl ServeSettings {
                     None
                 },
             },
+            dist,
             bind: a.bind,
             served_name: a.served_name,
             checkpoint_dir: a.checkpoint_dir,

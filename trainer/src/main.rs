@@ -78,16 +78,47 @@ fn run(task: Task) -> anyhow::Result<String> {
 }
 
 /// `trainer serve`: load the policy, start the publisher, serve until Ctrl-C / SIGTERM.
-fn serve(s: ServeSettings) -> anyhow::Result<()> {
+fn serve(mut s: ServeSettings) -> anyhow::Result<()> {
+    if s.dist.nproc_per_node * s.dist.nnodes > 1 && std::env::var_os("WORLD_SIZE").is_none() {
+        return launch_ranks(&s);
+    }
     if let Some(n) = s.threads {
         tch::set_num_threads(n);
+    }
+    let env = trainer::dist::DistEnv::from_env()?.filter(|e| e.world > 1);
+    if let (Some(env), tch::Device::Cuda(_)) = (&env, s.load.device) {
+        s.load.device = tch::Device::Cuda(env.local_rank);
     }
     tracing::info!(
         hash = %s.load.settings.hash(),
         settings = %serde_json::to_string(&s.load.settings).unwrap_or_default(),
         "training settings from the flags (until POST /v1/settings)"
     );
-    let loaded = load::load(&s.load)?;
+    let mut loaded = load::load(&s.load)?;
+    if let Some(env) = env {
+        let backend = s.dist.backend.unwrap_or(if s.load.device.is_cuda() {
+            trainer::dist::BackendKind::Nccl
+        } else {
+            trainer::dist::BackendKind::Gloo
+        });
+        let opts = trainer::dist::DistOptions {
+            backend,
+            timeout: s.dist.timeout,
+            ..Default::default()
+        };
+        tracing::info!(
+            rank = env.rank,
+            world = env.world,
+            ?backend,
+            "joining the group"
+        );
+        let group = trainer::dist::C10d::init(&env, &opts)?;
+        loaded.policy.trainer.set_collective(Box::new(group));
+        if env.rank != 0 {
+            trainer::service::follower::follow(loaded.policy, s.load)?;
+            return Ok(());
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -116,6 +147,48 @@ fn serve(s: ServeSettings) -> anyhow::Result<()> {
         state.set_load_options(s.load);
         trainer::service::serve(state).await?;
         Ok(())
+    })
+}
+
+/// `--nproc-per-node N`: start this node's ranks (this binary, same arguments, torchrun's
+/// environment) and watch them; Ctrl-C or SIGTERM stops them all.
+fn launch_ranks(s: &ServeSettings) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let port = std::env::var("MASTER_PORT")
+        .ok()
+        .map(|v| v.parse::<u16>())
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("MASTER_PORT: {e}"))?;
+    let spec = trainer::dist::launch::LaunchSpec {
+        nproc_per_node: s.dist.nproc_per_node,
+        nnodes: s.dist.nnodes,
+        node_rank: s.dist.node_rank,
+        master_addr: std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into()),
+        master_port: port,
+        grace: std::time::Duration::from_secs(10),
+    };
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let flag = stop.clone();
+        tokio::spawn(async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                Some(()) = async { match term.as_mut() { Some(t) => t.recv().await, None => None } } => {}
+            }
+            flag.store(true, Ordering::SeqCst);
+        });
+        tokio::task::spawn_blocking(move || {
+            trainer::dist::launch::launch(&spec, &args, || stop.load(Ordering::SeqCst))
+        })
+        .await?
+        .map_err(anyhow::Error::from)
     })
 }
 

@@ -465,6 +465,17 @@ impl Trainer {
             return Err(TrainerError::Config("not in a data-parallel group".into()));
         };
         let cmd = data_parallel::receive(g, timeout)?;
+        self.run_received(cmd)
+    }
+
+    /// A rank other than 0: take a step command received from rank 0 (see
+    /// [`data_parallel::receive`]); a failure is reported to rank 0 with its reason.
+    pub fn run_received(&mut self, cmd: Command) -> Result<StepMetrics> {
+        if cmd.control.is_some() {
+            return Err(TrainerError::Config(
+                "a control command is applied to the policy, not run as a step".into(),
+            ));
+        }
         let r = self.run_command(cmd);
         if let (Err(e), Some(g)) = (&r, self.group()) {
             data_parallel::report_fatal(g, &e.to_string());

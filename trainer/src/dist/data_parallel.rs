@@ -37,11 +37,29 @@ pub struct Part {
     pub sequences: usize,
 }
 
-/// What rank 0 sends each rank for one step: the kind, and one [`Part`] per optimizer update.
+/// What rank 0 sends each rank for one step: the kind, and one [`Part`] per optimizer update;
+/// or, between steps, a [`Control`] every rank applies to its own copy of the policy (then
+/// `kind` and `parts` are ignored).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Command {
     pub kind: StepKind,
     pub parts: Vec<Part>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<Control>,
+}
+
+/// A change of the policy that rank 0 makes outside a step and every other rank must repeat,
+/// in the same place of the command sequence, to keep its copy identical.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Control {
+    /// Rebuild the policy from the model directory (`None`) or a checkpoint directory
+    /// (`POST /v1/restore`; the path as every rank of the node sees it).
+    Restore {
+        checkpoint: Option<std::path::PathBuf>,
+    },
+    /// Apply these training settings (`POST /v1/settings`; wire `TrainSettings` as JSON).
+    Settings { settings: serde_json::Value },
 }
 
 /// Split sequences of token counts `lens` into `world` groups of near-equal token totals
@@ -76,6 +94,7 @@ pub fn plan(
         .map(|_| Command {
             kind,
             parts: Vec::with_capacity(ranges.len()),
+            control: None,
         })
         .collect();
     for r in ranges {
@@ -125,6 +144,16 @@ pub fn publish(coll: &dyn Collective, mut cmds: Vec<Command>) -> Result<Command>
         coll.set(&step_key(step, r), &bytes)?;
     }
     Ok(cmds.swap_remove(0))
+}
+
+/// Rank 0: publish `control` to every other rank as the group's next command.
+pub fn publish_control(coll: &dyn Collective, control: Control) -> Result<()> {
+    let cmd = Command {
+        kind: StepKind::Sft,
+        parts: Vec::new(),
+        control: Some(control),
+    };
+    publish(coll, vec![cmd; coll.world()]).map(|_| ())
 }
 
 /// A follower: wait up to `timeout` for this rank's part of the group's next command, and

@@ -15,6 +15,7 @@
 mod ffi;
 
 pub mod data_parallel;
+pub mod launch;
 pub mod vllm;
 pub mod zero;
 

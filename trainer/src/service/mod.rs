@@ -23,6 +23,7 @@
 
 pub mod auth;
 mod error;
+pub mod follower;
 pub mod generate;
 pub mod load;
 mod openai;
@@ -48,6 +49,7 @@ use wire::{
 };
 
 use crate::checkpoint::{self, CheckpointState};
+use crate::dist::data_parallel::{self, Control};
 use crate::error::{Result, TrainerError, panic_message};
 use crate::model::lora::{self, LoraConfig};
 use crate::publish::{Published, Publisher};
@@ -118,6 +120,10 @@ pub struct AppState {
     broken: std::sync::Mutex<Option<String>>,
     /// False once the generation worker has stopped (or could not start).
     worker_alive: Arc<AtomicBool>,
+    /// Rings when the data-parallel group broke: the server stops and the process fails, so
+    /// the launcher stops every rank and a supervisor restarts the group whole.
+    group_failed: tokio::sync::Notify,
+    group_broken: AtomicBool,
 }
 
 /// A JSON request body that may be empty (then the default).
@@ -279,6 +285,8 @@ impl AppState {
             updating: AtomicBool::new(false),
             broken: std::sync::Mutex::new(None),
             worker_alive,
+            group_failed: tokio::sync::Notify::new(),
+            group_broken: AtomicBool::new(false),
         })
     }
 
@@ -305,6 +313,15 @@ impl AppState {
         let reason = reason.into();
         tracing::error!(%reason, "trainer serve is unhealthy");
         *self.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+    }
+
+    /// The data-parallel group can no longer be trusted (a grouped step or control message
+    /// failed, so the ranks may differ): unhealthy now, and the server shuts down so the
+    /// process exits with the reason.
+    pub fn fail_group(&self, reason: impl Into<String>) {
+        self.mark_unhealthy(reason);
+        self.group_broken.store(true, Ordering::SeqCst);
+        self.group_failed.notify_one();
     }
 
     /// 503 naming why, while unhealthy.
@@ -484,6 +501,7 @@ async fn train_step(
             let (metrics, refl_metrics, version, publish_dir, hash) = {
                 let mut p = state.policy.lock().map_err(|_| ApiError::poisoned())?;
                 let before = p.version;
+                let grouped = p.trainer.collective().is_some_and(|g| g.world() > 1);
                 let done = guarded_step(&mut p, ROLLBACK_MAX_BYTES, |p| {
                     // Phase A (the meta-policy's deferred batch) is its own optimizer step,
                     // before Phase B, with its ratio against the candidates' generation-time
@@ -517,6 +535,15 @@ async fn train_step(
                 });
                 match done {
                     Ok(v) => v,
+                    Err(StepFailure::RolledBack(e)) if grouped => {
+                        // The other ranks may have taken the update or not: the group is
+                        // inconsistent, so it stops whole (the launcher restarts nothing by
+                        // itself; the orchestrator waits for and re-synchronises the trainer).
+                        let why =
+                            format!("data-parallel train step at version {before} failed: {e}");
+                        state.fail_group(why.clone());
+                        return Err(ApiError::internal(format!("{why}; the group is stopping")));
+                    }
                     Err(StepFailure::RolledBack(e)) => {
                         tracing::warn!(error = %e, "train step failed and was undone");
                         return Err(match e {
@@ -529,7 +556,11 @@ async fn train_step(
                     }
                     Err(StepFailure::Unrecoverable(why)) => {
                         let why = format!("train step at version {before} failed: {why}");
-                        state.mark_unhealthy(why.clone());
+                        if grouped {
+                            state.fail_group(why.clone());
+                        } else {
+                            state.mark_unhealthy(why.clone());
+                        }
                         return Err(ApiError::internal(format!(
                             "{why}; the trainer is now unhealthy: POST /v1/restore or restart it"
                         )));
@@ -654,10 +685,14 @@ async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<
     };
     let st = s.clone();
     let version = tokio::task::spawn_blocking(move || -> Result<i64> {
-        let fresh = load::build_policy(&opts, ck.as_deref())?;
+        let mut fresh = load::build_policy(&opts, ck.as_deref())?;
         let version = fresh.version;
         // The whole policy is replaced, so a lock poisoned by an earlier panic is sound again.
         let mut p = st.policy.lock().unwrap_or_else(PoisonError::into_inner);
+        // The other ranks rebuild the same policy; the group moves to the new trainer.
+        adopt_group(&st, &mut p, &mut fresh, || Control::Restore {
+            checkpoint: ck,
+        })?;
         *p = fresh;
         drop(p);
         st.policy.clear_poison();
@@ -682,6 +717,30 @@ async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<
         session: req.session,
         published,
     }))
+}
+
+/// Move the data-parallel group (if any) from the policy being replaced, `old`, to `fresh`,
+/// after telling the other ranks to make the same replacement (`control`). A group that cannot
+/// be told is broken: the server stops.
+fn adopt_group(
+    st: &AppState,
+    old: &mut Policy,
+    fresh: &mut Policy,
+    control: impl FnOnce() -> Control,
+) -> Result<()> {
+    let Some(g) = old.trainer.take_collective() else {
+        return Ok(());
+    };
+    if g.world() > 1
+        && let Err(e) = data_parallel::publish_control(&*g, control())
+    {
+        old.trainer.set_collective(g);
+        let why = format!("the other ranks could not be told to rebuild the policy: {e}");
+        st.fail_group(why.clone());
+        return Err(TrainerError::Config(why));
+    }
+    fresh.trainer.set_collective(g);
+    Ok(())
 }
 
 /// Put a restored policy on the inference servers: retire every version the old policy had
@@ -784,12 +843,16 @@ async fn post_settings(
         // start as no-ops), so what the servers serve stays right: nothing is republished.
         let st = s.clone();
         let o = opts.clone();
+        let json = serde_json::to_value(&new).unwrap_or_default();
         tokio::task::spawn_blocking(move || -> Result<()> {
-            let fresh = load::build_policy(&o, None)?;
+            let mut fresh = load::build_policy(&o, None)?;
             let mut p = st
                 .policy
                 .lock()
                 .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+            adopt_group(&st, &mut p, &mut fresh, || Control::Settings {
+                settings: json,
+            })?;
             *p = fresh;
             Ok(())
         })
@@ -802,6 +865,16 @@ async fn post_settings(
                 .set_config(resolved.train)
                 .map_err(|e| ApiError::bad_request(format!("settings rejected: {e}")))?;
             p.settings = new.clone();
+            if let Some(g) = p.trainer.collective().filter(|g| g.world() > 1) {
+                let control = Control::Settings {
+                    settings: serde_json::to_value(&new).unwrap_or_default(),
+                };
+                if let Err(e) = data_parallel::publish_control(g, control) {
+                    let why = format!("settings could not reach the other ranks: {e}");
+                    s.fail_group(why.clone());
+                    return Err(ApiError::internal(why));
+                }
+            }
         }
         if let Some(mut opts) = s.load_options() {
             opts.settings = new.clone();
@@ -901,14 +974,28 @@ pub async fn serve(state: Arc<AppState>) -> Result<()> {
         .map_err(|e| TrainerError::Config(format!("cannot bind {addr}: {e}")))?;
     tracing::info!(%addr, "trainer serve listening");
     let st = state.clone();
-    axum::serve(listener, router(state))
+    axum::serve(listener, router(state.clone()))
         .with_graceful_shutdown(async move {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::warn!("shutting down: waiting for the current train step");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {
+                    tracing::warn!("shutting down: waiting for the current train step");
+                }
+                () = st.group_failed.notified() => {
+                    tracing::error!("the data-parallel group failed: shutting down");
+                }
+            }
             let _ = st.training.lock().await;
         })
         .await
-        .map_err(|e| TrainerError::Config(format!("server error: {e}")))
+        .map_err(|e| TrainerError::Config(format!("server error: {e}")))?;
+    if state.group_broken.load(Ordering::SeqCst) {
+        return Err(TrainerError::Config(
+            state
+                .unhealthy()
+                .unwrap_or_else(|| "the data-parallel group failed".into()),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

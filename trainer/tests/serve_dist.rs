@@ -1,0 +1,302 @@
+//! `trainer serve --nproc-per-node 2`: the launcher starts two ranks of this binary (gloo on
+//! CPU, one thread each); rank 0 serves HTTP and leads, rank 1 follows. Over HTTP the group
+//! trains like one process on the same batches (uneven sequence lengths), a restore reaches
+//! both ranks, and when a rank dies the launcher stops the job within seconds and names it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn tiny_config() -> serde_json::Value {
+    serde_json::json!({
+        "vocab_size": 0, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 512, "rope_theta": 10000.0, "tie_word_embeddings": true
+    })
+}
+
+fn model_dir(tmp: &Path) -> PathBuf {
+    let corpus = tmp.join("corpus.jsonl");
+    let lines: String = (0..200)
+        .map(|i| {
+            serde_json::json!({"text": format!("gene TN{i} binds receptor {i}; study {i}")})
+                .to_string()
+                + "\n"
+        })
+        .collect();
+    std::fs::write(&corpus, lines).unwrap();
+    let tok = tmp.join("tok");
+    trainer::smallmodel::train_tokenizer(&corpus, 300, &tok).unwrap();
+    let cfg = tmp.join("config.json");
+    std::fs::write(&cfg, tiny_config().to_string()).unwrap();
+    let out = tmp.join("model");
+    trainer::smallmodel::init_model(&cfg, &tok, &out, 3).unwrap();
+    out
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve(model: &Path, ckpt: &Path, port: u16, nproc: usize, log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["serve", "--device", "cpu", "--threads", "1", "--lr", "1e-3"])
+        .arg("--model")
+        .arg(model)
+        .arg("--checkpoint-dir")
+        .arg(ckpt)
+        .arg("--bind")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--nproc-per-node")
+        .arg(nproc.to_string())
+        .env("RUST_LOG", "trainer=info")
+        .env_remove("WORLD_SIZE")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+async fn wait_healthy(url: &str, log: &Path) {
+    let t0 = Instant::now();
+    loop {
+        let ok = trainer::publish::http_client()
+            .get(format!("{url}/health"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if ok {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{url} never became healthy:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Eight sequences of uneven lengths (so the ranks' token counts differ), mixed advantages.
+fn batch(seed: usize) -> wire::Batch {
+    let seqs = (0..8)
+        .map(|i| {
+            let n = 12 + (i * 7 + seed) % 21;
+            let tokens: Vec<u32> = (0..n)
+                .map(|k| ((i * 31 + k * 7 + seed) % 250 + 5) as u32)
+                .collect();
+            let answer = n / 2;
+            wire::WireSequence {
+                loss_mask: (0..n).map(|k| k >= answer).collect(),
+                stages: (0..n)
+                    .map(|k| if k >= answer { (k % 4) as i8 } else { -1 })
+                    .collect(),
+                behaviour_logprobs: vec![-5.5; n],
+                advantages: vec![
+                    if i % 2 == 0 { 1.0 } else { -0.5 },
+                    0.25,
+                    -0.25,
+                    if i % 3 == 0 { 1.0 } else { -1.0 },
+                ],
+                group_id: (i / 4) as u32,
+                policy_version: 0,
+                phase: wire::Phase::Task,
+                tokens,
+            }
+        })
+        .collect();
+    wire::Batch {
+        policy_version: 0,
+        rl: true,
+        seqs,
+    }
+}
+
+async fn post(url: &str, path: &str, body: Vec<u8>) -> (u16, serde_json::Value) {
+    let r = trainer::publish::http_client()
+        .post(format!("{url}{path}"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::json!({"raw": text})),
+    )
+}
+
+async fn step(url: &str, b: &wire::Batch) -> serde_json::Value {
+    let (status, body) = post(url, "/v1/train_step", b.encode().unwrap()).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn close(what: &str, a: &serde_json::Value, b: &serde_json::Value) {
+    let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+    assert!(
+        (a - b).abs() <= 1e-5 * (1.0 + a.abs()),
+        "{what}: one rank {a} vs two ranks {b}"
+    );
+}
+
+fn weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let m =
+        trainer::model::weights::read_model_dir(dir, tch::Device::Cpu, tch::Kind::Float).unwrap();
+    m.into_iter()
+        .map(|(k, t)| (k, Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()))
+        .collect()
+}
+
+/// `text` without ANSI colour sequences.
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The pid the launcher logged for `rank`.
+fn rank_pid(log: &Path, rank: usize) -> u32 {
+    let text = plain(&std::fs::read_to_string(log).unwrap());
+    let line = text
+        .lines()
+        .find(|l| l.contains("rank started") && l.contains(&format!("rank={rank} ")))
+        .unwrap_or_else(|| panic!("no start line for rank {rank}:\n{text}"));
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("pid="))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ranks_serve_train_restore_like_one_and_stop_together() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = model_dir(tmp.path());
+    let (p1, p2) = (free_port(), free_port());
+    let (log1, log2) = (tmp.path().join("one.log"), tmp.path().join("two.log"));
+    let mut one = serve(&model, &tmp.path().join("ck1"), p1, 1, &log1);
+    let mut two = serve(&model, &tmp.path().join("ck2"), p2, 2, &log2);
+    let (u1, u2) = (
+        format!("http://127.0.0.1:{p1}"),
+        format!("http://127.0.0.1:{p2}"),
+    );
+    wait_healthy(&u1, &log1).await;
+    wait_healthy(&u2, &log2).await;
+
+    let mut first = None;
+    for seed in 0..2 {
+        let b = batch(seed);
+        let (a, c) = (step(&u1, &b).await, step(&u2, &b).await);
+        for k in [
+            "loss",
+            "kl",
+            "clip_fraction",
+            "grad_norm",
+            "entropy",
+            "tokens",
+        ] {
+            close(k, &a["metrics"][k], &c["metrics"][k]);
+        }
+        assert_eq!(a["policy_version"], c["policy_version"]);
+        if seed == 0 {
+            first = Some(c["metrics"]["loss"].clone());
+        }
+    }
+    // Same weights after two steps: checkpoints of both, compared tensor by tensor.
+    let (s1, c1) = post(&u1, "/v1/checkpoint", b"{}".to_vec()).await;
+    let (s2, c2) = post(&u2, "/v1/checkpoint", b"{}".to_vec()).await;
+    assert_eq!((s1, s2), (200, 200), "{c1} {c2}");
+    let w1 = weights(Path::new(c1["checkpoint"].as_str().unwrap()));
+    let w2 = weights(Path::new(c2["checkpoint"].as_str().unwrap()));
+    assert_eq!(w1.len(), w2.len());
+    for ((k, a), (_, b)) in w1.iter().zip(&w2) {
+        let d = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(d < 1e-5, "{k}: max |diff| {d}");
+    }
+
+    // A restore to version 0 reaches rank 1 too: the first batch trains as it did the first time.
+    let (s, body) = post(&u2, "/v1/restore", b"{}".to_vec()).await;
+    assert_eq!(s, 200, "{body}");
+    let again = step(&u2, &batch(0)).await;
+    close(
+        "loss after restore",
+        first.as_ref().unwrap(),
+        &again["metrics"]["loss"],
+    );
+
+    // New settings reach rank 1 too: after the same restore, settings and step on the single
+    // process, the group's next step matches it.
+    let (s, _) = post(&u1, "/v1/restore", b"{}".to_vec()).await;
+    assert_eq!(s, 200);
+    step(&u1, &batch(0)).await;
+    let mut settings: serde_json::Value = trainer::publish::http_client()
+        .get(format!("{u1}/v1/settings"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    settings["settings"]["lr"] = serde_json::json!(3e-3);
+    settings["settings"]["max_grad_norm"] = serde_json::json!(0.5);
+    let body = serde_json::to_vec(&settings["settings"]).unwrap();
+    for u in [&u1, &u2] {
+        let (s, reply) = post(u, "/v1/settings", body.clone()).await;
+        assert_eq!(s, 200, "{reply}");
+    }
+    // Two steps: the second's loss reads weights every rank updated with the new settings.
+    for seed in [5, 6] {
+        let (a, c) = (step(&u1, &batch(seed)).await, step(&u2, &batch(seed)).await);
+        for k in ["loss", "lr", "grad_norm"] {
+            close(k, &a["metrics"][k], &c["metrics"][k]);
+        }
+    }
+
+    // A rank that dies stops the job: the launcher ends within seconds, naming it.
+    let pid = rank_pid(&log2, 1);
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = two.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the launcher did not stop"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!status.success());
+    let log = plain(&std::fs::read_to_string(&log2).unwrap());
+    assert!(
+        log.contains(&format!("rank 1 (pid {pid}) exited")),
+        "the launcher names the rank: {log}"
+    );
+    let _ = one.kill();
+    let _ = one.wait();
+}

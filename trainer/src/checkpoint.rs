@@ -84,13 +84,26 @@ pub fn save(
             "checkpoints of a ZeRO-sharded optimizer are written per rank (Trainer::save_zero); the single-writer checkpoint directory does not support them yet".into(),
         ));
     }
+    save_with(root, trainer, lora_cfg, state, |tmp| trainer.opt.save(tmp))
+}
+
+/// [`save`] with the optimizer state written by `optimizer` into the directory being built
+/// (a ZeRO group: every rank writes its shard there before the directory is renamed into
+/// place).
+pub fn save_with(
+    root: &Path,
+    trainer: &Trainer,
+    lora_cfg: Option<&LoraConfig>,
+    state: &CheckpointState,
+    optimizer: impl FnOnce(&Path) -> Result<()>,
+) -> Result<PathBuf> {
     let dir = root.join(format!("step-{:06}", state.step));
     write_dir_atomically(&dir, |tmp| {
         match lora_cfg {
             Some(l) => lora::save_adapter(&trainer.model, l, &state.base, tmp)?,
             None => trainer.model.save(tmp)?,
         }
-        trainer.opt.save(tmp)?;
+        optimizer(tmp)?;
         let p = tmp.join("state.json");
         let text = serde_json::to_string_pretty(state).map_err(TrainerError::json(&p))?;
         std::fs::write(&p, text).map_err(TrainerError::io(&p))

@@ -211,6 +211,11 @@ pub struct ServeArgs {
     /// fails the others' step within it.
     #[arg(long, env = "TRAINER_DIST_TIMEOUT_SECS", default_value_t = 300)]
     pub dist_timeout_secs: u64,
+    /// ZeRO stage of the ranks' optimizer: 0 (every rank holds it whole), 1 (AdamW moments and
+    /// fp32 master weights sharded) or 2 (gradients reduce-scattered too). Checkpoints then
+    /// hold one shard per rank and restore onto any number of ranks.
+    #[arg(long, env = "TRAINER_ZERO", default_value = "0")]
+    pub zero: crate::dist::zero::ZeroStage,
 }
 
 #[derive(Debug, clap::Args)]

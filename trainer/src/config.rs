@@ -79,6 +79,7 @@ pub struct DistSettings {
     /// `None`: auto (NCCL on CUDA, else gloo).
     pub backend: Option<crate::dist::BackendKind>,
     pub timeout: std::time::Duration,
+    pub zero: crate::dist::zero::ZeroStage,
 }
 
 /// `--publish-*`: where versions are written and which servers load them.
@@ -233,6 +234,7 @@ impl ServeSettings {
             node_rank: a.node_rank,
             backend,
             timeout: std::time::Duration::from_secs(a.dist_timeout_secs),
+            zero: a.zero,
         };
         let publish = if a.publish_urls.is_empty() && a.publish_dir.is_none() {
             None

@@ -114,10 +114,24 @@ fn serve(mut s: ServeSettings) -> anyhow::Result<()> {
         );
         let group = trainer::dist::C10d::init(&env, &opts)?;
         loaded.policy.trainer.set_collective(Box::new(group));
+        loaded.policy.trainer.set_zero(s.dist.zero)?;
+        if let Some(ck) = &loaded.resumed {
+            load::restore_sharded_optimizer(&mut loaded.policy, ck)?;
+        }
         if env.rank != 0 {
             trainer::service::follower::follow(loaded.policy, s.load)?;
             return Ok(());
         }
+    }
+    if s.dist.zero != trainer::dist::zero::ZeroStage::Off
+        && loaded.policy.trainer.collective().is_none()
+    {
+        tracing::warn!("--zero needs more than one rank; this trainer keeps its optimizer whole");
+    }
+    if loaded.policy.trainer.collective().is_none()
+        && let Some(ck) = &loaded.resumed
+    {
+        load::restore_sharded_optimizer(&mut loaded.policy, ck)?;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

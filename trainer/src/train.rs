@@ -362,6 +362,11 @@ impl Trainer {
         Ok(())
     }
 
+    /// The ZeRO stage set with [`Trainer::set_zero`].
+    pub fn zero_stage(&self) -> ZeroStage {
+        self.zero
+    }
+
     /// This rank's optimizer shard under ZeRO (after the first grouped step).
     pub fn zero_shard(&self) -> Option<&ZeroShard> {
         self.zero_shard.as_ref()

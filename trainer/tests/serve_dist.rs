@@ -44,6 +44,17 @@ fn free_port() -> u16 {
 }
 
 fn serve(model: &Path, ckpt: &Path, port: u16, nproc: usize, log: &Path) -> Child {
+    serve_with(model, ckpt, port, nproc, log, &[])
+}
+
+fn serve_with(
+    model: &Path,
+    ckpt: &Path,
+    port: u16,
+    nproc: usize,
+    log: &Path,
+    extra: &[&str],
+) -> Child {
     Command::new(env!("CARGO_BIN_EXE_trainer"))
         .args(["serve", "--device", "cpu", "--threads", "1", "--lr", "1e-3"])
         .arg("--model")
@@ -54,6 +65,7 @@ fn serve(model: &Path, ckpt: &Path, port: u16, nproc: usize, log: &Path) -> Chil
         .arg(format!("127.0.0.1:{port}"))
         .arg("--nproc-per-node")
         .arg(nproc.to_string())
+        .args(extra)
         .env("RUST_LOG", "trainer=info")
         .env_remove("WORLD_SIZE")
         .stdout(Stdio::null())
@@ -299,4 +311,79 @@ async fn two_ranks_serve_train_restore_like_one_and_stop_together() {
     );
     let _ = one.kill();
     let _ = one.wait();
+}
+
+/// Stop a launcher (or a single server) the way a supervisor does, and reap it.
+fn stop(mut child: Child) {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_2_ranks_checkpoint_in_shards_and_resume_on_one_or_two_ranks_identically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = model_dir(tmp.path());
+    let ck_zero = tmp.path().join("ck-zero");
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let url = |i: usize| format!("http://127.0.0.1:{}", ports[i]);
+    let log = |i: usize| tmp.path().join(format!("{i}.log"));
+    // 0: one process (reference), 1: two ranks with ZeRO-2.
+    let one = serve(&model, &tmp.path().join("ck-one"), ports[0], 1, &log(0));
+    let zero = serve_with(&model, &ck_zero, ports[1], 2, &log(1), &["--zero", "2"]);
+    wait_healthy(&url(0), &log(0)).await;
+    wait_healthy(&url(1), &log(1)).await;
+    for seed in 0..2 {
+        let (a, c) = (
+            step(&url(0), &batch(seed)).await,
+            step(&url(1), &batch(seed)).await,
+        );
+        for k in ["loss", "grad_norm", "kl"] {
+            close(k, &a["metrics"][k], &c["metrics"][k]);
+        }
+    }
+    let (s, c) = post(&url(1), "/v1/checkpoint", b"{}".to_vec()).await;
+    assert_eq!(s, 200, "{c}");
+    let dir = PathBuf::from(c["checkpoint"].as_str().unwrap());
+    for f in [
+        "optimizer.zero-0-of-2.safetensors",
+        "optimizer.zero-1-of-2.safetensors",
+        "optimizer.zero.json",
+        "state.json",
+    ] {
+        assert!(dir.join(f).exists(), "{f} missing in {}", dir.display());
+    }
+    assert!(!dir.join("optimizer.safetensors").exists());
+    // The reference continues; its next two steps are what every resumed layout must give.
+    let want: Vec<serde_json::Value> = vec![
+        step(&url(0), &batch(2)).await["metrics"]["loss"].clone(),
+        step(&url(0), &batch(3)).await["metrics"]["loss"].clone(),
+    ];
+    stop(zero);
+    stop(one);
+    // Resume the sharded checkpoint on one process (shards reassembled) and on two ZeRO ranks.
+    for (i, nproc, extra) in [
+        (2, 1, vec!["--resume"]),
+        (3, 2, vec!["--resume", "--zero", "2"]),
+    ] {
+        let child = serve_with(&model, &ck_zero, ports[i], nproc, &log(i), &extra);
+        wait_healthy(&url(i), &log(i)).await;
+        for (seed, want) in [2, 3].into_iter().zip(&want) {
+            let got = step(&url(i), &batch(seed)).await;
+            close(
+                &format!("{nproc} rank(s), resumed, batch {seed}"),
+                want,
+                &got["metrics"]["loss"],
+            );
+        }
+        stop(child);
+    }
 }

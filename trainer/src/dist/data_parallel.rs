@@ -60,6 +60,12 @@ pub enum Control {
     },
     /// Apply these training settings (`POST /v1/settings`; wire `TrainSettings` as JSON).
     Settings { settings: serde_json::Value },
+    /// Write this rank's ZeRO optimizer shard into `dir` (a checkpoint being built) and set
+    /// `done/RANK` under `key` to `ok` or the error.
+    SaveShard {
+        dir: std::path::PathBuf,
+        key: String,
+    },
 }
 
 /// Split sequences of token counts `lens` into `world` groups of near-equal token totals

@@ -446,6 +446,12 @@ impl Saved {
 /// one-process trainer restores (`optimizer.safetensors` with `m.NAME`, `v.NAME`, `master.NAME`
 /// and `optimizer.json`, [`crate::optim::AdamW::load`]). Returns (parameters, elements, step).
 pub fn consolidate(dir: &Path) -> crate::error::Result<(usize, i64, u64)> {
+    consolidate_into(dir, dir)
+}
+
+/// [`consolidate`] writing the single-file state into `out` (the sharded save in `dir` is left
+/// as it is).
+pub fn consolidate_into(dir: &Path, out: &Path) -> crate::error::Result<(usize, i64, u64)> {
     use crate::error::TrainerError;
     let saved = Saved::read(dir, tch::Device::Cpu)?;
     let mut tensors = Vec::new();
@@ -454,12 +460,17 @@ pub fn consolidate(dir: &Path) -> crate::error::Result<(usize, i64, u64)> {
         tensors.push((format!("v.{name}"), v));
         tensors.push((format!("master.{name}"), master));
     }
-    crate::model::weights::write_file(&dir.join("optimizer.safetensors"), &tensors)?;
-    let path = dir.join("optimizer.json");
+    crate::model::weights::write_file(&out.join("optimizer.safetensors"), &tensors)?;
+    let path = out.join("optimizer.json");
     let meta = serde_json::json!({"step": saved.step, "consolidated_from_zero": true});
     let text = serde_json::to_string_pretty(&meta).map_err(TrainerError::json(&path))?;
     std::fs::write(&path, text).map_err(TrainerError::io(&path))?;
     Ok((saved.names.len(), saved.numels.iter().sum(), saved.step))
+}
+
+/// Whether `dir` holds a ZeRO-sharded optimizer save rather than the single-file state.
+pub fn is_sharded_save(dir: &Path) -> bool {
+    dir.join("optimizer.zero.json").exists() && !dir.join("optimizer.safetensors").exists()
 }
 
 /// The file of shard `rank` of a `world`-rank save.

@@ -46,6 +46,9 @@ pub fn follow(mut policy: Policy, mut opts: LoadOptions) -> Result<()> {
             }
             Some(Control::Restore { checkpoint }) => {
                 replace(&mut policy, &opts, checkpoint.as_deref())?;
+                if let Some(ck) = &checkpoint {
+                    load::restore_sharded_optimizer(&mut policy, ck)?;
+                }
                 tracing::info!(rank, checkpoint = ?checkpoint, "policy restored");
             }
             Some(Control::Settings { settings }) => {
@@ -63,6 +66,17 @@ pub fn follow(mut policy: Policy, mut opts: LoadOptions) -> Result<()> {
                 }
                 tracing::info!(rank, hash = %policy.settings.hash(), "settings applied");
             }
+            Some(Control::SaveShard { dir, key }) => {
+                let r = policy.trainer.save_zero(&dir);
+                let status = match &r {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                if let Some(g) = policy.trainer.collective() {
+                    g.set(&format!("{key}/done/{rank}"), status.as_bytes())?;
+                }
+                r?;
+            }
         }
     }
 }
@@ -74,9 +88,11 @@ fn replace(
     checkpoint: Option<&std::path::Path>,
 ) -> Result<()> {
     let mut fresh = load::build_policy(opts, checkpoint)?;
+    let zero = policy.trainer.zero_stage();
     if let Some(g) = policy.trainer.take_collective() {
         fresh.trainer.set_collective(g);
     }
+    fresh.trainer.set_zero(zero)?;
     *policy = fresh;
     Ok(())
 }

@@ -201,8 +201,13 @@ pub fn build_policy(opts: &LoadOptions, checkpoint: Option<&Path>) -> Result<Pol
     };
     let mut trainer = Trainer::with_reference(model, reference, resolved.train)?;
     if let Some(ck) = checkpoint {
-        trainer.opt.load(ck)?;
-        tracing::info!(checkpoint = %ck.display(), version, step = trainer.opt.step, "policy restored");
+        if crate::dist::zero::is_sharded_save(ck) {
+            // Restored by `restore_sharded_optimizer` once the policy knows its group.
+            tracing::info!(checkpoint = %ck.display(), version, "weights restored; the ZeRO-sharded optimizer follows");
+        } else {
+            trainer.opt.load(ck)?;
+            tracing::info!(checkpoint = %ck.display(), version, step = trainer.opt.step, "policy restored");
+        }
     }
     Ok(Policy {
         trainer,
@@ -221,4 +226,32 @@ fn same_lora(a: &LoraConfig, b: &LoraConfig) -> bool {
         && a.dropout == b.dropout
         && a.targets.len() == b.targets.len()
         && a.targets.iter().all(|t| b.targets.contains(t))
+}
+
+/// The optimizer of a ZeRO-sharded checkpoint `ck` (written by a group of any size), restored
+/// into `p` after it joined its group and set its ZeRO stage: this rank's shard of the saved
+/// state under ZeRO, else the whole state reassembled from the shards (a single process, or a
+/// group without ZeRO). A checkpoint with the single-file state was restored by
+/// [`build_policy`]; nothing to do.
+pub fn restore_sharded_optimizer(p: &mut Policy, ck: &Path) -> Result<()> {
+    if !crate::dist::zero::is_sharded_save(ck) {
+        return Ok(());
+    }
+    let grouped = p.trainer.collective().is_some_and(|g| g.world() > 1);
+    if grouped && p.trainer.zero_stage() != crate::dist::zero::ZeroStage::Off {
+        let step = p.trainer.load_zero(ck)?;
+        tracing::info!(checkpoint = %ck.display(), step, "ZeRO optimizer shard restored");
+        return Ok(());
+    }
+    let tmp = std::env::temp_dir().join(format!(
+        "rubricem-consolidate-{}-{}",
+        std::process::id(),
+        p.version
+    ));
+    std::fs::create_dir_all(&tmp).map_err(crate::error::TrainerError::io(&tmp))?;
+    let r = crate::dist::zero::consolidate_into(ck, &tmp).and_then(|_| p.trainer.opt.load(&tmp));
+    let _ = std::fs::remove_dir_all(&tmp);
+    r?;
+    tracing::info!(checkpoint = %ck.display(), step = p.trainer.opt.step, "ZeRO-sharded optimizer reassembled");
+    Ok(())
 }

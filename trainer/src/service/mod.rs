@@ -406,7 +406,50 @@ impl AppState {
             mode: if p.lora.is_some() { "lora" } else { "full" }.into(),
             base: p.base.clone(),
         };
-        checkpoint::save(root, &p.trainer, p.lora.as_ref(), &state).map(Some)
+        if p.trainer.zero_shard().is_none() {
+            return checkpoint::save(root, &p.trainer, p.lora.as_ref(), &state).map(Some);
+        }
+        // ZeRO: every rank writes its optimizer shard into the directory being built, before
+        // rank 0 renames it into place; rank 0 waits for each rank's report.
+        let trainer = &p.trainer;
+        checkpoint::save_with(root, trainer, p.lora.as_ref(), &state, |tmp| {
+            let g = trainer
+                .collective()
+                .ok_or_else(|| TrainerError::Config("a ZeRO shard without its group".into()))?;
+            let key = format!("ckpt/{}/{}", state.policy_version, state.step);
+            let control = Control::SaveShard {
+                dir: tmp.to_path_buf(),
+                key: key.clone(),
+            };
+            let sent = data_parallel::publish_control(g, control);
+            if let Err(e) = sent {
+                self.fail_group(format!(
+                    "checkpoint: the other ranks could not be told: {e}"
+                ));
+                return Err(e.into());
+            }
+            trainer.save_zero(tmp)?;
+            for r in 1..g.world() {
+                let done = format!("{key}/done/{r}");
+                let reply = g.get(&done, g.timeout());
+                let _ = g.delete(&done);
+                match reply {
+                    Ok(v) if v == b"ok" => {}
+                    Ok(v) => {
+                        return Err(TrainerError::Config(format!(
+                            "checkpoint: rank {r} could not write its optimizer shard: {}",
+                            String::from_utf8_lossy(&v)
+                        )));
+                    }
+                    Err(e) => {
+                        self.fail_group(format!("checkpoint: rank {r} did not answer: {e}"));
+                        return Err(e.into());
+                    }
+                }
+            }
+            Ok(())
+        })
+        .map(Some)
     }
 }
 
@@ -690,9 +733,13 @@ async fn restore(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<
         // The whole policy is replaced, so a lock poisoned by an earlier panic is sound again.
         let mut p = st.policy.lock().unwrap_or_else(PoisonError::into_inner);
         // The other ranks rebuild the same policy; the group moves to the new trainer.
+        let sharded = ck.clone();
         adopt_group(&st, &mut p, &mut fresh, || Control::Restore {
             checkpoint: ck,
         })?;
+        if let Some(ck) = &sharded {
+            load::restore_sharded_optimizer(&mut fresh, ck)?;
+        }
         *p = fresh;
         drop(p);
         st.policy.clear_poison();
@@ -728,6 +775,7 @@ fn adopt_group(
     fresh: &mut Policy,
     control: impl FnOnce() -> Control,
 ) -> Result<()> {
+    let zero = old.trainer.zero_stage();
     let Some(g) = old.trainer.take_collective() else {
         return Ok(());
     };
@@ -740,7 +788,7 @@ fn adopt_group(
         return Err(TrainerError::Config(why));
     }
     fresh.trainer.set_collective(g);
-    Ok(())
+    fresh.trainer.set_zero(zero)
 }
 
 /// Put a restored policy on the inference servers: retire every version the old policy had

@@ -99,6 +99,13 @@ pub enum Command {
         /// Recompute activations in backward (saves memory, costs time).
         #[arg(long)]
         grad_checkpoint: bool,
+        /// Data-parallel ranks on this machine (the launcher of `trainer serve`): each step's
+        /// batch is split across them by tokens; rank 0 writes the output.
+        #[arg(long, env = "TRAINER_NPROC_PER_NODE", default_value_t = 1)]
+        nproc_per_node: usize,
+        /// Limit of every collective and of the rendezvous, in seconds.
+        #[arg(long, env = "TRAINER_DIST_TIMEOUT_SECS", default_value_t = 300)]
+        dist_timeout_secs: u64,
     },
     /// Serve the policy: train steps over HTTP, checkpoints, publishing to inference servers,
     /// and OpenAI-compatible generation (the embedded policy server).

@@ -173,7 +173,15 @@ impl Task {
                 seed,
                 device,
                 grad_checkpoint,
+                nproc_per_node,
+                dist_timeout_secs,
             } => {
+                if nproc_per_node == 0 || dist_timeout_secs == 0 {
+                    bail!(
+                        "--nproc-per-node = {nproc_per_node}, --dist-timeout-secs = \
+                         {dist_timeout_secs}; allowed: 1 or more each"
+                    );
+                }
                 let mut train = TrainConfig::default();
                 train.optim.lr = lr;
                 train.grad_checkpoint = grad_checkpoint;
@@ -188,6 +196,8 @@ impl Task {
                     train,
                     device: parse_device(&device)?,
                     seed,
+                    nproc_per_node,
+                    dist_timeout: std::time::Duration::from_secs(dist_timeout_secs),
                 }))
             }
             Command::Serve(a) => {

@@ -21,7 +21,7 @@ fn main() -> ExitCode {
     match Task::from_cli(Cli::parse()).and_then(run) {
         Ok(msg) => {
             #[allow(clippy::print_stdout)]
-            {
+            if !msg.is_empty() {
                 println!("{msg}");
             }
             ExitCode::SUCCESS
@@ -67,7 +67,17 @@ fn run(task: Task) -> anyhow::Result<String> {
             serve(*settings)?;
             "trainer serve stopped".into()
         }
-        Task::Sft(opts) => serde_json::to_string(&trainer::sft::run(&opts)?)?,
+        Task::Sft(opts) => {
+            if opts.nproc_per_node > 1 && std::env::var_os("WORLD_SIZE").is_none() {
+                launch_ranks(opts.nproc_per_node, 1, 0)?;
+                return Ok(format!("sft written to {}", opts.out.display()));
+            }
+            let report = trainer::sft::run(&opts)?;
+            if report.rank != 0 {
+                return Ok(String::new());
+            }
+            serde_json::to_string(&report)?
+        }
         Task::Info => format!(
             "cuda available: {}, devices: {}, cudnn: {}",
             tch::Cuda::is_available(),
@@ -80,7 +90,7 @@ fn run(task: Task) -> anyhow::Result<String> {
 /// `trainer serve`: load the policy, start the publisher, serve until Ctrl-C / SIGTERM.
 fn serve(mut s: ServeSettings) -> anyhow::Result<()> {
     if s.dist.nproc_per_node * s.dist.nnodes > 1 && std::env::var_os("WORLD_SIZE").is_none() {
-        return launch_ranks(&s);
+        return launch_ranks(s.dist.nproc_per_node, s.dist.nnodes, s.dist.node_rank);
     }
     if let Some(n) = s.threads {
         tch::set_num_threads(n);
@@ -166,7 +176,7 @@ fn serve(mut s: ServeSettings) -> anyhow::Result<()> {
 
 /// `--nproc-per-node N`: start this node's ranks (this binary, same arguments, torchrun's
 /// environment) and watch them; Ctrl-C or SIGTERM stops them all.
-fn launch_ranks(s: &ServeSettings) -> anyhow::Result<()> {
+fn launch_ranks(nproc_per_node: usize, nnodes: usize, node_rank: usize) -> anyhow::Result<()> {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     let port = std::env::var("MASTER_PORT")
@@ -175,9 +185,9 @@ fn launch_ranks(s: &ServeSettings) -> anyhow::Result<()> {
         .transpose()
         .map_err(|e| anyhow::anyhow!("MASTER_PORT: {e}"))?;
     let spec = trainer::dist::launch::LaunchSpec {
-        nproc_per_node: s.dist.nproc_per_node,
-        nnodes: s.dist.nnodes,
-        node_rank: s.dist.node_rank,
+        nproc_per_node,
+        nnodes,
+        node_rank,
         master_addr: std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into()),
         master_port: port,
         grace: std::time::Duration::from_secs(10),

@@ -52,6 +52,10 @@ pub struct SftOptions {
     pub train: TrainConfig,
     pub device: tch::Device,
     pub seed: u64,
+    /// Ranks on this machine (`--nproc-per-node`); the binary launches them.
+    pub nproc_per_node: usize,
+    /// Every collective's limit.
+    pub dist_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -65,6 +69,9 @@ pub struct SftReport {
     pub last_loss: f64,
     pub seconds: f64,
     pub out: PathBuf,
+    /// This process's rank (0 when alone); only rank 0 writes `out` and reports.
+    #[serde(skip)]
+    pub rank: usize,
 }
 
 /// Tokenise one row: (token ids, loss mask).
@@ -180,10 +187,35 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
             opts.max_len
         )));
     }
-    let kind = crate::default_kind(opts.device);
-    let model = Qwen3::load(dir, opts.device, kind)?;
+    // Under a launcher (WORLD_SIZE set) every rank reads the same rows and shuffles them with
+    // the same seed; rank 0 leads each step (splitting the batch by tokens), the others follow.
+    let env = crate::dist::DistEnv::from_env()?.filter(|e| e.world > 1);
+    let device = match (&env, opts.device) {
+        (Some(e), tch::Device::Cuda(_)) => tch::Device::Cuda(e.local_rank),
+        (_, d) => d,
+    };
+    let kind = crate::default_kind(device);
+    let model = Qwen3::load(dir, device, kind)?;
     model.set_trainable(true);
     let mut trainer = Trainer::new(model, opts.train.clone())?;
+    let mut rank = 0;
+    if let Some(env) = &env {
+        let backend = if device.is_cuda() {
+            crate::dist::BackendKind::Nccl
+        } else {
+            crate::dist::BackendKind::Gloo
+        };
+        let group = crate::dist::C10d::init(
+            env,
+            &crate::dist::DistOptions {
+                backend,
+                timeout: opts.dist_timeout,
+                ..Default::default()
+            },
+        )?;
+        trainer.set_collective(Box::new(group));
+        rank = env.rank;
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     let mut order: Vec<usize> = (0..kept.len()).collect();
     let (mut steps, mut tokens, mut trained) = (0usize, 0usize, 0usize);
@@ -198,7 +230,11 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
                 .iter()
                 .map(|s| s.loss_mask.iter().filter(|&&m| m).count())
                 .sum::<usize>();
-            let m = trainer.sft_step(&batch)?;
+            let m = if rank == 0 {
+                trainer.sft_step(&batch)?
+            } else {
+                trainer.follow_step(opts.dist_timeout)?
+            };
             if steps == 0 {
                 first = m.loss;
             }
@@ -215,6 +251,20 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
                 );
             }
         }
+    }
+    if rank != 0 {
+        return Ok(SftReport {
+            rows,
+            dropped_too_long: dropped,
+            steps,
+            tokens,
+            trained_tokens: trained,
+            first_loss: first,
+            last_loss: last,
+            seconds: t0.elapsed().as_secs_f64(),
+            out: opts.out.clone(),
+            rank,
+        });
     }
     crate::checkpoint::write_dir_atomically(&opts.out, |tmp| {
         trainer.model.save(tmp)?;
@@ -240,5 +290,6 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
         last_loss: last,
         seconds: t0.elapsed().as_secs_f64(),
         out: opts.out.clone(),
+        rank,
     })
 }

@@ -90,6 +90,53 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
         .unwrap()
         .modified()
         .unwrap();
+    // `trainer sft --nproc-per-node 2` (the same path as a data-parallel RL step: the batch
+    // split by tokens, gradients summed) writes the model one process writes, and reports once.
+    let sft = |nproc: &str, out: &str| {
+        Command::new(env!("CARGO_BIN_EXE_trainer"))
+            .args([
+                "sft", "--epochs", "1", "--batch", "8", "--lr", "2e-3", "--device", "cpu",
+            ])
+            .arg("--data")
+            .arg(dir.join("sft.jsonl"))
+            .arg("--model")
+            .arg(dir.join("model-init"))
+            .arg("--out")
+            .arg(dir.join(out))
+            .args(["--nproc-per-node", nproc])
+            .env_remove("WORLD_SIZE")
+            .output()
+            .unwrap()
+    };
+    let (one, two) = (sft("1", "sft-one"), sft("2", "sft-two"));
+    for o in [&one, &two] {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let report = |o: &std::process::Output| -> serde_json::Value {
+        let text = String::from_utf8_lossy(&o.stdout);
+        let json: Vec<&str> = text.lines().filter(|l| l.starts_with('{')).collect();
+        assert_eq!(json.len(), 1, "one report: {text}");
+        serde_json::from_str(json[0]).unwrap()
+    };
+    let launched = String::from_utf8_lossy(&two.stderr)
+        .matches("rank started")
+        .count();
+    assert_eq!(launched, 2, "two ranks ran");
+    let (r1, r2) = (report(&one), report(&two));
+    assert_eq!(r1["steps"], r2["steps"]);
+    for k in ["first_loss", "last_loss"] {
+        let (a, b) = (r1[k].as_f64().unwrap(), r2[k].as_f64().unwrap());
+        assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{k}: {a} vs {b}");
+    }
+    let load = |name: &str| {
+        trainer::model::weights::read_model_dir(&dir.join(name), tch::Device::Cpu, tch::Kind::Float)
+            .unwrap()
+    };
+    let (w1, w2) = (load("sft-one"), load("sft-two"));
+    for (k, a) in &w1 {
+        let d = (a - &w2[k]).abs().max().double_value(&[]);
+        assert!(d < 1e-4, "{k}: max |diff| {d}");
+    }
     let again = run_init(&dir, &config);
     assert!(again.status.success());
     assert_eq!(

@@ -1,8 +1,9 @@
 //! `trainer serve --nproc-per-node N`: the local launcher. It starts N copies of this binary
 //! with the same arguments and the rendezvous environment torchrun would set (RANK,
 //! WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), then watches them: the
-//! first rank to exit stops the job (the others get SIGTERM, then SIGKILL after a grace
-//! period) and the launcher fails naming that rank and its exit status, so a supervisor
+//! job ends when every rank has exited successfully; the first rank to fail stops the job (the
+//! others get SIGTERM, then SIGKILL after a grace period) and the launcher fails naming that
+//! rank and its exit status, so a supervisor
 //! restarts the whole group and the orchestrator re-synchronises it. Ctrl-C / SIGTERM to the
 //! launcher is passed on to every rank. Multi-node jobs run one launcher per node with
 //! `--nnodes`, `--node-rank` and the same MASTER_ADDR / MASTER_PORT (rank 0's node hosts the
@@ -166,8 +167,9 @@ pub fn launch(
             if let Some(status) = r.child.try_wait()? {
                 r.done = Some(status);
                 let (rank, pid) = (r.rank, r.child.id());
-                if status.success() && ranks_left(&ranks) == 0 {
-                    return Ok(());
+                if status.success() {
+                    tracing::info!(rank, pid, "rank finished");
+                    continue;
                 }
                 tracing::error!(rank, pid, status = %describe(status), "rank exited; stopping the others");
                 stop_all(&mut ranks, spec.grace);
@@ -177,6 +179,9 @@ pub fn launch(
                     status: describe(status),
                 });
             }
+        }
+        if ranks_left(&ranks) == 0 {
+            return Ok(());
         }
         std::thread::sleep(Duration::from_millis(100));
     }

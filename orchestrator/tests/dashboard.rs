@@ -16,9 +16,8 @@ use std::path::Path;
 
 use common::browser::{browse, workspace};
 use common::fake_openai::{FakeServer, Scripted};
-use common::fixtures::write_byte_tokenizer;
+use common::fixtures::{rollout_args, write_byte_tokenizer};
 use common::loopback::Loopback;
-use orchestrator::cli::{ConfigArgs, RolloutArgs};
 use orchestrator::pipeline::dashboard;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -62,32 +61,14 @@ async fn small_run(pool: &PgPool, tmp: &Path) -> Uuid {
         server.push_scripted(Scripted::reply(&answer, "stop")).await;
     }
     let url = db_url(pool);
-    let args = RolloutArgs {
-        config: ConfigArgs {
-            experiment: "smoke".into(),
-            config_file: None,
-            database_url: Some(url.clone()),
-            policy_urls: Some(vec![server.url()]),
-            judge_urls: None,
-            embeddings_urls: None,
-            trainer_url: None,
-            steps: None,
-            sets: vec!["rollout.max_tokens=4096".into()],
-        },
-        tasks: tmp.join("world/tasks.jsonl"),
-        n: Some(2),
-        limit: None,
-        tokenizer: tok_dir,
-        tools: orchestrator::cli::ToolFlags {
-            index: Some(idx_dir),
-            web_tools: false,
-            mcp: vec![],
-        },
-        scaffold: orchestrator::domain::scaffold::Scaffold::Rubricem,
-        max_inflight: 1,
-        reuse: orchestrator::domain::bank::Reuse::None,
-        bank_run: None,
-    };
+    let args = rollout_args(
+        &url,
+        server.url(),
+        &tmp.join("world/tasks.jsonl"),
+        &tok_dir,
+        &idx_dir,
+        2,
+    );
     let summary = orchestrator::commands::rollout(&args).await.unwrap();
     assert_eq!(summary.trajectories, 4, "{summary:?}");
     let run: Uuid = sqlx::query_scalar("SELECT id FROM runs")

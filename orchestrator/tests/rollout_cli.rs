@@ -7,8 +7,8 @@
 mod common;
 
 use common::fake_openai::{FakeServer, Scripted, toy_tokenize};
-use common::fixtures::write_byte_tokenizer;
-use orchestrator::cli::{ConfigArgs, RolloutArgs};
+use common::fixtures::{rollout_args, write_byte_tokenizer};
+use orchestrator::cli::RolloutArgs;
 
 fn scripted(text: &str) -> Scripted {
     Scripted::reply(text, "stop")
@@ -44,33 +44,14 @@ async fn rollout_command_stores_and_summarises(pool: sqlx::PgPool) {
     let db_name = pool.connect_options().get_database().unwrap().to_string();
     let mut url = url::Url::parse(&std::env::var("DATABASE_URL").unwrap()).unwrap();
     url.set_path(&format!("/{db_name}"));
-    let args = RolloutArgs {
-        config: ConfigArgs {
-            experiment: "smoke".into(),
-            config_file: None,
-            database_url: Some(url.to_string()),
-            policy_urls: Some(vec![server.url()]),
-            judge_urls: None,
-            embeddings_urls: None,
-            trainer_url: None,
-            steps: None,
-            sets: vec!["rollout.max_tokens=4096".into()],
-        },
-        tasks: tmp.path().join("world/tasks.jsonl"),
-        n: Some(n as u32),
-        limit: None,
-        tokenizer: tok_dir,
-        tools: orchestrator::cli::ToolFlags {
-            index: Some(idx_dir),
-            web_tools: false,
-            mcp: vec![],
-        },
-        scaffold: orchestrator::domain::scaffold::Scaffold::Rubricem,
-        // One at a time: the fake's scripted replies are a single queue.
-        max_inflight: 1,
-        reuse: orchestrator::domain::bank::Reuse::None,
-        bank_run: None,
-    };
+    let args = rollout_args(
+        url.as_str(),
+        server.url(),
+        &tmp.path().join("world/tasks.jsonl"),
+        &tok_dir,
+        &idx_dir,
+        n as u32,
+    );
     let summary = orchestrator::commands::rollout(&args).await.unwrap();
     assert_eq!(summary.trajectories, 4);
     assert_eq!(

@@ -252,34 +252,23 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
             }
         }
     }
-    if rank != 0 {
-        return Ok(SftReport {
-            rows,
-            dropped_too_long: dropped,
-            steps,
-            tokens,
-            trained_tokens: trained,
-            first_loss: first,
-            last_loss: last,
-            seconds: t0.elapsed().as_secs_f64(),
-            out: opts.out.clone(),
-            rank,
-        });
-    }
-    crate::checkpoint::write_dir_atomically(&opts.out, |tmp| {
-        trainer.model.save(tmp)?;
-        for f in [
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "generation_config.json",
-        ] {
-            let src = dir.join(f);
-            if src.exists() {
-                std::fs::copy(&src, tmp.join(f)).map_err(TrainerError::io(&src))?;
+    // Every rank holds the same weights; rank 0 writes them.
+    if rank == 0 {
+        crate::checkpoint::write_dir_atomically(&opts.out, |tmp| {
+            trainer.model.save(tmp)?;
+            for f in [
+                "tokenizer.json",
+                "tokenizer_config.json",
+                "generation_config.json",
+            ] {
+                let src = dir.join(f);
+                if src.exists() {
+                    std::fs::copy(&src, tmp.join(f)).map_err(TrainerError::io(&src))?;
+                }
             }
-        }
-        Ok(())
-    })?;
+            Ok(())
+        })?;
+    }
     Ok(SftReport {
         rows,
         dropped_too_long: dropped,

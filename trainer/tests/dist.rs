@@ -8,19 +8,14 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::free_port;
 use tch::{Device, Kind, Tensor};
 use trainer::dist::{C10d, Collective, DistEnv, DistError, DistOptions, ReduceOp, Work};
 
 /// The env var naming the test a child process runs as one rank.
 const CHILD: &str = "RUBRICEM_DIST_TEST_CHILD";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Run test `name` of this binary as `world` ranks; every rank's output, in rank order. A rank
 /// still running after `limit` is killed (and fails the test).

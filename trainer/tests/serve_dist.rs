@@ -4,44 +4,13 @@
 //! both ranks, and when a rank dies the launcher stops the job within seconds and names it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn tiny_config() -> serde_json::Value {
-    serde_json::json!({
-        "vocab_size": 0, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "max_position_embeddings": 512, "rope_theta": 10000.0, "tie_word_embeddings": true
-    })
-}
-
-fn model_dir(tmp: &Path) -> PathBuf {
-    let corpus = tmp.join("corpus.jsonl");
-    let lines: String = (0..200)
-        .map(|i| {
-            serde_json::json!({"text": format!("gene TN{i} binds receptor {i}; study {i}")})
-                .to_string()
-                + "\n"
-        })
-        .collect();
-    std::fs::write(&corpus, lines).unwrap();
-    let tok = tmp.join("tok");
-    trainer::smallmodel::train_tokenizer(&corpus, 300, &tok).unwrap();
-    let cfg = tmp.join("config.json");
-    std::fs::write(&cfg, tiny_config().to_string()).unwrap();
-    let out = tmp.join("model");
-    trainer::smallmodel::init_model(&cfg, &tok, &out, 3).unwrap();
-    out
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{free_port, model_dir};
 
 fn serve(model: &Path, ckpt: &Path, port: u16, nproc: usize, log: &Path) -> Child {
     serve_with(model, ckpt, port, nproc, log, &[])

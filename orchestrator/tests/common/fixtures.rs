@@ -66,3 +66,42 @@ pub fn write_byte_tokenizer(dir: &Path) {
     )
     .unwrap();
 }
+
+/// `orchestrator rollout`'s arguments for a smoke-preset rollout of `tasks` with `n` samples
+/// each, against the scripted fake policy at `policy_url` (one request at a time: its replies
+/// are a single queue), the tokenizer in `tokenizer` and the local index in `index`.
+pub fn rollout_args(
+    database_url: &str,
+    policy_url: String,
+    tasks: &Path,
+    tokenizer: &Path,
+    index: &Path,
+    n: u32,
+) -> orchestrator::cli::RolloutArgs {
+    orchestrator::cli::RolloutArgs {
+        config: orchestrator::cli::ConfigArgs {
+            experiment: "smoke".into(),
+            config_file: None,
+            database_url: Some(database_url.to_string()),
+            policy_urls: Some(vec![policy_url]),
+            judge_urls: None,
+            embeddings_urls: None,
+            trainer_url: None,
+            steps: None,
+            sets: vec!["rollout.max_tokens=4096".into()],
+        },
+        tasks: tasks.to_path_buf(),
+        n: Some(n),
+        limit: None,
+        tokenizer: tokenizer.to_path_buf(),
+        tools: orchestrator::cli::ToolFlags {
+            index: Some(index.to_path_buf()),
+            web_tools: false,
+            mcp: vec![],
+        },
+        scaffold: orchestrator::domain::scaffold::Scaffold::Rubricem,
+        max_inflight: 1,
+        reuse: orchestrator::domain::bank::Reuse::None,
+        bank_run: None,
+    }
+}

@@ -61,5 +61,18 @@ else
   exit 1
 fi
 
+# The orchestrator's build installs the dashboard's chart library from the npm registry
+# (orchestrator/build.rs): Node.js and npm must be on PATH.
+if ! command -v npm >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    say "installing Node.js and npm from Debian's packages (the dashboard's build needs npm)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq nodejs npm >/dev/null
+  else
+    say "npm not found: install Node.js and npm (orchestrator/build.rs runs npm ci)"
+    exit 1
+  fi
+fi
+
 flag=(); [[ "$PROFILE" == "release" ]] && flag=(--release)
 cargo run -q "${flag[@]}" -p orchestrator -- migrate

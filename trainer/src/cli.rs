@@ -177,9 +177,24 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub publish_urls: Vec<String>,
-    /// Where versioned adapters / weights are written for the servers.
+    /// Where versioned adapters / weights are written for the servers (the disk route and
+    /// LoRA adapters).
     #[arg(long, env = "TRAINER_PUBLISH_DIR")]
     pub publish_dir: Option<PathBuf>,
+    /// How full weights reach the servers: disk (a directory per version, vLLM's disk
+    /// weight-transfer API / SGLang's update_weights_from_disk) or nccl (vLLM's NCCL
+    /// weight-transfer engine: the trainer is rank 0 of an NCCL group with every server's
+    /// workers; the servers run with VLLM_SERVER_DEV_MODE=1; needs a build with the `nccl`
+    /// feature). LoRA adapters are always hot-loaded from --publish-dir.
+    #[arg(long, env = "TRAINER_PUBLISH_ROUTE", default_value = "disk")]
+    pub publish_route: String,
+    /// The address the servers' workers reach this trainer at (NCCL route).
+    #[arg(
+        long,
+        env = "TRAINER_PUBLISH_NCCL_ADDRESS",
+        default_value = "127.0.0.1"
+    )]
+    pub publish_nccl_address: String,
     #[arg(long, env = "TRAINER_PUBLISH_NAME", default_value = "policy")]
     pub publish_name: String,
     /// Versions kept loaded on the servers.

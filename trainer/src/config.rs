@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use crate::bench::BenchSpec;
 use crate::cli::{Cli, Command, ExportArgs, ServeArgs, TokenizerCommand};
@@ -93,6 +93,8 @@ pub struct PublishSettings {
     pub retries: u32,
     /// LoRA adapters (else full weights).
     pub lora: bool,
+    /// `--publish-route nccl`: the address the servers reach this trainer at.
+    pub nccl: Option<String>,
 }
 
 impl Task {
@@ -246,13 +248,27 @@ impl ServeSettings {
             timeout: std::time::Duration::from_secs(a.dist_timeout_secs),
             zero: a.zero,
         };
+        let nccl = match a.publish_route.as_str() {
+            "disk" => false,
+            "nccl" if lora.is_some() => bail!(
+                "--publish-route = nccl with --lora-r {}: the NCCL route carries full weights; \
+                 LoRA adapters are hot-loaded from --publish-dir (use --publish-route disk)",
+                a.lora_r
+            ),
+            "nccl" => true,
+            other => bail!("--publish-route = {other:?}; allowed: disk, nccl"),
+        };
         let publish = if a.publish_urls.is_empty() && a.publish_dir.is_none() {
             None
         } else {
-            let dir = a
-                .publish_dir
-                .clone()
-                .context("--publish-url needs --publish-dir (a directory the servers can read)")?;
+            let dir = match (&a.publish_dir, nccl) {
+                (Some(d), _) => d.clone(),
+                // The NCCL route writes nothing; versions are still named under a root.
+                (None, true) => std::env::temp_dir().join("rubricem-publish"),
+                (None, false) => {
+                    bail!("--publish-url needs --publish-dir (a directory the servers can read)")
+                }
+            };
             Some(PublishSettings {
                 dir,
                 urls: a.publish_urls.clone(),
@@ -260,6 +276,7 @@ impl ServeSettings {
                 window: a.publish_window,
                 retries: a.publish_retries,
                 lora: lora.is_some(),
+                nccl: nccl.then(|| a.publish_nccl_address.clone()),
             })
         };
         // The flags' settings: what the trainer trains with until a client sends its own
@@ -412,6 +429,59 @@ mod tests {
         );
         let e = parse(&["--max-shard-bytes", "0"]).unwrap_err().to_string();
         assert!(e.contains("--max-shard-bytes = 0"), "{e}");
+    }
+
+    #[test]
+    fn launcher_and_publish_route_flags_are_checked() {
+        let s = serve(&["--device", "cpu", "--nproc-per-node", "4", "--zero", "2"]).unwrap();
+        assert_eq!(s.dist.nproc_per_node, 4);
+        assert_eq!(s.dist.zero, crate::dist::zero::ZeroStage::Two);
+        assert_eq!(s.dist.backend, None, "auto");
+        for (args, want) in [
+            (&["--nproc-per-node", "0"][..], "--nproc-per-node = 0"),
+            (
+                &["--nnodes", "2", "--node-rank", "2"][..],
+                "--node-rank = 2",
+            ),
+            (&["--dist-backend", "mpi"][..], "--dist-backend = \"mpi\""),
+            (&["--dist-timeout-secs", "0"][..], "--dist-timeout-secs = 0"),
+            (
+                &[
+                    "--publish-route",
+                    "nccl",
+                    "--lora-r",
+                    "8",
+                    "--publish-url",
+                    "http://v:8000",
+                ][..],
+                "LoRA adapters are hot-loaded",
+            ),
+            (
+                &["--publish-route", "rdma"][..],
+                "--publish-route = \"rdma\"",
+            ),
+        ] {
+            let mut argv = vec!["--device", "cpu"];
+            argv.extend_from_slice(args);
+            let e = serve(&argv).unwrap_err().to_string();
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+        // The NCCL route needs no directory; the disk route does.
+        let s = serve(&[
+            "--device",
+            "cpu",
+            "--publish-route",
+            "nccl",
+            "--publish-url",
+            "http://v:8000",
+        ])
+        .unwrap();
+        let p = s.publish.unwrap();
+        assert_eq!(p.nccl.as_deref(), Some("127.0.0.1"));
+        let e = serve(&["--device", "cpu", "--publish-url", "http://v:8000"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--publish-dir"), "{e}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use trainer::cli::Cli;
 use trainer::config::{PublishSettings, ServeSettings, Task};
-use trainer::publish::{PublishConfig, PublishTarget, Publisher, detect_kind};
+use trainer::publish::{PublishConfig, PublishTarget, Publisher, ServerKind, detect_kind};
 use trainer::service::{AppState, ServeConfig, load};
 
 fn main() -> ExitCode {
@@ -148,7 +148,7 @@ fn serve(mut s: ServeSettings) -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async move {
         let publisher = match s.publish {
-            Some(p) => Some(publisher(p).await?),
+            Some(p) => Some(publisher(p, s.load.device).await?),
             None => None,
         };
         let cfg = ServeConfig {
@@ -218,7 +218,7 @@ fn launch_ranks(nproc_per_node: usize, nnodes: usize, node_rank: usize) -> anyho
 
 /// The publish directory made absolute and cleaned of interrupted writes, and each server's
 /// kind detected (vLLM or SGLang).
-async fn publisher(p: PublishSettings) -> anyhow::Result<Publisher> {
+async fn publisher(p: PublishSettings, device: tch::Device) -> anyhow::Result<Publisher> {
     std::fs::create_dir_all(&p.dir)?;
     let root = std::fs::canonicalize(&p.dir)?;
     trainer::checkpoint::clean_partial(&root);
@@ -228,12 +228,44 @@ async fn publisher(p: PublishSettings) -> anyhow::Result<Publisher> {
         let kind = detect_kind(&http, &url).await;
         targets.push(PublishTarget { url, kind });
     }
-    Ok(Publisher::new(PublishConfig {
+    let publisher = Publisher::new(PublishConfig {
         root,
         name: p.name,
         window: p.window,
         retries: p.retries,
-        targets,
+        targets: targets.clone(),
         lora: p.lora,
-    }))
+    });
+    let Some(address) = p.nccl else {
+        return Ok(publisher);
+    };
+    if let Some(t) = targets.iter().find(|t| t.kind != ServerKind::Vllm) {
+        anyhow::bail!(
+            "--publish-route nccl: {} is not a vLLM server (the NCCL weight-transfer engine is vLLM's)",
+            t.url
+        );
+    }
+    Ok(publisher.with_nccl(
+        &address,
+        trainer::dist::vllm::DEFAULT_UNIQUE_ID_MODULE,
+        nccl_comm(device)?,
+        std::time::Duration::from_secs(600),
+    ))
+}
+
+/// The NCCL communicator of the weight-transfer route, on this trainer's CUDA device.
+#[cfg(feature = "nccl")]
+fn nccl_comm(device: tch::Device) -> anyhow::Result<Box<dyn trainer::dist::vllm::WeightComm>> {
+    match device {
+        tch::Device::Cuda(i) => Ok(Box::new(trainer::dist::vllm::NcclComm::new(i as i32))),
+        d => anyhow::bail!("--publish-route nccl needs a CUDA device (--device cuda), not {d:?}"),
+    }
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_comm(_device: tch::Device) -> anyhow::Result<Box<dyn trainer::dist::vllm::WeightComm>> {
+    anyhow::bail!(
+        "--publish-route nccl: this trainer was built without the `nccl` feature (a CUDA build: \
+         cargo build --release -p trainer --features nccl); use --publish-route disk"
+    )
 }

@@ -53,6 +53,74 @@ pub struct Publisher {
     cfg: PublishConfig,
     /// (version, name, dir) currently loaded, oldest first.
     live: VecDeque<(i64, String, PathBuf)>,
+    /// vLLM's NCCL weight-transfer route for full weights (`--publish-route nccl`); `None`:
+    /// the disk route and LoRA hot-loading. Behind a mutex so the publisher stays `Sync` (the
+    /// communicator is only `Send`); taken out while a push runs.
+    nccl: std::sync::Mutex<Option<NcclRoute>>,
+    nccl_enabled: bool,
+}
+
+/// The NCCL route: the communicator until the first publish connects it (the handshake needs
+/// the servers up), then the connected bridge, kept for every later version.
+pub struct NcclRoute {
+    /// How the servers' workers reach this process (the handshake store and NCCL's rank 0).
+    master_address: String,
+    /// The Python module of vLLM's `ncclUniqueId`.
+    module: String,
+    timeout: Duration,
+    comm: Option<Box<dyn crate::dist::vllm::WeightComm>>,
+    bridge: Option<crate::dist::vllm::Bridge>,
+}
+
+impl NcclRoute {
+    async fn push(
+        &mut self,
+        http: reqwest::Client,
+        urls: &[String],
+        version: i64,
+        params: &[(String, tch::Tensor)],
+    ) -> Result<(), String> {
+        if self.bridge.is_none() {
+            let comm = self.comm.take().ok_or_else(|| {
+                "the NCCL handshake failed earlier; restart the trainer".to_string()
+            })?;
+            let bridge = crate::dist::vllm::Bridge::connect(
+                http,
+                urls,
+                &self.master_address,
+                &self.module,
+                comm,
+                self.timeout,
+            )
+            .await
+            .map_err(|e| format!("NCCL handshake: {e}"))?;
+            self.bridge = Some(bridge);
+        }
+        let Some(bridge) = self.bridge.as_mut() else {
+            return Err("not connected".into());
+        };
+        let stats = bridge
+            .push(&format!("v{version}"), params)
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(
+            version,
+            bytes = stats.bytes,
+            buffers = stats.buffers,
+            seconds = stats.seconds,
+            "weights pushed over NCCL"
+        );
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for NcclRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclRoute")
+            .field("master_address", &self.master_address)
+            .field("connected", &self.bridge.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// `POST url+route` with a JSON body: `Err` names the transport error or the HTTP status with
@@ -131,7 +199,90 @@ impl Publisher {
             http,
             cfg,
             live: VecDeque::new(),
+            nccl: std::sync::Mutex::new(None),
+            nccl_enabled: false,
         }
+    }
+
+    /// Publish full weights through vLLM's NCCL weight-transfer route with `comm` (the first
+    /// publish runs the handshake with every target; they must be vLLM servers in dev mode).
+    pub fn with_nccl(
+        mut self,
+        master_address: &str,
+        module: &str,
+        comm: Box<dyn crate::dist::vllm::WeightComm>,
+        timeout: Duration,
+    ) -> Self {
+        self.nccl = std::sync::Mutex::new(Some(NcclRoute {
+            master_address: master_address.to_string(),
+            module: module.to_string(),
+            timeout,
+            comm: Some(comm),
+            bridge: None,
+        }));
+        self.nccl_enabled = true;
+        self
+    }
+
+    /// Whether versions go out as tensors over NCCL ([`Publisher::publish_tensors`]) rather
+    /// than as directories ([`Publisher::publish`]).
+    pub fn uses_nccl(&self) -> bool {
+        self.nccl_enabled && !self.cfg.lora
+    }
+
+    /// Push version `version`'s full weights (`params`: HF names, as served) to every server
+    /// over NCCL; connects on the first call. A failure leaves the servers on their previous
+    /// version and is reported per server, like a failed disk publish. The push runs on a
+    /// blocking thread (tensors are not `Sync`, and the broadcast blocks).
+    pub async fn publish_tensors(
+        &mut self,
+        version: i64,
+        params: Vec<(String, tch::Tensor)>,
+    ) -> Published {
+        let t0 = Instant::now();
+        let urls: Vec<String> = self.cfg.targets.iter().map(|t| t.url.clone()).collect();
+        let mut out = Published {
+            version: version.into(),
+            name: self.name_of(version),
+            lora: false,
+            ..Published::default()
+        };
+        let route = self
+            .nccl
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let pushed = match route {
+            None => Err("this publisher has no NCCL route".to_string()),
+            Some(mut route) => {
+                let (http, targets) = (self.http.clone(), urls.clone());
+                let handle = tokio::runtime::Handle::current();
+                let joined = tokio::task::spawn_blocking(move || {
+                    let r = handle.block_on(route.push(http, &targets, version, &params));
+                    (route, r)
+                })
+                .await;
+                match joined {
+                    Ok((route, r)) => {
+                        *self
+                            .nccl
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(route);
+                        r
+                    }
+                    Err(e) => Err(format!("the NCCL publish task failed: {e}")),
+                }
+            }
+        };
+        match pushed {
+            Ok(()) => out.loaded = urls,
+            Err(e) => {
+                tracing::error!(version, error = %e, "NCCL publish failed; the previous version stays in service");
+                out.failed = urls.into_iter().map(|u| (u, e.clone())).collect();
+            }
+        }
+        out.seconds = t0.elapsed().as_secs_f64();
+        out
     }
 
     pub fn config(&self) -> &PublishConfig {

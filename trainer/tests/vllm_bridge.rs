@@ -6,6 +6,8 @@
 //! vLLM's exceed-then-flush rule, byte for byte. A server that fails a route is named.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -284,5 +286,143 @@ async fn a_server_without_the_dev_routes_is_refused_by_name() {
             && err.contains("/get_world_size")
             && err.contains("VLLM_SERVER_DEV_MODE"),
         "{err}"
+    );
+}
+
+/// `trainer serve` with `--publish-route nccl` (in-process, the recording communicator in NCCL's
+/// place): the first train step runs the handshake, every step pushes the new version's full
+/// weights (the policy's own tensors, byte for byte) with start / update_info / finish
+/// `vN`, and the reply reports the server as loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trainer_serve_publishes_each_version_over_the_nccl_route() {
+    use trainer::publish::{PublishConfig, PublishTarget, Publisher, ServerKind};
+    use trainer::service::{AppState, ServeConfig, load};
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::model_dir(tmp.path());
+    let (url, fake) = serve(1).await;
+    let inits = Arc::new(Mutex::new(Vec::new()));
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let comm = Recorder {
+        id: [7u8; 128],
+        inits: inits.clone(),
+        sent: sent.clone(),
+    };
+    let publisher = Publisher::new(PublishConfig {
+        root: tmp.path().join("published"),
+        name: "policy".into(),
+        window: 2,
+        retries: 0,
+        targets: vec![PublishTarget {
+            url: url.clone(),
+            kind: ServerKind::Vllm,
+        }],
+        lora: false,
+    })
+    .with_nccl(
+        "127.0.0.1",
+        DEFAULT_UNIQUE_ID_MODULE,
+        Box::new(comm),
+        Duration::from_secs(10),
+    );
+    assert!(publisher.uses_nccl());
+    let mut train = trainer::train::TrainConfig::default();
+    train.optim.lr = 1e-3;
+    let opts = load::LoadOptions::from_config(model.clone(), &train, None, tch::Device::Cpu, 11);
+    let loaded = load::load(&opts).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = AppState::new(
+        loaded.policy,
+        loaded.tokenizer,
+        loaded.chat_template,
+        loaded.eos,
+        ServeConfig {
+            bind: addr,
+            served_name: "policy".into(),
+            checkpoint_dir: None,
+            checkpoint_every: 0,
+            max_body_bytes: 64 << 20,
+            max_model_len: loaded.max_model_len,
+            api_token: None,
+        },
+        Some(publisher),
+    );
+    let app = trainer::service::router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let batch = wire::Batch {
+        policy_version: 0,
+        rl: false,
+        seqs: vec![wire::WireSequence {
+            tokens: (5..40).collect(),
+            loss_mask: (0..35).map(|k| k >= 10).collect(),
+            stages: vec![-1; 35],
+            behaviour_logprobs: vec![0.0; 35],
+            advantages: vec![],
+            group_id: 0,
+            policy_version: 0,
+            phase: wire::Phase::Task,
+        }],
+    };
+    let bytes_of = |t: &Tensor| -> Vec<u8> {
+        Vec::<u8>::try_from(t.contiguous().view([-1]).view_dtype(Kind::Uint8)).unwrap()
+    };
+    for version in 1..=2 {
+        let r = trainer::publish::http_client()
+            .post(format!("http://{addr}/v1/train_step"))
+            .body(batch.encode().unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let reply: Value = r.json().await.unwrap();
+        assert_eq!(
+            reply["published"]["loaded"],
+            json!([url.clone()]),
+            "{reply}"
+        );
+        assert_eq!(reply["published"]["failed"], json!([]));
+        // What went over the wire is the policy's weights after this step.
+        let want: Vec<u8> = {
+            let p = state.policy.lock().unwrap();
+            p.trainer
+                .model
+                .base_tensors()
+                .iter()
+                .flat_map(|(_, t)| bytes_of(t))
+                .collect()
+        };
+        let got: Vec<u8> = std::mem::take(&mut *sent.lock().unwrap()).concat();
+        assert_eq!(got.len(), want.len(), "version {version}");
+        assert!(
+            got == want,
+            "version {version}: the pushed bytes are the policy's"
+        );
+    }
+    assert_eq!(
+        inits.lock().unwrap().len(),
+        1,
+        "one handshake for every version"
+    );
+    let calls = fake.calls.lock().unwrap().clone();
+    let names: Vec<&str> = calls.iter().map(|c| c.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "init_weight_transfer_engine",
+            "start_weight_update",
+            "update_weights",
+            "finish_weight_update",
+            "start_weight_update",
+            "update_weights",
+            "finish_weight_update"
+        ]
+    );
+    assert_eq!(calls[3].1, json!({"weight_version": "v1"}));
+    assert_eq!(calls[6].1, json!({"weight_version": "v2"}));
+    assert!(
+        calls[2].1["update_info"]["names"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("model.")
     );
 }

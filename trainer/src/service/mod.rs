@@ -469,6 +469,14 @@ struct TrainQuery {
     settings_hash: Option<String>,
 }
 
+/// A new version on its way to the inference servers: a written directory (disk route, LoRA
+/// adapters) or the weights themselves (vLLM's NCCL route).
+enum Outgoing {
+    /// Written at the publisher's `dir_of(version)`.
+    Written,
+    Tensors(Vec<(String, tch::Tensor)>),
+}
+
 /// What a train step's blocking part returns: Phase B and Phase A metrics, the new version,
 /// the checkpoint written (if due), the published directory (if publishing) and the hash of
 /// the settings it trained with.
@@ -477,7 +485,7 @@ type StepOutcome = (
     Option<StepMetrics>,
     i64,
     Option<PathBuf>,
-    Option<PathBuf>,
+    Option<Outgoing>,
     String,
 );
 
@@ -568,9 +576,16 @@ async fn train_step(
                     // are stable); a failed write undoes the step with the rest.
                     let dir = match &state.publisher {
                         Some(publ) => {
-                            let dir = publ.blocking_lock().dir_of(version);
-                            write_version_dir(p, &dir)?;
-                            Some(dir)
+                            let publ = publ.blocking_lock();
+                            if publ.uses_nccl() {
+                                // Pushed as tensors after the step (the training lock keeps
+                                // them unchanged until then).
+                                Some(Outgoing::Tensors(p.trainer.model.base_tensors()))
+                            } else {
+                                let dir = publ.dir_of(version);
+                                write_version_dir(p, &dir)?;
+                                Some(Outgoing::Written)
+                            }
                         }
                         None => None,
                     };
@@ -622,9 +637,12 @@ async fn train_step(
         .await
         .map_err(|e| ApiError::internal(format!("train step panicked: {e}")))??;
     let published = match (&s.publisher, publish_dir) {
-        (Some(p), Some(_)) => {
+        (Some(p), Some(out)) => {
             let mut p = p.lock().await;
-            let r = p.publish(version).await;
+            let r = match out {
+                Outgoing::Written => p.publish(version).await,
+                Outgoing::Tensors(t) => p.publish_tensors(version, t).await,
+            };
             s.add_alias(r.name.clone(), p.config().window);
             Some(r)
         }
@@ -800,6 +818,23 @@ async fn publish_restored(
 ) -> Result<Published> {
     let mut publ = publ.lock().await;
     publ.retire_all().await;
+    if publ.uses_nccl() {
+        let st = s.clone();
+        let tensors = tokio::task::spawn_blocking(move || -> Result<Vec<(String, tch::Tensor)>> {
+            let p = st
+                .policy
+                .lock()
+                .map_err(|_| TrainerError::Config("policy lock poisoned".into()))?;
+            Ok(p.trainer.model.base_tensors())
+        })
+        .await
+        .map_err(|e| {
+            TrainerError::Config(format!("reading the restored policy panicked: {e}"))
+        })??;
+        let r = publ.publish_tensors(version, tensors).await;
+        s.add_alias(r.name.clone(), publ.config().window);
+        return Ok(r);
+    }
     let dir = publ.dir_of(version);
     let st = s.clone();
     tokio::task::spawn_blocking(move || -> Result<()> {

@@ -245,12 +245,14 @@ async fn publisher(p: PublishSettings, device: tch::Device) -> anyhow::Result<Pu
             t.url
         );
     }
-    Ok(publisher.with_nccl(
-        &address,
-        trainer::dist::vllm::DEFAULT_UNIQUE_ID_MODULE,
-        nccl_comm(device)?,
-        std::time::Duration::from_secs(600),
-    ))
+    Ok(
+        publisher.with_route(Box::new(trainer::dist::vllm::NcclRoute::new(
+            &address,
+            trainer::dist::vllm::DEFAULT_UNIQUE_ID_MODULE,
+            nccl_comm(device)?,
+            std::time::Duration::from_secs(600),
+        ))),
+    )
 }
 
 /// The NCCL communicator of the weight-transfer route, on this trainer's CUDA device.

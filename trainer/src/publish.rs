@@ -53,74 +53,25 @@ pub struct Publisher {
     cfg: PublishConfig,
     /// (version, name, dir) currently loaded, oldest first.
     live: VecDeque<(i64, String, PathBuf)>,
-    /// vLLM's NCCL weight-transfer route for full weights (`--publish-route nccl`); `None`:
-    /// the disk route and LoRA hot-loading. Behind a mutex so the publisher stays `Sync` (the
-    /// communicator is only `Send`); taken out while a push runs.
-    nccl: std::sync::Mutex<Option<NcclRoute>>,
-    nccl_enabled: bool,
+    /// A tensor route for full weights (`--publish-route nccl`); `None`: the disk route and
+    /// LoRA hot-loading. Behind a mutex so the publisher stays `Sync` (a route is only `Send`);
+    /// taken out while a push runs.
+    route: std::sync::Mutex<Option<Box<dyn TensorRoute>>>,
+    has_route: bool,
 }
 
-/// The NCCL route: the communicator until the first publish connects it (the handshake needs
-/// the servers up), then the connected bridge, kept for every later version.
-pub struct NcclRoute {
-    /// How the servers' workers reach this process (the handshake store and NCCL's rank 0).
-    master_address: String,
-    /// The Python module of vLLM's `ncclUniqueId`.
-    module: String,
-    timeout: Duration,
-    comm: Option<Box<dyn crate::dist::vllm::WeightComm>>,
-    bridge: Option<crate::dist::vllm::Bridge>,
-}
-
-impl NcclRoute {
-    async fn push(
+/// A route that carries a version's full weights as tensors instead of a directory (vLLM's
+/// NCCL weight-transfer engine: `dist::vllm::NcclRoute`). `push` blocks; the publisher calls it
+/// on a blocking thread inside the runtime.
+pub trait TensorRoute: Send + std::fmt::Debug {
+    /// Push `params` (HF names, as served) as `version` to every server of `urls`.
+    fn push(
         &mut self,
-        http: reqwest::Client,
+        http: &reqwest::Client,
         urls: &[String],
         version: i64,
         params: &[(String, tch::Tensor)],
-    ) -> Result<(), String> {
-        if self.bridge.is_none() {
-            let comm = self.comm.take().ok_or_else(|| {
-                "the NCCL handshake failed earlier; restart the trainer".to_string()
-            })?;
-            let bridge = crate::dist::vllm::Bridge::connect(
-                http,
-                urls,
-                &self.master_address,
-                &self.module,
-                comm,
-                self.timeout,
-            )
-            .await
-            .map_err(|e| format!("NCCL handshake: {e}"))?;
-            self.bridge = Some(bridge);
-        }
-        let Some(bridge) = self.bridge.as_mut() else {
-            return Err("not connected".into());
-        };
-        let stats = bridge
-            .push(&format!("v{version}"), params)
-            .await
-            .map_err(|e| e.to_string())?;
-        tracing::info!(
-            version,
-            bytes = stats.bytes,
-            buffers = stats.buffers,
-            seconds = stats.seconds,
-            "weights pushed over NCCL"
-        );
-        Ok(())
-    }
-}
-
-impl std::fmt::Debug for NcclRoute {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NcclRoute")
-            .field("master_address", &self.master_address)
-            .field("connected", &self.bridge.is_some())
-            .finish_non_exhaustive()
-    }
+    ) -> Result<(), String>;
 }
 
 /// `POST url+route` with a JSON body: `Err` names the transport error or the HTTP status with
@@ -199,35 +150,23 @@ impl Publisher {
             http,
             cfg,
             live: VecDeque::new(),
-            nccl: std::sync::Mutex::new(None),
-            nccl_enabled: false,
+            route: std::sync::Mutex::new(None),
+            has_route: false,
         }
     }
 
-    /// Publish full weights through vLLM's NCCL weight-transfer route with `comm` (the first
-    /// publish runs the handshake with every target; they must be vLLM servers in dev mode).
-    pub fn with_nccl(
-        mut self,
-        master_address: &str,
-        module: &str,
-        comm: Box<dyn crate::dist::vllm::WeightComm>,
-        timeout: Duration,
-    ) -> Self {
-        self.nccl = std::sync::Mutex::new(Some(NcclRoute {
-            master_address: master_address.to_string(),
-            module: module.to_string(),
-            timeout,
-            comm: Some(comm),
-            bridge: None,
-        }));
-        self.nccl_enabled = true;
+    /// Publish full weights through `route` (vLLM's NCCL weight-transfer engine) instead of
+    /// directories.
+    pub fn with_route(mut self, route: Box<dyn TensorRoute>) -> Self {
+        self.route = std::sync::Mutex::new(Some(route));
+        self.has_route = true;
         self
     }
 
     /// Whether versions go out as tensors over NCCL ([`Publisher::publish_tensors`]) rather
     /// than as directories ([`Publisher::publish`]).
     pub fn uses_nccl(&self) -> bool {
-        self.nccl_enabled && !self.cfg.lora
+        self.has_route && !self.cfg.lora
     }
 
     /// Push version `version`'s full weights (`params`: HF names, as served) to every server
@@ -248,24 +187,25 @@ impl Publisher {
             ..Published::default()
         };
         let route = self
-            .nccl
+            .route
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         let pushed = match route {
-            None => Err("this publisher has no NCCL route".to_string()),
+            None => Err("this publisher has no tensor route".to_string()),
             Some(mut route) => {
                 let (http, targets) = (self.http.clone(), urls.clone());
                 let handle = tokio::runtime::Handle::current();
                 let joined = tokio::task::spawn_blocking(move || {
-                    let r = handle.block_on(route.push(http, &targets, version, &params));
+                    let _entered = handle.enter();
+                    let r = route.push(&http, &targets, version, &params);
                     (route, r)
                 })
                 .await;
                 match joined {
                     Ok((route, r)) => {
                         *self
-                            .nccl
+                            .route
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(route);
                         r

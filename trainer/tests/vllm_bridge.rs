@@ -318,12 +318,12 @@ async fn trainer_serve_publishes_each_version_over_the_nccl_route() {
         }],
         lora: false,
     })
-    .with_nccl(
+    .with_route(Box::new(trainer::dist::vllm::NcclRoute::new(
         "127.0.0.1",
         DEFAULT_UNIQUE_ID_MODULE,
         Box::new(comm),
         Duration::from_secs(10),
-    );
+    )));
     assert!(publisher.uses_nccl());
     let mut train = trainer::train::TrainConfig::default();
     train.optim.lr = 1e-3;

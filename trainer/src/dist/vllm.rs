@@ -354,6 +354,102 @@ impl Bridge {
     }
 }
 
+/// The publisher's NCCL route (`trainer serve --publish-route nccl`): the communicator until
+/// the first push connects it (the handshake needs the servers up), then the connected bridge,
+/// kept for every later version.
+pub struct NcclRoute {
+    /// How the servers' workers reach this process (the handshake store and NCCL's rank 0).
+    master_address: String,
+    /// The Python module of vLLM's `ncclUniqueId`.
+    module: String,
+    timeout: Duration,
+    comm: Option<Box<dyn WeightComm>>,
+    bridge: Option<Bridge>,
+}
+
+impl std::fmt::Debug for NcclRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclRoute")
+            .field("master_address", &self.master_address)
+            .field("connected", &self.bridge.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl NcclRoute {
+    pub fn new(
+        master_address: &str,
+        module: &str,
+        comm: Box<dyn WeightComm>,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            master_address: master_address.to_string(),
+            module: module.to_string(),
+            timeout,
+            comm: Some(comm),
+            bridge: None,
+        }
+    }
+
+    async fn push_async(
+        &mut self,
+        http: reqwest::Client,
+        urls: &[String],
+        version: i64,
+        params: &[(String, Tensor)],
+    ) -> std::result::Result<(), String> {
+        if self.bridge.is_none() {
+            let comm = self.comm.take().ok_or_else(|| {
+                "the NCCL handshake failed earlier; restart the trainer".to_string()
+            })?;
+            let bridge = Bridge::connect(
+                http,
+                urls,
+                &self.master_address,
+                &self.module,
+                comm,
+                self.timeout,
+            )
+            .await
+            .map_err(|e| format!("NCCL handshake: {e}"))?;
+            self.bridge = Some(bridge);
+        }
+        let Some(bridge) = self.bridge.as_mut() else {
+            return Err("not connected".into());
+        };
+        let stats = bridge
+            .push(&format!("v{version}"), params)
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(
+            version,
+            bytes = stats.bytes,
+            buffers = stats.buffers,
+            seconds = stats.seconds,
+            "weights pushed over NCCL"
+        );
+        Ok(())
+    }
+}
+
+impl crate::publish::TensorRoute for NcclRoute {
+    fn push(
+        &mut self,
+        http: &reqwest::Client,
+        urls: &[String],
+        version: i64,
+        params: &[(String, Tensor)],
+    ) -> std::result::Result<(), String> {
+        tokio::runtime::Handle::current().block_on(self.push_async(
+            http.clone(),
+            urls,
+            version,
+            params,
+        ))
+    }
+}
+
 /// The raw-NCCL communicator (GPU builds with the cargo feature `nccl`).
 #[cfg(feature = "nccl")]
 pub use super::ffi::RawNcclComm as NcclComm;

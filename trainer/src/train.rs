@@ -122,6 +122,9 @@ pub struct Trainer {
     pub bucket_elems: usize,
     /// What the last step's gradient synchronisation did (zeros in one process).
     pub last_sync: SyncStats,
+    /// Overlap the gradient all-reduce with backward (per-layer buckets, under gradient
+    /// checkpointing, without ZeRO); else one bucketed all-reduce after backward.
+    pub overlap: bool,
     /// ZeRO stage of the optimizer in a group ([`Trainer::set_zero`]).
     zero: ZeroStage,
     /// This rank's optimizer shard, made at the first grouped step under ZeRO.
@@ -334,6 +337,7 @@ impl Trainer {
             cfg,
             dist: None,
             bucket_elems: DEFAULT_BUCKET_ELEMS,
+            overlap: true,
             last_sync: SyncStats::default(),
             zero: ZeroStage::Off,
             zero_shard: None,
@@ -811,9 +815,9 @@ impl Trainer {
         let lens: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
         let groups = micro_batches(&lens, self.cfg.micro_batch_tokens);
         self.opt.zero_grad();
-        let mut params: Vec<Tensor> = match self.group() {
-            Some(_) => self.model.trainable().into_iter().map(|(_, t)| t).collect(),
-            None => Vec::new(),
+        let (names, mut params): (Vec<String>, Vec<Tensor>) = match self.group() {
+            Some(_) => self.model.trainable().into_iter().unzip(),
+            None => (Vec::new(), Vec::new()),
         };
         if let Some(g) = self.group() {
             data_parallel::ensure_grads(g, &mut params)?;
@@ -823,10 +827,38 @@ impl Trainer {
             tis_max: f64::NEG_INFINITY,
             ..Sums::default()
         };
-        for group in &groups {
+        // Overlap needs every rank to run backward (each has a sequence when there are at
+        // least as many as ranks: the split hands the longest ones out one per rank first).
+        let mut overlap = match self.group() {
+            Some(g)
+                if self.overlap
+                    && self.cfg.grad_checkpoint
+                    && self.zero == ZeroStage::Off
+                    && sequences >= g.world() =>
+            {
+                Some(data_parallel::Overlap::new(
+                    g,
+                    &names,
+                    &params,
+                    self.model.layers.len(),
+                ))
+            }
+            _ => None,
+        };
+        for (k, group) in groups.iter().enumerate() {
             let micro = self.prepare(seqs, group, mode, old, agg, total_tokens, counted_seqs)?;
-            self.forward_backward(&micro, mode, &mut sums)?;
+            // Only the last micro-batch's backward leaves a layer's gradients final.
+            let ov = if k + 1 == groups.len() {
+                overlap.as_mut()
+            } else {
+                None
+            };
+            self.forward_backward(&micro, mode, &mut sums, ov)?;
         }
+        let overlapped = match overlap {
+            Some(o) => Some(o.finish()?),
+            None => None,
+        };
         let mut micro_batches = groups.len();
         self.ensure_zero_shard()?;
         let (grad_norm, lr) = match (
@@ -843,7 +875,10 @@ impl Trainer {
                 (norm, lr)
             }
             (Some(g), None) => {
-                let sync = data_parallel::sync_grads(g, &params, self.bucket_elems)?;
+                let sync = match overlapped {
+                    Some(s) => s,
+                    None => data_parallel::sync_grads(g, &params, self.bucket_elems)?,
+                };
                 micro_batches = reduce_sums(g, &mut sums, micro_batches)?;
                 self.last_sync = sync;
                 self.opt.step()
@@ -1127,7 +1162,13 @@ impl Trainer {
         }
     }
 
-    fn forward_backward(&self, m: &Micro, mode: Mode, sums: &mut Sums) -> Result<()> {
+    fn forward_backward(
+        &self,
+        m: &Micro,
+        mode: Mode,
+        sums: &mut Sums,
+        mut overlap: Option<&mut data_parallel::Overlap<'_>>,
+    ) -> Result<()> {
         let model = &self.model;
         let n_layers = model.layers.len();
         if !self.cfg.grad_checkpoint {
@@ -1174,6 +1215,9 @@ impl Trainer {
             seeded(l);
             let y = model.layer_forward(l, &xin, 0, None, Fwd::TRAIN);
             (y * &g).sum(Kind::Float).backward();
+            if let Some(o) = overlap.as_deref_mut() {
+                o.layer_done(l)?;
+            }
             g = xin.grad();
         }
         if g.defined() && model.embed_tokens.requires_grad() {

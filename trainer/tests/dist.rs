@@ -582,18 +582,22 @@ fn rank_timing() {
     let mut group: Option<Box<dyn Collective>> = Some(Box::new(g));
     let seqs = bench_batch();
     use trainer::dist::zero::ZeroStage;
-    for (lora, bucket, zero) in [
-        (false, trainer::train::DEFAULT_BUCKET_ELEMS, ZeroStage::Off),
-        (false, 0, ZeroStage::Off),
-        (true, trainer::train::DEFAULT_BUCKET_ELEMS, ZeroStage::Off),
-        (false, trainer::train::DEFAULT_BUCKET_ELEMS, ZeroStage::One),
-        (false, trainer::train::DEFAULT_BUCKET_ELEMS, ZeroStage::Two),
+    let bucketed = trainer::train::DEFAULT_BUCKET_ELEMS;
+    for (lora, bucket, zero, overlap) in [
+        (false, bucketed, ZeroStage::Off, false),
+        (false, bucketed, ZeroStage::Off, true),
+        (false, 0, ZeroStage::Off, false),
+        (true, bucketed, ZeroStage::Off, false),
+        (true, bucketed, ZeroStage::Off, true),
+        (false, bucketed, ZeroStage::One, false),
+        (false, bucketed, ZeroStage::Two, false),
     ] {
         if zero != ZeroStage::Off && world == 1 {
             continue;
         }
         let mut t = bench_trainer(lora);
         t.bucket_elems = bucket;
+        t.overlap = overlap;
         t.set_collective(group.take().unwrap());
         t.set_zero(zero).unwrap();
         let rank = t.collective().unwrap().rank();
@@ -625,7 +629,7 @@ fn rank_timing() {
             None => params as f64 * 8.0 / 1e6,
         };
         eprintln!(
-            "timing -> world {world} lora {lora} bucket_elems {bucket} zero {zero:?}: {:.3} s/step, \
+            "timing -> world {world} lora {lora} bucket_elems {bucket} zero {zero:?} overlap {overlap}: {:.3} s/step, \
              gradient sync {:.4} s/step ({} collectives, {} elements), optimizer moments {state_mb:.1} MB on this rank",
             secs / steps as f64,
             comm / steps as f64,

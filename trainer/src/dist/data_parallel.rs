@@ -301,6 +301,114 @@ pub fn sync_grads(
     Ok(stats)
 }
 
+/// Gradient all-reduce overlapped with backward. Under gradient checkpointing backward runs one
+/// decoder layer at a time, last layer first; once the last micro-batch's backward has passed a
+/// layer, that layer's gradients are final, so its bucket is reduced (asynchronously, on the
+/// backend's own threads) while the earlier layers' backward runs. Buckets: one per decoder
+/// layer (parameters named `model.layers.L.`), then one for everything else (embeddings, final
+/// norm, head), launched in descending layer order on every rank: a rank whose backward ended
+/// early (no gradient reached a layer) launches the rest in the same order in
+/// [`Overlap::finish`].
+pub struct Overlap<'a> {
+    coll: &'a dyn Collective,
+    params: Vec<Tensor>,
+    layers: Vec<Vec<usize>>,
+    rest: Vec<usize>,
+    launched: Vec<bool>,
+    pending: Vec<(Vec<usize>, Tensor, Work)>,
+    first: Option<Instant>,
+    stats: SyncStats,
+}
+
+impl<'a> Overlap<'a> {
+    /// Over `params` (shallow clones, with gradients: [`ensure_grads`] first) named `names`, in
+    /// a model of `n_layers` decoder layers.
+    pub fn new(
+        coll: &'a dyn Collective,
+        names: &[String],
+        params: &[Tensor],
+        n_layers: usize,
+    ) -> Self {
+        let mut layers = vec![Vec::new(); n_layers];
+        let mut rest = Vec::new();
+        for (i, n) in names.iter().enumerate() {
+            let layer = n
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|l| l.parse::<usize>().ok())
+                .filter(|&l| l < n_layers);
+            match layer {
+                Some(l) => layers[l].push(i),
+                None => rest.push(i),
+            }
+        }
+        Self {
+            coll,
+            params: params.iter().map(Tensor::shallow_clone).collect(),
+            layers,
+            rest,
+            launched: vec![false; n_layers],
+            pending: Vec::new(),
+            first: None,
+            stats: SyncStats::default(),
+        }
+    }
+
+    /// Layer `l`'s backward is complete for the step: reduce its bucket now.
+    pub fn layer_done(&mut self, l: usize) -> Result<()> {
+        if l < self.launched.len() && !self.launched[l] {
+            self.launched[l] = true;
+            let idx = std::mem::take(&mut self.layers[l]);
+            self.launch(idx)?;
+        }
+        Ok(())
+    }
+
+    fn launch(&mut self, idx: Vec<usize>) -> Result<()> {
+        if idx.is_empty() {
+            return Ok(());
+        }
+        self.first.get_or_insert_with(Instant::now);
+        let mut flat = tch::no_grad(|| {
+            let parts: Vec<Tensor> = idx
+                .iter()
+                .map(|&i| self.params[i].grad().to_kind(Kind::Float).reshape([-1]))
+                .collect();
+            Tensor::cat(&parts, 0)
+        });
+        self.stats.elements += flat.numel();
+        let work = self.coll.all_reduce(&mut flat, ReduceOp::Sum)?;
+        self.stats.collectives += 1;
+        self.pending.push((idx, flat, work));
+        Ok(())
+    }
+
+    /// Launch every bucket not launched yet (layers in descending order, then the rest), wait
+    /// for all and write the sums back into the gradients.
+    pub fn finish(mut self) -> Result<SyncStats> {
+        for l in (0..self.launched.len()).rev() {
+            self.layer_done(l)?;
+        }
+        let rest = std::mem::take(&mut self.rest);
+        self.launch(rest)?;
+        tch::no_grad(|| -> Result<()> {
+            for (idx, flat, work) in std::mem::take(&mut self.pending) {
+                work.wait()?;
+                let mut off = 0i64;
+                for i in idx {
+                    let mut g = self.params[i].grad();
+                    let n = g.numel() as i64;
+                    g.copy_(&flat.narrow(0, off, n).view_as(&g));
+                    off += n;
+                }
+            }
+            Ok(())
+        })?;
+        self.stats.seconds = self.first.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        Ok(self.stats)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

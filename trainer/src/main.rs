@@ -124,6 +124,7 @@ fn serve(mut s: ServeSettings) -> anyhow::Result<()> {
         );
         let group = trainer::dist::C10d::init(&env, &opts)?;
         loaded.policy.trainer.set_collective(Box::new(group));
+        loaded.policy.trainer.overlap = backend == trainer::dist::BackendKind::Nccl;
         loaded.policy.trainer.set_zero(s.dist.zero)?;
         if let Some(ck) = &loaded.resumed {
             load::restore_sharded_optimizer(&mut loaded.policy, ck)?;

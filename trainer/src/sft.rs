@@ -214,6 +214,7 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
             },
         )?;
         trainer.set_collective(Box::new(group));
+        trainer.overlap = backend == crate::dist::BackendKind::Nccl;
         rank = env.rank;
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);

@@ -123,7 +123,9 @@ pub struct Trainer {
     /// What the last step's gradient synchronisation did (zeros in one process).
     pub last_sync: SyncStats,
     /// Overlap the gradient all-reduce with backward (per-layer buckets, under gradient
-    /// checkpointing, without ZeRO); else one bucketed all-reduce after backward.
+    /// checkpointing, without ZeRO); else one bucketed all-reduce after backward. Off by
+    /// default: with gloo on CPU the collectives compete with backward for the same cores and
+    /// it measured slower (BENCHMARKS.md); the binary turns it on for NCCL groups.
     pub overlap: bool,
     /// ZeRO stage of the optimizer in a group ([`Trainer::set_zero`]).
     zero: ZeroStage,
@@ -337,7 +339,7 @@ impl Trainer {
             cfg,
             dist: None,
             bucket_elems: DEFAULT_BUCKET_ELEMS,
-            overlap: true,
+            overlap: false,
             last_sync: SyncStats::default(),
             zero: ZeroStage::Off,
             zero_shard: None,

@@ -345,7 +345,7 @@ struct Case {
 }
 
 fn trainer_for(c: &Case) -> Trainer {
-    Trainer::new(
+    let mut t = Trainer::new(
         model(5, c.lora),
         TrainConfig {
             loss: PolicyLossConfig {
@@ -365,7 +365,10 @@ fn trainer_for(c: &Case) -> Trainer {
             minibatches_per_step: c.minibatches,
         },
     )
-    .unwrap()
+    .unwrap();
+    // The cases with gradient checkpointing take the overlapped all-reduce.
+    t.overlap = c.grad_checkpoint;
+    t
 }
 
 fn step(t: &mut Trainer, c: &Case, seqs: &[Sequence]) -> StepMetrics {

@@ -305,7 +305,7 @@ pub fn sync_grads(
 /// decoder layer at a time, last layer first; once the last micro-batch's backward has passed a
 /// layer, that layer's gradients are final, so its bucket is reduced (asynchronously, on the
 /// backend's own threads) while the earlier layers' backward runs. Buckets: one per decoder
-/// layer (parameters named `model.layers.L.`), then one for everything else (embeddings, final
+/// layer (parameters named `...layers.L.`), then one for everything else (embeddings, final
 /// norm, head), launched in descending layer order on every rank: a rank whose backward ended
 /// early (no gradient reached a layer) launches the rest in the same order in
 /// [`Overlap::finish`].
@@ -332,9 +332,10 @@ impl<'a> Overlap<'a> {
         let mut layers = vec![Vec::new(); n_layers];
         let mut rest = Vec::new();
         for (i, n) in names.iter().enumerate() {
+            // `model.layers.L.` (and adapters' `base_model.model.model.layers.L.`).
             let layer = n
-                .strip_prefix("model.layers.")
-                .and_then(|r| r.split('.').next())
+                .find("layers.")
+                .and_then(|at| n[at + "layers.".len()..].split('.').next())
                 .and_then(|l| l.parse::<usize>().ok())
                 .filter(|&l| l < n_layers);
             match layer {

@@ -96,8 +96,8 @@ fn serve(mut s: ServeSettings) -> anyhow::Result<()> {
         tch::set_num_threads(n);
     }
     let env = trainer::dist::DistEnv::from_env()?.filter(|e| e.world > 1);
-    if let (Some(env), tch::Device::Cuda(_)) = (&env, s.load.device) {
-        s.load.device = tch::Device::Cuda(env.local_rank);
+    if let Some(env) = &env {
+        s.load.device = env.device(s.load.device);
     }
     tracing::info!(
         hash = %s.load.settings.hash(),
@@ -106,25 +106,8 @@ fn serve(mut s: ServeSettings) -> anyhow::Result<()> {
     );
     let mut loaded = load::load(&s.load)?;
     if let Some(env) = env {
-        let backend = s.dist.backend.unwrap_or(if s.load.device.is_cuda() {
-            trainer::dist::BackendKind::Nccl
-        } else {
-            trainer::dist::BackendKind::Gloo
-        });
-        let opts = trainer::dist::DistOptions {
-            backend,
-            timeout: s.dist.timeout,
-            ..Default::default()
-        };
-        tracing::info!(
-            rank = env.rank,
-            world = env.world,
-            ?backend,
-            "joining the group"
-        );
-        let group = trainer::dist::C10d::init(&env, &opts)?;
+        let group = env.join(s.load.device, s.dist.backend, s.dist.timeout)?;
         loaded.policy.trainer.set_collective(Box::new(group));
-        loaded.policy.trainer.overlap = backend == trainer::dist::BackendKind::Nccl;
         loaded.policy.trainer.set_zero(s.dist.zero)?;
         if let Some(ck) = &loaded.resumed {
             load::restore_sharded_optimizer(&mut loaded.policy, ck)?;

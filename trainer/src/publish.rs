@@ -195,9 +195,9 @@ impl Publisher {
             None => Err("this publisher has no tensor route".to_string()),
             Some(mut route) => {
                 let (http, targets) = (self.http.clone(), urls.clone());
-                let handle = tokio::runtime::Handle::current();
+                // A blocking-pool thread runs inside the runtime, where the route's push can
+                // drive its requests.
                 let joined = tokio::task::spawn_blocking(move || {
-                    let _entered = handle.enter();
                     let r = route.push(&http, &targets, version, &params);
                     (route, r)
                 })

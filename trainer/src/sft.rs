@@ -190,31 +190,14 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
     // Under a launcher (WORLD_SIZE set) every rank reads the same rows and shuffles them with
     // the same seed; rank 0 leads each step (splitting the batch by tokens), the others follow.
     let env = crate::dist::DistEnv::from_env()?.filter(|e| e.world > 1);
-    let device = match (&env, opts.device) {
-        (Some(e), tch::Device::Cuda(_)) => tch::Device::Cuda(e.local_rank),
-        (_, d) => d,
-    };
+    let device = env.as_ref().map_or(opts.device, |e| e.device(opts.device));
     let kind = crate::default_kind(device);
     let model = Qwen3::load(dir, device, kind)?;
     model.set_trainable(true);
     let mut trainer = Trainer::new(model, opts.train.clone())?;
     let mut rank = 0;
     if let Some(env) = &env {
-        let backend = if device.is_cuda() {
-            crate::dist::BackendKind::Nccl
-        } else {
-            crate::dist::BackendKind::Gloo
-        };
-        let group = crate::dist::C10d::init(
-            env,
-            &crate::dist::DistOptions {
-                backend,
-                timeout: opts.dist_timeout,
-                ..Default::default()
-            },
-        )?;
-        trainer.set_collective(Box::new(group));
-        trainer.overlap = backend == crate::dist::BackendKind::Nccl;
+        trainer.set_collective(Box::new(env.join(device, None, opts.dist_timeout)?));
         rank = env.rank;
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);

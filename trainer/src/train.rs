@@ -123,10 +123,11 @@ pub struct Trainer {
     /// What the last step's gradient synchronisation did (zeros in one process).
     pub last_sync: SyncStats,
     /// Overlap the gradient all-reduce with backward (per-layer buckets, under gradient
-    /// checkpointing, without ZeRO); else one bucketed all-reduce after backward. Off by
-    /// default: with gloo on CPU the collectives compete with backward for the same cores and
-    /// it measured slower (BENCHMARKS.md); the binary turns it on for NCCL groups.
-    pub overlap: bool,
+    /// checkpointing, without ZeRO); else one bucketed all-reduce after backward. `None`
+    /// (default): on for NCCL groups only; with gloo on CPU the collectives compete with
+    /// backward for the same cores and it measured slower (BENCHMARKS.md). Every rank decides
+    /// alike from its group's backend, so all run the same collectives.
+    pub overlap: Option<bool>,
     /// ZeRO stage of the optimizer in a group ([`Trainer::set_zero`]).
     zero: ZeroStage,
     /// This rank's optimizer shard, made at the first grouped step under ZeRO.
@@ -339,7 +340,7 @@ impl Trainer {
             cfg,
             dist: None,
             bucket_elems: DEFAULT_BUCKET_ELEMS,
-            overlap: false,
+            overlap: None,
             last_sync: SyncStats::default(),
             zero: ZeroStage::Off,
             zero_shard: None,
@@ -833,7 +834,7 @@ impl Trainer {
         // least as many as ranks: the split hands the longest ones out one per rank first).
         let mut overlap = match self.group() {
             Some(g)
-                if self.overlap
+                if self.overlap.unwrap_or(g.backend() == "nccl")
                     && self.cfg.grad_checkpoint
                     && self.zero == ZeroStage::Off
                     && sequences >= g.world() =>

@@ -367,7 +367,7 @@ fn trainer_for(c: &Case) -> Trainer {
     )
     .unwrap();
     // The cases with gradient checkpointing take the overlapped all-reduce.
-    t.overlap = c.grad_checkpoint;
+    t.overlap = Some(c.grad_checkpoint);
     t
 }
 
@@ -600,7 +600,7 @@ fn rank_timing() {
         }
         let mut t = bench_trainer(lora);
         t.bucket_elems = bucket;
-        t.overlap = overlap;
+        t.overlap = Some(overlap);
         t.set_collective(group.take().unwrap());
         t.set_zero(zero).unwrap();
         let rank = t.collective().unwrap().rank();

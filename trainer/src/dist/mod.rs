@@ -394,6 +394,45 @@ impl DistEnv {
     }
 }
 
+impl DistEnv {
+    /// The device this rank trains on: CUDA device LOCAL_RANK when the job runs on CUDA.
+    pub fn device(&self, device: Device) -> Device {
+        match device {
+            Device::Cuda(_) => Device::Cuda(self.local_rank),
+            d => d,
+        }
+    }
+
+    /// Join this rank's group on `device` with `backend` (default: NCCL on CUDA, gloo
+    /// otherwise) and `timeout` for the rendezvous and every collective.
+    pub fn join(
+        &self,
+        device: Device,
+        backend: Option<BackendKind>,
+        timeout: Duration,
+    ) -> Result<C10d> {
+        let backend = backend.unwrap_or(if device.is_cuda() {
+            BackendKind::Nccl
+        } else {
+            BackendKind::Gloo
+        });
+        tracing::info!(
+            rank = self.rank,
+            world = self.world,
+            ?backend,
+            "joining the group"
+        );
+        C10d::init(
+            self,
+            &DistOptions {
+                backend,
+                timeout,
+                ..Default::default()
+            },
+        )
+    }
+}
+
 /// Which c10d backend a [`C10d`] group uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {

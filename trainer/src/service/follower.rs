@@ -89,8 +89,6 @@ fn replace(
 ) -> Result<()> {
     let mut fresh = load::build_policy(opts, checkpoint)?;
     let zero = policy.trainer.zero_stage();
-    // Every rank must run the same collectives: the rebuilt trainer keeps the group's choices.
-    fresh.trainer.overlap = policy.trainer.overlap;
     if let Some(g) = policy.trainer.take_collective() {
         fresh.trainer.set_collective(g);
     }

@@ -794,7 +794,6 @@ fn adopt_group(
     control: impl FnOnce() -> Control,
 ) -> Result<()> {
     let zero = old.trainer.zero_stage();
-    fresh.trainer.overlap = old.trainer.overlap;
     let Some(g) = old.trainer.take_collective() else {
         return Ok(());
     };

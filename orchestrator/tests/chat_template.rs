@@ -11,25 +11,17 @@
     reason = "test and benchmark code fails loudly"
 )]
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
+
+use common::python::python;
 
 use orchestrator::infra::chat::ModelTokenizer;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn python() -> PathBuf {
-    if let Ok(p) = std::env::var("ORCH_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = root().join(".venv/bin/python");
-    if venv.exists() {
-        venv
-    } else {
-        PathBuf::from("python3")
-    }
+    common::browser::workspace()
 }
 
 #[test]

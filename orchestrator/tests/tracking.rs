@@ -27,6 +27,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use common::python::python;
 use orchestrator::domain::config::{Config, Overrides};
 use orchestrator::domain::tracking::{EndStatus, Point};
 use orchestrator::infra::db;
@@ -36,22 +37,6 @@ use orchestrator::infra::tracking::tensorboard::EventWriter;
 use orchestrator::pipeline::run::{PlannedRun, RunStatus, mark, register_experiment};
 use orchestrator::pipeline::tracking::{RUN_ID_TAG, TrackStats, follow};
 use serde_json::{Value, json};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn python() -> PathBuf {
-    if let Ok(p) = std::env::var("ORCH_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = root().join(".venv/bin/python");
-    if venv.exists() {
-        venv
-    } else {
-        PathBuf::from("python3")
-    }
-}
 
 const READ_BACK: &str = r#"
 import json, sys

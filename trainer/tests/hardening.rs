@@ -11,11 +11,14 @@
 //! restore rebuilds it; with an API token every route but `/health` needs it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::Server;
 use trainer::model::Fwd;
-use trainer::service::{AppState, ServeConfig, load};
+use trainer::service::load;
 
 /// The tiny model's position limit (`max_position_embeddings`).
 const MAX_POS: usize = 64;
@@ -67,11 +70,6 @@ fn lora() -> trainer::model::LoraConfig {
     }
 }
 
-struct Server {
-    url: String,
-    state: Arc<AppState>,
-}
-
 fn options(dir: &Path, lora: Option<&trainer::model::LoraConfig>) -> load::LoadOptions {
     let mut train = trainer::train::TrainConfig::default();
     train.optim.lr = 0.05;
@@ -90,33 +88,7 @@ async fn start_with(
     ckpt: Option<PathBuf>,
     api_token: Option<trainer::service::ApiToken>,
 ) -> Server {
-    let opts = options(dir, lora.as_ref());
-    let loaded = load::load(&opts).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = AppState::new(
-        loaded.policy,
-        loaded.tokenizer,
-        loaded.chat_template,
-        loaded.eos,
-        ServeConfig {
-            bind: addr,
-            served_name: "policy".into(),
-            checkpoint_dir: ckpt,
-            checkpoint_every: 0,
-            max_body_bytes: 64 << 20,
-            max_model_len: loaded.max_model_len,
-            api_token,
-        },
-        None,
-    );
-    state.set_load_options(opts);
-    let app = trainer::service::router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    Server {
-        url: format!("http://{addr}"),
-        state,
-    }
+    common::serve_in_process(options(dir, lora.as_ref()), ckpt, None, api_token).await
 }
 
 async fn post_json(url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {

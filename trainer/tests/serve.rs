@@ -19,10 +19,10 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use common::{model_dir, tiny_config};
+use common::{Server, model_dir, tiny_config};
 use trainer::model::Fwd;
 use trainer::publish::{PublishConfig, PublishTarget, Publisher, ServerKind};
-use trainer::service::{AppState, ServeConfig, load};
+use trainer::service::load;
 
 fn lora() -> trainer::model::LoraConfig {
     trainer::model::LoraConfig {
@@ -31,11 +31,6 @@ fn lora() -> trainer::model::LoraConfig {
         dropout: 0.0,
         targets: trainer::model::LoraTarget::ALL.to_vec(),
     }
-}
-
-struct Server {
-    url: String,
-    state: Arc<AppState>,
 }
 
 async fn start(
@@ -59,32 +54,7 @@ async fn start(
             11,
         )
     };
-    let loaded = load::load(&opts).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = AppState::new(
-        loaded.policy,
-        loaded.tokenizer,
-        loaded.chat_template,
-        loaded.eos,
-        ServeConfig {
-            bind: addr,
-            served_name: "policy".into(),
-            checkpoint_dir: ckpt,
-            checkpoint_every: 0,
-            max_body_bytes: 64 << 20,
-            max_model_len: loaded.max_model_len,
-            api_token: None,
-        },
-        publisher,
-    );
-    state.set_load_options(opts);
-    let app = trainer::service::router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    Server {
-        url: format!("http://{addr}"),
-        state,
-    }
+    common::serve_in_process(opts, ckpt, publisher, None).await
 }
 
 fn orchestrator_client(url: &str) -> orchestrator::infra::llm::LlmClient {

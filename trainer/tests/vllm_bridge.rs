@@ -296,7 +296,7 @@ async fn a_server_without_the_dev_routes_is_refused_by_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trainer_serve_publishes_each_version_over_the_nccl_route() {
     use trainer::publish::{PublishConfig, PublishTarget, Publisher, ServerKind};
-    use trainer::service::{AppState, ServeConfig, load};
+    use trainer::service::load;
     let tmp = tempfile::tempdir().unwrap();
     let model = common::model_dir(tmp.path());
     let (url, fake) = serve(1).await;
@@ -328,27 +328,11 @@ async fn trainer_serve_publishes_each_version_over_the_nccl_route() {
     let mut train = trainer::train::TrainConfig::default();
     train.optim.lr = 1e-3;
     let opts = load::LoadOptions::from_config(model.clone(), &train, None, tch::Device::Cpu, 11);
-    let loaded = load::load(&opts).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = AppState::new(
-        loaded.policy,
-        loaded.tokenizer,
-        loaded.chat_template,
-        loaded.eos,
-        ServeConfig {
-            bind: addr,
-            served_name: "policy".into(),
-            checkpoint_dir: None,
-            checkpoint_every: 0,
-            max_body_bytes: 64 << 20,
-            max_model_len: loaded.max_model_len,
-            api_token: None,
-        },
-        Some(publisher),
+    let server = common::serve_in_process(opts, None, Some(publisher), None).await;
+    let (addr, state) = (
+        server.url.trim_start_matches("http://").to_string(),
+        server.state,
     );
-    let app = trainer::service::router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let batch = wire::Batch {
         policy_version: 0,
         rl: false,

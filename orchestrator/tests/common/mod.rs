@@ -6,3 +6,4 @@ pub mod fake_openai;
 pub mod fixtures;
 pub mod kill;
 pub mod loopback;
+pub mod python;

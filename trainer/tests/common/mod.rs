@@ -1,8 +1,12 @@
 //! Helpers shared by the trainer's integration tests: a tiny random Qwen3 with its tokenizer
-//! in Hugging Face layout, and a free loopback port.
+//! in Hugging Face layout, a free loopback port, and `trainer serve` in-process.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use trainer::publish::Publisher;
+use trainer::service::{ApiToken, AppState, ServeConfig, load};
 
 pub fn tiny_config() -> serde_json::Value {
     serde_json::json!({
@@ -40,4 +44,47 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A `trainer serve` running in-process.
+pub struct Server {
+    pub url: String,
+    pub state: Arc<AppState>,
+}
+
+/// `trainer serve` on an ephemeral 127.0.0.1 port, served on the test's runtime: the policy of
+/// `opts` (kept for `POST /v1/restore`), checkpoints under `checkpoint_dir`, versions published
+/// through `publisher`, and `api_token` required when given.
+pub async fn serve_in_process(
+    opts: load::LoadOptions,
+    checkpoint_dir: Option<PathBuf>,
+    publisher: Option<Publisher>,
+    api_token: Option<ApiToken>,
+) -> Server {
+    let loaded = load::load(&opts).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = AppState::new(
+        loaded.policy,
+        loaded.tokenizer,
+        loaded.chat_template,
+        loaded.eos,
+        ServeConfig {
+            bind: addr,
+            served_name: "policy".into(),
+            checkpoint_dir,
+            checkpoint_every: 0,
+            max_body_bytes: 64 << 20,
+            max_model_len: loaded.max_model_len,
+            api_token,
+        },
+        publisher,
+    );
+    state.set_load_options(opts);
+    let app = trainer::service::router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Server {
+        url: format!("http://{addr}"),
+        state,
+    }
 }

@@ -21,6 +21,7 @@
 pub mod api;
 mod policy_version;
 pub mod settings;
+pub mod token;
 
 pub use api::{
     CheckpointReply, CheckpointRequest, DryRunReply, ErrorBody, ErrorDetail, Published,

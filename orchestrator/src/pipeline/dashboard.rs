@@ -20,10 +20,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+use wire::token::{MAX_TOKEN_BYTES, MIN_TOKEN_BYTES, TokenDigest, TokenError};
 
 use crate::infra::db::{self, DbError};
 
@@ -31,8 +31,6 @@ use crate::infra::db::{self, DbError};
 pub const TOKEN_ENV: &str = "ORCH_DASHBOARD_TOKEN";
 /// The default address: loopback only.
 pub const DEFAULT_BIND: &str = "127.0.0.1:8300";
-const MIN_TOKEN_BYTES: usize = 16;
-const MAX_TOKEN_BYTES: usize = 4096;
 const COOKIE: &str = "rubricem_token";
 /// Most rows a list endpoint returns.
 const MAX_ROWS: i64 = 500;
@@ -56,11 +54,10 @@ pub enum DashboardError {
     Serve(String),
 }
 
-/// The access token, kept only as its SHA-256 digest; `Debug` prints no part of it.
+/// The access token, kept only as its SHA-256 digest (`wire::token`); `Debug` prints no part
+/// of it.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Token {
-    digest: [u8; 32],
-}
+pub struct Token(TokenDigest);
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,31 +71,15 @@ impl Token {
         let Some(raw) = value.filter(|v| !v.is_empty()) else {
             return Ok(None);
         };
-        let len = raw.len();
-        if !(MIN_TOKEN_BYTES..=MAX_TOKEN_BYTES).contains(&len) {
-            return Err(DashboardError::TokenLength { len });
+        match TokenDigest::new(raw) {
+            Ok(d) => Ok(Some(Self(d))),
+            Err(TokenError::Length { len }) => Err(DashboardError::TokenLength { len }),
+            Err(TokenError::Byte { at, byte }) => Err(DashboardError::TokenByte { at, byte }),
         }
-        if let Some((at, &byte)) = raw
-            .as_bytes()
-            .iter()
-            .enumerate()
-            .find(|(_, b)| !(0x21..=0x7e).contains(*b))
-        {
-            return Err(DashboardError::TokenByte { at, byte });
-        }
-        Ok(Some(Self {
-            digest: Sha256::digest(raw.as_bytes()).into(),
-        }))
     }
 
     fn matches(&self, presented: &[u8]) -> bool {
-        let other: [u8; 32] = Sha256::digest(presented).into();
-        let diff = self
-            .digest
-            .iter()
-            .zip(&other)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        std::hint::black_box(diff) == 0
+        self.0.matches(presented)
     }
 }
 

@@ -12,17 +12,14 @@ use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
+use wire::token::{TokenDigest, TokenError};
 
 use super::{ApiError, AppState};
 
 /// The environment variable that holds the token (the orchestrator's trainer client reads the
 /// same one).
 pub const TOKEN_ENV: &str = "TRAINER_API_TOKEN";
-/// Shortest accepted token.
-pub const MIN_TOKEN_BYTES: usize = 16;
-/// Longest accepted token (it travels in a header).
-pub const MAX_TOKEN_BYTES: usize = 4096;
+pub use wire::token::{MAX_TOKEN_BYTES, MIN_TOKEN_BYTES};
 /// The one route answered without a token: supervisors probe it.
 pub const OPEN_ROUTE: &str = "/health";
 
@@ -43,11 +40,10 @@ pub enum AuthError {
     Unprotected { bind: SocketAddr },
 }
 
-/// The API token, kept only as its SHA-256 digest; `Debug` prints no part of it.
+/// The API token, kept only as its SHA-256 digest (`wire::token`); `Debug` prints no part of
+/// it.
 #[derive(Clone, PartialEq, Eq)]
-pub struct ApiToken {
-    digest: [u8; 32],
-}
+pub struct ApiToken(TokenDigest);
 
 impl std::fmt::Debug for ApiToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -55,27 +51,12 @@ impl std::fmt::Debug for ApiToken {
     }
 }
 
-fn sha256(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
-
 impl ApiToken {
     /// A token of `MIN_TOKEN_BYTES..=MAX_TOKEN_BYTES` printable ASCII characters (no spaces).
     pub fn new(raw: &str) -> Result<Self, AuthError> {
-        let len = raw.len();
-        if !(MIN_TOKEN_BYTES..=MAX_TOKEN_BYTES).contains(&len) {
-            return Err(AuthError::Length { len });
-        }
-        if let Some((at, &byte)) = raw
-            .as_bytes()
-            .iter()
-            .enumerate()
-            .find(|(_, b)| !(0x21..=0x7e).contains(*b))
-        {
-            return Err(AuthError::Byte { at, byte });
-        }
-        Ok(Self {
-            digest: sha256(raw.as_bytes()),
+        TokenDigest::new(raw).map(Self).map_err(|e| match e {
+            TokenError::Length { len } => AuthError::Length { len },
+            TokenError::Byte { at, byte } => AuthError::Byte { at, byte },
         })
     }
 
@@ -89,13 +70,7 @@ impl ApiToken {
 
     /// Whether `presented` is the token: digests compared in constant time.
     pub fn matches(&self, presented: &[u8]) -> bool {
-        let other = sha256(presented);
-        let diff = self
-            .digest
-            .iter()
-            .zip(&other)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        std::hint::black_box(diff) == 0
+        self.0.matches(presented)
     }
 }
 

@@ -8,8 +8,11 @@
 //! peft.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::seq;
 use tch::{Device, Kind, Tensor};
 use trainer::checkpoint::{self, CheckpointState};
 use trainer::export::{ExportDtype, ExportFormat, ExportOptions, ExportReport};
@@ -17,7 +20,7 @@ use trainer::loss::PolicyLossConfig;
 use trainer::model::lora::{LoraConfig, LoraTarget};
 use trainer::model::{Fwd, Qwen3};
 use trainer::optim::AdamWConfig;
-use trainer::train::{Sequence, TrainConfig, Trainer};
+use trainer::train::{TrainConfig, Trainer};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -55,25 +58,6 @@ fn make_base(tmp: &Path, name: &str, tied: bool) -> PathBuf {
     let out = tmp.join(name);
     trainer::smallmodel::init_model(&cfg, &tok, &out, 5).unwrap();
     out
-}
-
-fn seq(tokens: Vec<i64>, adv: Vec<f32>) -> Sequence {
-    let n = tokens.len();
-    Sequence {
-        loss_mask: (0..n).map(|t| t >= 3).collect(),
-        stages: (0..n)
-            .map(|t| {
-                if t < 3 {
-                    -1
-                } else {
-                    ((t - 3) * 4 / (n - 3)) as i8
-                }
-            })
-            .collect(),
-        behaviour_logprobs: vec![-3.0; n],
-        advantages: adv,
-        tokens,
-    }
 }
 
 /// Two real RL steps, so the weights (or adapters) differ from the initial ones.

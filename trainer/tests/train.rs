@@ -4,8 +4,11 @@
 //! trainer and `init` write a directory transformers loads with the same logits.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::seq;
 use tch::{Device, Kind, Tensor};
 use trainer::loss::PolicyLossConfig;
 use trainer::model::lora::{LoraConfig, LoraTarget};
@@ -46,25 +49,6 @@ fn lora_model(seed: i64) -> Qwen3 {
         }
     }
     m
-}
-
-fn seq(tokens: Vec<i64>, adv: Vec<f32>) -> Sequence {
-    let n = tokens.len();
-    Sequence {
-        loss_mask: (0..n).map(|t| t >= 3).collect(),
-        stages: (0..n)
-            .map(|t| {
-                if t < 3 {
-                    -1
-                } else {
-                    ((t - 3) * 4 / (n - 3)) as i8
-                }
-            })
-            .collect(),
-        behaviour_logprobs: vec![-3.0; n],
-        advantages: adv,
-        tokens,
-    }
 }
 
 fn trainer(model: Qwen3, lr: f64, kl: f64) -> Trainer {

@@ -88,3 +88,24 @@ pub async fn serve_in_process(
         state,
     }
 }
+
+/// An RL sequence of `tokens`: the first 3 are prompt, the rest answer tokens spread over the
+/// four stages in order, behaviour log-prob -3 each, stage advantages `adv`.
+pub fn seq(tokens: Vec<i64>, adv: Vec<f32>) -> trainer::train::Sequence {
+    let n = tokens.len();
+    trainer::train::Sequence {
+        loss_mask: (0..n).map(|t| t >= 3).collect(),
+        stages: (0..n)
+            .map(|t| {
+                if t < 3 {
+                    -1
+                } else {
+                    ((t - 3) * 4 / (n - 3)) as i8
+                }
+            })
+            .collect(),
+        behaviour_logprobs: vec![-3.0; n],
+        advantages: adv,
+        tokens,
+    }
+}

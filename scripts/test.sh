@@ -8,6 +8,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rubricem}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# A one-shot build gains nothing from incremental caches, and they cost disk (see Cargo.toml's
+# [profile.dev] note on the CI machine that ran out of space).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 echo "== setup (Postgres, migrations)"
 ORCH_PROFILE=debug bash scripts/setup.sh

@@ -361,6 +361,10 @@ pub enum WorldCommand {
         /// Number of tasks.
         #[arg(long, env = "ORCH_WORLD_TASKS", default_value_t = 300)]
         tasks: usize,
+        /// Held-out evaluation tasks written to heldout.jsonl, about lineages and cities that
+        /// no training task mentions (0 = none).
+        #[arg(long, env = "ORCH_WORLD_HELD_OUT", default_value_t = 0)]
+        held_out: usize,
         /// Output directory.
         #[arg(long, env = "ORCH_WORLD_OUT")]
         out: PathBuf,
@@ -841,6 +845,7 @@ impl ToolFlags {
         crate::infra::tools::setup::ToolSetup {
             index: self.index.clone(),
             index_tool: None,
+            index_k: None,
             web: self.web_tools,
             mcp_urls: self.mcp.clone(),
         }

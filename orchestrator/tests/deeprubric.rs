@@ -54,6 +54,7 @@ async fn spec(fake: &FakeDr, name: &str) -> DrSpec {
     let setup = orchestrator::infra::tools::setup::ToolSetup {
         index: Some(index_dir()),
         index_tool: None,
+        index_k: None,
         web: false,
         mcp_urls: vec![],
     };

@@ -331,6 +331,8 @@ async fn held_out_tasks_leave_the_schedule_and_bad_subsets_are_refused(pool: sql
     )
     .unwrap();
     let mut cfg = Config::load("smoke", &Overrides::default()).unwrap();
+    // A plain task file: the held-out subset is a seeded pick of it.
+    cfg.data.world_held_out = 0;
     cfg.data.tasks = a.join("tasks.jsonl");
     cfg.rollout.tasks_per_step = 2;
     cfg.eval.held_out = 3;
@@ -386,6 +388,44 @@ async fn held_out_tasks_leave_the_schedule_and_bad_subsets_are_refused(pool: sql
     assert!(
         err.contains("eval.held_out = 11 leaves 1 of the 12 tasks")
             && err.contains("at most 10 can be held out"),
+        "{err}"
+    );
+
+    // A split world (the smoke preset's): every task of data.tasks trains, and the held-out
+    // subset is a seeded pick of heldout.jsonl, whose tasks are about other lineages.
+    let c = tmp.path().join("c");
+    orchestrator::domain::data::world::write(
+        &orchestrator::domain::data::world::generate_split(5, 80, 12, 4),
+        &c,
+    )
+    .unwrap();
+    cfg.data.tasks = c.join("tasks.jsonl");
+    cfg.data.world_held_out = 4;
+    cfg.eval.held_out = 3;
+    let (train, _, evals) = split_tasks(&cfg, &pool, "SYS").await.unwrap();
+    assert_eq!((train.len(), evals.len(), evals[0].tasks.len()), (12, 1, 3));
+    let held = std::fs::read_to_string(c.join("heldout.jsonl")).unwrap();
+    for t in &evals[0].tasks {
+        assert!(held.contains(&t.question), "{}", t.question);
+        assert!(train.iter().all(|x| x.task_id != t.rollout.task_id));
+    }
+    cfg.eval.held_out = 5;
+    let err = split_tasks(&cfg, &pool, "SYS")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("eval.held_out = 5 is more than the 4 held-out tasks")
+            && err.contains("data.world_held_out"),
+        "{err}"
+    );
+    // A world generated without held-out tasks is refused, not silently overlapped.
+    cfg.data.tasks = a.join("tasks.jsonl");
+    let err = orchestrator::pipeline::setup::ensure_world(&cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("data.world_held_out = 4") && err.contains("delete the directory"),
         "{err}"
     );
 }

@@ -67,6 +67,7 @@ async fn the_offline_plan_sees_the_question_only() {
         &ToolSetup {
             index: Some(idx),
             index_tool: None,
+            index_k: None,
             web: false,
             mcp_urls: vec![],
         },

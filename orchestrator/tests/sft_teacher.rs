@@ -55,6 +55,7 @@ async fn teacher_rounds_are_prompted_postprocessed_checked_and_written() {
         &ToolSetup {
             index: Some(idx),
             index_tool: None,
+            index_k: None,
             web: false,
             mcp_urls: vec![],
         },

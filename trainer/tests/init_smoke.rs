@@ -30,6 +30,7 @@ fn run_init(dir: &Path, config: &Path) -> std::process::Output {
         .env("TRAINER_BIN", env!("CARGO_BIN_EXE_trainer"))
         .env("INIT_DOCS", "40")
         .env("INIT_TASKS", "6")
+        .env("INIT_HELD_OUT", "2")
         .env("INIT_VOCAB", "2000")
         .env("SMALL_CONFIG", config)
         .env("SMOKE_SFT_EPOCHS", "1")

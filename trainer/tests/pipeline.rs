@@ -87,8 +87,11 @@ async fn start_trainer(model: &Path, ckpt: &Path, addr: &str) -> (Trainer, Strin
     (Trainer { state, task }, bound.to_string())
 }
 
+/// The split world: 12 training tasks, and held-out tasks about lineages no training task
+/// mentions (one more than the held-out subset draws).
 fn write_world(dir: &Path) {
-    let world = orchestrator::domain::data::world::generate(23, 60, 12);
+    let world =
+        orchestrator::domain::data::world::generate_split(23, 60, 12, HELD_OUT as usize + 1);
     orchestrator::domain::data::world::write(&world, dir).unwrap();
 }
 
@@ -122,6 +125,7 @@ tokenizer = "{model}"
 world_seed = 23
 world_docs = 60
 world_tasks = 12
+world_held_out = {WORLD_HELD_OUT}
 [pipeline]
 max_staleness = 1
 checkpoint_every = 2
@@ -141,6 +145,7 @@ tensorboard_dir = "{tb}"
 poll_secs = 1
 "#,
         tb = tmp.join("tb").display(),
+        WORLD_HELD_OUT = HELD_OUT + 1,
         tasks = world.join("tasks.jsonl").display(),
         index = world.join("index").display(),
         model = model.display(),
@@ -311,6 +316,54 @@ async fn check_evaluations(pool: &PgPool, run: Uuid) {
     assert_eq!(
         trained_on, 0,
         "held-out tasks never appear in a training step"
+    );
+    let from_split: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT t.external_id FROM evaluation_results e JOIN tasks t ON t.id = e.task_id
+         WHERE e.run_id = $1 ORDER BY 1",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(
+        from_split.len() == HELD_OUT as usize && from_split.iter().all(|id| id.contains("-h")),
+        "the held-out subset is drawn from the split world's held-out tasks: {from_split:?}"
+    );
+    // The run's closing line: first and last version, each figure paired over the tasks,
+    // agreeing with the stored summaries (one sample per task).
+    let c = orchestrator::pipeline::evaluate::change(pool, run, "held-out")
+        .await
+        .unwrap()
+        .expect("two versions evaluated");
+    assert_eq!((c.first, c.last), (0, 4));
+    let stored: Vec<(Option<f64>, Option<f64>)> = sqlx::query_as(
+        "SELECT score, exact FROM evaluations WHERE run_id = $1 AND policy_version IN (0, 4)
+         ORDER BY policy_version",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let score = c.score.expect("scored at both versions");
+    assert_eq!(score.tasks, HELD_OUT as usize);
+    assert!(
+        (score.before - stored[0].0.unwrap()).abs() < 1e-9,
+        "{c} vs {stored:?}"
+    );
+    assert!(
+        (score.after - stored[1].0.unwrap()).abs() < 1e-9,
+        "{c} vs {stored:?}"
+    );
+    assert!((score.diff - (score.after - score.before)).abs() < 1e-9);
+    if let (Some(e), Some(b), Some(a)) = (c.exact, stored[0].1, stored[1].1) {
+        assert!(
+            (e.before - b).abs() < 1e-9 && (e.after - a).abs() < 1e-9,
+            "{c}"
+        );
+    }
+    assert!(
+        c.to_string().starts_with("held-out v0 -> v4: score "),
+        "{c}"
     );
     let timed: Vec<i32> = sqlx::query_scalar(
         "SELECT step FROM step_metrics WHERE run_id = $1 AND name = 'time/eval_s' ORDER BY step",

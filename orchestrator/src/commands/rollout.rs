@@ -41,7 +41,8 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     llm::detect_all(&client, Role::Policy).await?;
 
     let cache = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
-    let setup = args.tools.setup();
+    let mut setup = args.tools.setup();
+    setup.index_k = Some(cfg.data.index_k);
     let runner = crate::infra::tools::setup::build(&setup, Some(cache)).await?;
     let system = crate::infra::prompts::system_prompt(
         scaffold,

@@ -31,6 +31,7 @@ pub(super) async fn rubrics(cmd: RubricsCommand) -> anyhow::Result<ExitCode> {
     let setup = crate::infra::tools::setup::ToolSetup {
         index,
         index_tool: None,
+        index_k: None,
         web: web_tools,
         mcp_urls: mcp,
     };

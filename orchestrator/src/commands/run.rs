@@ -105,6 +105,15 @@ pub(super) async fn run_experiment(
                     mean(&curve[..k]),
                     mean(&curve[curve.len() - k..]),
                 ));
+                if let Some(c) = crate::pipeline::evaluate::change(
+                    &pool,
+                    run_id,
+                    crate::pipeline::evaluate::HELD_OUT,
+                )
+                .await?
+                {
+                    out(format!("run {name}: {c}"));
+                }
             }
             Err(e @ crate::pipeline::PipelineError::JudgeDown { .. }) => {
                 let msg = crate::domain::util::error_chain(&e);

@@ -23,6 +23,7 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
     let setup = crate::infra::tools::setup::ToolSetup {
         index: use_index.then(|| cfg.data.index.clone()),
         index_tool: Some(cfg.data.index_tool.clone()),
+        index_k: Some(cfg.data.index_k),
         web: args.web_tools,
         mcp_urls: vec![],
     };

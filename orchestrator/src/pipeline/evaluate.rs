@@ -360,6 +360,66 @@ async fn score_one(
     }
 }
 
+/// A run's policy on one subset from its first to its last evaluated version: the mean score
+/// and exact-match rate of each, and their change paired over the tasks scored at both.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub subset: String,
+    pub first: i32,
+    pub last: i32,
+    pub score: Option<crate::domain::eval::paired::Paired>,
+    pub exact: Option<crate::domain::eval::paired::Paired>,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |p: &Option<crate::domain::eval::paired::Paired>| {
+            p.map_or("–".to_string(), |p| p.to_string())
+        };
+        write!(
+            f,
+            "{} v{} -> v{}: score {}; exact {}",
+            self.subset,
+            self.first,
+            self.last,
+            show(&self.score),
+            show(&self.exact)
+        )
+    }
+}
+
+/// [`Change`] of `run_id` on `subset`; `None` until two versions are evaluated.
+pub async fn change(pool: &PgPool, run_id: Uuid, subset: &str) -> Result<Option<Change>, DbError> {
+    use std::collections::BTreeMap;
+    let versions: Vec<i32> = crate::infra::db::evaluations::for_run(pool, run_id)
+        .await?
+        .into_iter()
+        .filter(|e| e.subset == subset)
+        .map(|e| e.policy_version)
+        .collect();
+    let (Some(&first), Some(&last)) = (versions.iter().min(), versions.iter().max()) else {
+        return Ok(None);
+    };
+    if first == last {
+        return Ok(None);
+    }
+    let means = |rows: &[(Uuid, Option<f64>, Option<f64>)], exact: bool| -> BTreeMap<Uuid, f64> {
+        rows.iter()
+            .filter_map(|(t, s, e)| if exact { *e } else { *s }.map(|v| (*t, v)))
+            .collect()
+    };
+    let a = crate::infra::db::evaluations::task_means(pool, run_id, subset, first).await?;
+    let b = crate::infra::db::evaluations::task_means(pool, run_id, subset, last).await?;
+    use crate::domain::eval::paired::Paired;
+    Ok(Some(Change {
+        subset: subset.to_string(),
+        first,
+        last,
+        score: Paired::of(&means(&a, false), &means(&b, false)),
+        exact: Paired::of(&means(&a, true), &means(&b, true)),
+    }))
+}
+
 /// When evaluations run within a run: after the step that made a due version.
 use std::time::Instant;
 

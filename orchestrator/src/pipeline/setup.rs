@@ -31,11 +31,29 @@ pub fn ensure_world(cfg: &Config) -> Result<(), PipelineError> {
         return Ok(());
     };
     let dir = d.tasks.parent().unwrap_or(Path::new("."));
+    if let Some(held) = world_held_out(cfg)
+        && d.tasks.exists()
+        && !held.exists()
+    {
+        return Err(setup(format!(
+            "data.world_held_out = {} but {} holds a world without {}: it was generated \
+             without held-out tasks (their lineages would overlap its training tasks); delete \
+             the directory to generate the split world",
+            d.world_held_out,
+            dir.display(),
+            held.display()
+        )));
+    }
     if !d.tasks.exists() {
-        let world = crate::domain::data::world::generate(seed, d.world_docs, d.world_tasks);
+        let world = crate::domain::data::world::generate_split(
+            seed,
+            d.world_docs,
+            d.world_tasks,
+            d.world_held_out,
+        );
         crate::domain::data::world::write(&world, dir)
             .map_err(|e| setup(format!("writing the world to {}: {e}", dir.display())))?;
-        tracing::info!(dir = %dir.display(), docs = world.docs.len(), tasks = world.tasks.len(), "research world generated");
+        tracing::info!(dir = %dir.display(), docs = world.docs.len(), tasks = world.tasks.len(), held_out = world.held_out.len(), "research world generated");
     }
     if !d.index.as_os_str().is_empty() && !d.index.join("meta.json").exists() {
         use crate::infra::tools::local_search::{LocalIndex, read_corpus};
@@ -78,6 +96,18 @@ async fn load_tasks(
     Ok((rows, ids))
 }
 
+/// The split world's held-out task file, when the preset generates one
+/// (`data.world_seed` and `data.world_held_out > 0`).
+pub fn world_held_out(cfg: &Config) -> Option<std::path::PathBuf> {
+    let d = &cfg.data;
+    (d.world_seed.is_some() && d.world_held_out > 0).then(|| {
+        d.tasks
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(crate::domain::data::world::HELD_OUT_FILE)
+    })
+}
+
 /// Split the task file into training tasks (with their questions) and the held-out subset
 /// (`eval.held_out`), and draw the further evaluation sets; every task is stored in `tasks`.
 pub async fn split_tasks(
@@ -89,33 +119,61 @@ pub async fn split_tasks(
     let (rows, ids) = load_tasks(pool, &cfg.data.tasks).await?;
     let all = RolloutTask::from_rows(&rows, &ids, system);
     let k = cfg.eval.held_out as usize;
-    let min_train = cfg.rollout.tasks_per_step as usize;
-    if k > 0 && k + min_train > rows.len() {
-        return Err(setup(format!(
-            "eval.held_out = {k} leaves {} of the {} tasks in {} for training; at most {} can be \
-             held out (rollout.tasks_per_step = {min_train} must remain)",
-            rows.len().saturating_sub(k),
-            rows.len(),
-            cfg.data.tasks.display(),
-            rows.len().saturating_sub(min_train),
-        )));
-    }
-    let held = crate::domain::schedule::held_out(rows.len(), k, cfg.experiment.seed);
     let mut evals = Vec::new();
-    if !held.is_empty() {
-        evals.push(Subset {
-            name: HELD_OUT.into(),
-            tasks: held
-                .iter()
-                .map(|&i| EvalTask::new(&rows[i], all[i].clone()))
-                .collect(),
-        });
-    }
     let (mut tasks, mut questions) = (Vec::new(), Vec::new());
-    for (i, (t, r)) in all.into_iter().zip(&rows).enumerate() {
-        if held.binary_search(&i).is_err() {
+    if let Some(path) = world_held_out(cfg) {
+        // A split world: every task of data.tasks trains, and `held-out` is a seeded pick of
+        // the world's held-out tasks, whose entities no training task mentions.
+        let (hrows, hids) = load_tasks(pool, &path).await?;
+        if k > hrows.len() {
+            return Err(setup(format!(
+                "eval.held_out = {k} is more than the {} held-out tasks of {}; allowed:                  <= data.world_held_out",
+                hrows.len(),
+                path.display()
+            )));
+        }
+        let hall = RolloutTask::from_rows(&hrows, &hids, system);
+        let picks = crate::domain::schedule::held_out(hrows.len(), k, cfg.experiment.seed);
+        if !picks.is_empty() {
+            evals.push(Subset {
+                name: HELD_OUT.into(),
+                tasks: picks
+                    .iter()
+                    .map(|&i| EvalTask::new(&hrows[i], hall[i].clone()))
+                    .collect(),
+            });
+        }
+        for (t, r) in all.into_iter().zip(&rows) {
             tasks.push(t);
             questions.push(r.query.clone());
+        }
+    } else {
+        let min_train = cfg.rollout.tasks_per_step as usize;
+        if k > 0 && k + min_train > rows.len() {
+            return Err(setup(format!(
+                "eval.held_out = {k} leaves {} of the {} tasks in {} for training; at most {} \
+                 can be held out (rollout.tasks_per_step = {min_train} must remain)",
+                rows.len().saturating_sub(k),
+                rows.len(),
+                cfg.data.tasks.display(),
+                rows.len().saturating_sub(min_train),
+            )));
+        }
+        let held = crate::domain::schedule::held_out(rows.len(), k, cfg.experiment.seed);
+        if !held.is_empty() {
+            evals.push(Subset {
+                name: HELD_OUT.into(),
+                tasks: held
+                    .iter()
+                    .map(|&i| EvalTask::new(&rows[i], all[i].clone()))
+                    .collect(),
+            });
+        }
+        for (i, (t, r)) in all.into_iter().zip(&rows).enumerate() {
+            if held.binary_search(&i).is_err() {
+                tasks.push(t);
+                questions.push(r.query.clone());
+            }
         }
     }
     let train: std::collections::HashSet<uuid::Uuid> = tasks.iter().map(|t| t.task_id).collect();
@@ -151,6 +209,7 @@ pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError
     let tool_setup = crate::infra::tools::setup::ToolSetup {
         index: (!cfg.data.index.as_os_str().is_empty()).then(|| cfg.data.index.clone()),
         index_tool: Some(cfg.data.index_tool.clone()),
+        index_k: Some(cfg.data.index_k),
         web: cfg.data.index.as_os_str().is_empty(),
         mcp_urls: vec![],
     };

@@ -347,12 +347,17 @@ pub struct DataConfig {
     /// The one tool name the local index is served under (`snippet_search`: passages of a
     /// corpus; the smoke world's offline SFT data calls it `google_search`).
     pub index_tool: String,
+    /// Snippets one local search returns (a call may ask for another number with `num`).
+    pub index_k: usize,
     /// Directory with the policy's tokenizer.json (and chat template).
     pub tokenizer: PathBuf,
     /// Generate the research world into the task file's directory when it is missing.
     pub world_seed: Option<u64>,
     pub world_docs: usize,
     pub world_tasks: usize,
+    /// Held-out tasks written beside the task file (`heldout.jsonl`) about lineages and cities
+    /// no training task mentions; an `eval.sets` entry evaluates on them. 0 = none.
+    pub world_held_out: usize,
     /// Agent scaffold: rubricem, drtulu or react (parsed once, here).
     pub scaffold: crate::domain::scaffold::Scaffold,
 }
@@ -365,10 +370,12 @@ impl Default for DataConfig {
             tasks: PathBuf::new(),
             index: PathBuf::new(),
             index_tool: "snippet_search".into(),
+            index_k: 5,
             tokenizer: PathBuf::new(),
             world_seed: None,
             world_docs: 400,
             world_tasks: 96,
+            world_held_out: 0,
             scaffold: crate::domain::scaffold::Scaffold::Rubricem,
         }
     }

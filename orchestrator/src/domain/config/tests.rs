@@ -57,7 +57,7 @@ fn precedence_preset_file_flags() {
     assert_eq!(cfg.judge.model, "g");
     assert_eq!(cfg.policy.urls, vec!["http://a:1", "http://b:2"]);
     assert_eq!(
-        cfg.rollout.max_tokens, 512,
+        cfg.rollout.max_tokens, 2560,
         "untouched keys keep the preset"
     );
 }
@@ -74,10 +74,19 @@ fn eval_settings_are_validated() {
         )
     };
     let cfg = load(&[]).unwrap();
-    assert_eq!(cfg.eval.held_out, 8);
+    assert_eq!((cfg.eval.held_out, cfg.data.world_held_out), (16, 16));
     assert!(cfg.eval.enabled() && cfg.eval.initial);
     let err = load(&["eval.n=0"]).unwrap_err().to_string();
     assert_eq!(err, "`eval.n` = 0 is out of range; allowed: 1..=64");
+    let err = load(&["data.index_k=0"]).unwrap_err().to_string();
+    assert_eq!(err, "`data.index_k` = 0 is out of range; allowed: 1..=50");
+    let err = load(&["data.world_held_out=2000000"])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "`data.world_held_out` = 2000000 is out of range; allowed: 0..=1000000"
+    );
     let err = load(&["eval.temperature=2.5"]).unwrap_err().to_string();
     assert_eq!(
         err,
@@ -116,7 +125,7 @@ fn eval_settings_are_validated() {
 fn forced_answer_budget_is_derived_unless_set_and_must_fit_the_budget() {
     let cfg = Config::load("smoke", &Overrides::default()).unwrap();
     assert_eq!(cfg.rollout.forced_answer_tokens, None);
-    assert_eq!(cfg.rollout.forced_answer_budget(), 64, "512 / 8");
+    assert_eq!(cfg.rollout.forced_answer_budget(), 320, "2560 / 8");
     assert!(
         !cfg.to_toml().contains("forced_answer_tokens"),
         "unset is not written"
@@ -127,9 +136,9 @@ fn forced_answer_budget_is_derived_unless_set_and_must_fit_the_budget() {
     };
     let cfg = Config::load("smoke", &set("100")).unwrap();
     assert_eq!(cfg.rollout.forced_answer_budget(), 100);
-    let err = Config::load("smoke", &set("512")).unwrap_err().to_string();
+    let err = Config::load("smoke", &set("2560")).unwrap_err().to_string();
     assert!(err.contains("rollout.forced_answer_tokens"), "{err}");
-    assert!(err.contains("512"), "{err}");
+    assert!(err.contains("2560"), "{err}");
 }
 
 #[test]

@@ -132,6 +132,18 @@ impl Config {
             "1..=1000000",
         )?;
         check(
+            (1..=50).contains(&self.data.index_k),
+            "data.index_k",
+            self.data.index_k,
+            "1..=50",
+        )?;
+        check(
+            self.data.world_held_out <= 1_000_000,
+            "data.world_held_out",
+            self.data.world_held_out,
+            "0..=1000000",
+        )?;
+        check(
             !self.database.url.is_empty(),
             "database.url",
             "\"\"",

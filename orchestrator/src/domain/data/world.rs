@@ -116,7 +116,11 @@ struct Lineage {
 #[derive(Debug, Clone, PartialEq)]
 pub struct World {
     pub docs: Vec<CorpusDoc>,
+    /// Training tasks.
     pub tasks: Vec<WorldTask>,
+    /// Evaluation tasks about lineages (and cities) that no training task mentions: only the
+    /// research skill transfers to them, never a memorised answer. Empty unless asked for.
+    pub held_out: Vec<WorldTask>,
 }
 
 fn doc_id(kind: &str, i: usize) -> String {
@@ -132,22 +136,65 @@ fn filler(rng: &mut Rng, n: usize) -> String {
 
 /// Generate a world with about `docs` documents and `tasks` tasks. Same seed, same world.
 pub fn generate(seed: u64, docs: usize, tasks: usize) -> World {
+    generate_split(seed, docs, tasks, 0)
+}
+
+/// Lineages reserved for `held_out` tasks: the same share of the lineages as the held-out tasks
+/// are of all tasks, at least one, and at least one lineage left for training.
+fn held_out_lineages(lineages: usize, tasks: usize, held_out: usize) -> usize {
+    if held_out == 0 || lineages < 2 {
+        return 0;
+    }
+    (lineages * held_out)
+        .div_ceil(tasks + held_out)
+        .clamp(1, lineages - 1)
+}
+
+/// [`generate`] plus `held_out` evaluation tasks drawn from lineages reserved for them: their
+/// genes, proteins, compounds, institutes and cities appear in no training task (the cities
+/// are split into two pools as well). Tissues and years are attribute values shared by design.
+/// With `held_out = 0` the world is exactly [`generate`]'s.
+pub fn generate_split(seed: u64, docs: usize, tasks: usize, held_out: usize) -> World {
     let mut rng = Rng::new(seed);
     // Each lineage yields 4 documents (gene, protein, compound, institute); a quarter of the
     // budget goes to distractors.
     let lineages_n = (docs * 3 / 4 / 4).max(1);
     let mut used = std::collections::HashSet::new();
-    let mut unique = |rng: &mut Rng, syl: usize| loop {
-        let n = name(rng, syl);
-        if used.insert(n.clone()) {
-            return n;
+    // A name not used before. When names of `syl` syllables keep colliding (their 900 or 27,000
+    // combinations are nearly used up in a large world), one more syllable is drawn, so any
+    // world size terminates; small worlds never get there and keep their names.
+    let mut unique = |rng: &mut Rng, syl: usize| {
+        let mut syl = syl;
+        let mut misses = 0;
+        loop {
+            let n = name(rng, syl);
+            if used.insert(n.clone()) {
+                return n;
+            }
+            misses += 1;
+            if misses % 64 == 0 {
+                syl += 1;
+            }
         }
     };
     let cities: Vec<String> = (0..(lineages_n / 3).max(2))
         .map(|_| unique(&mut rng, 2))
         .collect();
+    let reserved = held_out_lineages(lineages_n, tasks, held_out);
+    let first_held = lineages_n - reserved;
+    // Held-out lineages take their cities from their own pool (at least one city each side).
+    let city_split = if reserved == 0 {
+        cities.len()
+    } else {
+        (cities.len() * first_held / lineages_n).clamp(1, cities.len() - 1)
+    };
     let mut lineages = Vec::with_capacity(lineages_n);
-    for _ in 0..lineages_n {
+    for li in 0..lineages_n {
+        let pool = if li < first_held {
+            &cities[..city_split]
+        } else {
+            &cities[city_split..]
+        };
         let gene = unique(&mut rng, 2).to_uppercase() + &(1 + rng.below(9)).to_string();
         lineages.push(Lineage {
             gene,
@@ -156,7 +203,7 @@ pub fn generate(seed: u64, docs: usize, tasks: usize) -> World {
             compound: unique(&mut rng, 3) + "ine",
             year: 1950 + rng.below(70) as u32,
             institute: format!("{} Institute", unique(&mut rng, 2)),
-            city: rng.pick(&cities).clone(),
+            city: rng.pick(pool).clone(),
         });
     }
     let mut out = Vec::new();
@@ -224,6 +271,27 @@ pub fn generate(seed: u64, docs: usize, tasks: usize) -> World {
         k += 1;
     }
 
+    let mut world_tasks = Vec::with_capacity(tasks);
+    for t in 0..tasks {
+        let li = rng.below(first_held);
+        world_tasks.push(task(format!("w{seed}-{t:05}"), t, li, &lineages[li]));
+    }
+    let held = (0..if reserved == 0 { 0 } else { held_out })
+        .map(|t| {
+            let li = first_held + rng.below(reserved);
+            task(format!("w{seed}-h{t:05}"), t, li, &lineages[li])
+        })
+        .collect();
+    World {
+        docs: out,
+        tasks: world_tasks,
+        held_out: held,
+    }
+}
+
+/// Task `t` of the world (its kind cycles through the three question shapes) about lineage
+/// `li`.
+fn task(id: String, t: usize, li: usize, l: &Lineage) -> WorldTask {
     let rub = |title: &str, desc: String, terms: Vec<String>, evidence: Vec<String>| WorldRubric {
         title: title.to_string(),
         description: desc,
@@ -231,153 +299,151 @@ pub fn generate(seed: u64, docs: usize, tasks: usize) -> World {
         key_terms: terms,
         evidence,
     };
-    let mut world_tasks = Vec::with_capacity(tasks);
-    for t in 0..tasks {
-        let li = rng.below(lineages.len());
-        let l = &lineages[li];
-        let (g, p, c, ins) = (
-            doc_id("gene", li),
-            doc_id("protein", li),
-            doc_id("compound", li),
-            doc_id("institute", li),
-        );
-        let task = match t % 3 {
-            0 => WorldTask {
-                id: format!("w{seed}-{t:05}"),
-                query: format!(
-                    "Which compound is bound by the protein that the {} gene encodes?",
-                    l.gene
+    let (g, p, c, ins) = (
+        doc_id("gene", li),
+        doc_id("protein", li),
+        doc_id("compound", li),
+        doc_id("institute", li),
+    );
+    match t % 3 {
+        0 => WorldTask {
+            id,
+            query: format!(
+                "Which compound is bound by the protein that the {} gene encodes?",
+                l.gene
+            ),
+            answer_format: "exact".into(),
+            answer: l.compound.clone(),
+            hops: 2,
+            rubrics: vec![
+                rub(
+                    "protein",
+                    format!(
+                        "Identifies {} as the protein encoded by {}",
+                        l.protein, l.gene
+                    ),
+                    vec![l.protein.clone()],
+                    vec![g.clone()],
                 ),
-                answer_format: "exact".into(),
-                answer: l.compound.clone(),
-                hops: 2,
-                rubrics: vec![
-                    rub(
-                        "protein",
-                        format!(
-                            "Identifies {} as the protein encoded by {}",
-                            l.protein, l.gene
-                        ),
-                        vec![l.protein.clone()],
-                        vec![g.clone()],
-                    ),
-                    rub(
-                        "compound",
-                        format!("States that {} binds {}", l.protein, l.compound),
-                        vec![l.compound.clone()],
-                        vec![p.clone()],
-                    ),
-                ],
-            },
-            1 => WorldTask {
-                id: format!("w{seed}-{t:05}"),
-                query: format!(
-                    "In which city is the institute located whose researchers discovered the compound that {} binds?",
-                    l.protein
+                rub(
+                    "compound",
+                    format!("States that {} binds {}", l.protein, l.compound),
+                    vec![l.compound.clone()],
+                    vec![p.clone()],
                 ),
-                answer_format: "exact".into(),
-                answer: l.city.clone(),
-                hops: 3,
-                rubrics: vec![
-                    rub(
-                        "compound",
-                        format!("States that {} binds {}", l.protein, l.compound),
-                        vec![l.compound.clone()],
-                        vec![p.clone()],
-                    ),
-                    rub(
-                        "institute",
-                        format!("Names the {} as discoverer of {}", l.institute, l.compound),
-                        vec![l.institute.clone()],
-                        vec![c.clone()],
-                    ),
-                    rub(
-                        "city",
-                        format!("Gives {} as the institute's city", l.city),
-                        vec![l.city.clone()],
-                        vec![ins.clone()],
-                    ),
-                ],
-            },
-            _ => WorldTask {
-                id: format!("w{seed}-{t:05}"),
-                query: format!(
-                    "Write a short report on the {} gene: the protein it encodes, where that protein is expressed, what it binds, and when and where its binding partner was discovered.",
-                    l.gene
+            ],
+        },
+        1 => WorldTask {
+            id,
+            query: format!(
+                "In which city is the institute located whose researchers discovered the compound that {} binds?",
+                l.protein
+            ),
+            answer_format: "exact".into(),
+            answer: l.city.clone(),
+            hops: 3,
+            rubrics: vec![
+                rub(
+                    "compound",
+                    format!("States that {} binds {}", l.protein, l.compound),
+                    vec![l.compound.clone()],
+                    vec![p.clone()],
                 ),
-                answer_format: "long".into(),
-                answer: format!(
-                    "{} encodes {}, expressed in the {}, which binds {}, discovered in {} by the {} in {}.",
-                    l.gene, l.protein, l.tissue, l.compound, l.year, l.institute, l.city
+                rub(
+                    "institute",
+                    format!("Names the {} as discoverer of {}", l.institute, l.compound),
+                    vec![l.institute.clone()],
+                    vec![c.clone()],
                 ),
-                hops: 4,
-                rubrics: vec![
-                    rub(
-                        "protein",
-                        format!(
-                            "Identifies {} as the protein encoded by {}",
-                            l.protein, l.gene
-                        ),
-                        vec![l.protein.clone()],
-                        vec![g],
+                rub(
+                    "city",
+                    format!("Gives {} as the institute's city", l.city),
+                    vec![l.city.clone()],
+                    vec![ins.clone()],
+                ),
+            ],
+        },
+        _ => WorldTask {
+            id,
+            query: format!(
+                "Write a short report on the {} gene: the protein it encodes, where that protein is expressed, what it binds, and when and where its binding partner was discovered.",
+                l.gene
+            ),
+            answer_format: "long".into(),
+            answer: format!(
+                "{} encodes {}, expressed in the {}, which binds {}, discovered in {} by the {} in {}.",
+                l.gene, l.protein, l.tissue, l.compound, l.year, l.institute, l.city
+            ),
+            hops: 4,
+            rubrics: vec![
+                rub(
+                    "protein",
+                    format!(
+                        "Identifies {} as the protein encoded by {}",
+                        l.protein, l.gene
                     ),
-                    rub(
-                        "tissue",
-                        format!("States that {} is expressed in the {}", l.protein, l.tissue),
-                        vec![l.tissue.clone()],
-                        vec![p.clone()],
+                    vec![l.protein.clone()],
+                    vec![g],
+                ),
+                rub(
+                    "tissue",
+                    format!("States that {} is expressed in the {}", l.protein, l.tissue),
+                    vec![l.tissue.clone()],
+                    vec![p.clone()],
+                ),
+                rub(
+                    "compound",
+                    format!("States that {} binds {}", l.protein, l.compound),
+                    vec![l.compound.clone()],
+                    vec![p],
+                ),
+                rub(
+                    "discovery",
+                    format!(
+                        "Gives the discovery of {} in {} by the {}",
+                        l.compound, l.year, l.institute
                     ),
-                    rub(
-                        "compound",
-                        format!("States that {} binds {}", l.protein, l.compound),
-                        vec![l.compound.clone()],
-                        vec![p],
-                    ),
-                    rub(
-                        "discovery",
-                        format!(
-                            "Gives the discovery of {} in {} by the {}",
-                            l.compound, l.year, l.institute
-                        ),
-                        vec![l.year.to_string(), l.institute.clone()],
-                        vec![c],
-                    ),
-                    rub(
-                        "city",
-                        format!("Locates the {} in {}", l.institute, l.city),
-                        vec![l.city.clone()],
-                        vec![ins],
-                    ),
-                ],
-            },
-        };
-        world_tasks.push(task);
-    }
-    World {
-        docs: out,
-        tasks: world_tasks,
+                    vec![l.year.to_string(), l.institute.clone()],
+                    vec![c],
+                ),
+                rub(
+                    "city",
+                    format!("Locates the {} in {}", l.institute, l.city),
+                    vec![l.city.clone()],
+                    vec![ins],
+                ),
+            ],
+        },
     }
 }
 
-/// Write `corpus.jsonl` and `tasks.jsonl` into `dir`.
+/// The held-out task file [`write`] puts beside `tasks.jsonl`.
+pub const HELD_OUT_FILE: &str = "heldout.jsonl";
+
+/// Write `corpus.jsonl` and `tasks.jsonl` into `dir`, and [`HELD_OUT_FILE`] when the world has
+/// held-out tasks.
 pub fn write(world: &World, dir: &std::path::Path) -> std::io::Result<()> {
-    use std::io::Write;
     std::fs::create_dir_all(dir)?;
-    let mut f = std::io::BufWriter::new(std::fs::File::create(dir.join("corpus.jsonl"))?);
-    for d in &world.docs {
-        writeln!(
-            f,
-            "{}",
-            serde_json::to_string(d).map_err(std::io::Error::other)?
-        )?;
+    write_rows(&world.docs, &dir.join("corpus.jsonl"))?;
+    write_rows(&world.tasks, &dir.join("tasks.jsonl"))?;
+    let held = dir.join(HELD_OUT_FILE);
+    if !world.held_out.is_empty() {
+        write_rows(&world.held_out, &held)?;
+    } else if held.exists() {
+        // A stale file of an earlier split world would pass for this world's held-out tasks.
+        std::fs::remove_file(&held)?;
     }
-    f.flush()?;
-    let mut f = std::io::BufWriter::new(std::fs::File::create(dir.join("tasks.jsonl"))?);
-    for t in &world.tasks {
+    Ok(())
+}
+
+fn write_rows<T: Serialize>(rows: &[T], path: &std::path::Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for r in rows {
         writeln!(
             f,
             "{}",
-            serde_json::to_string(t).map_err(std::io::Error::other)?
+            serde_json::to_string(r).map_err(std::io::Error::other)?
         )?;
     }
     f.flush()
@@ -418,5 +484,76 @@ mod tests {
             // The answer is not in the question: it needs search.
             assert!(!t.query.contains(&t.answer));
         }
+    }
+
+    /// Every named entity of a task: the key terms of its rubrics and the names in its question.
+    fn entities(w: &World, t: &WorldTask) -> Vec<String> {
+        let docs: Vec<&CorpusDoc> = t
+            .rubrics
+            .iter()
+            .flat_map(|r| r.evidence.iter())
+            .filter_map(|e| w.docs.iter().find(|d| &d.id == e))
+            .collect();
+        let mut v: Vec<String> = t
+            .rubrics
+            .iter()
+            .flat_map(|r| r.key_terms.iter().cloned())
+            .filter(|k| !TISSUES.contains(&k.as_str()) && k.parse::<u32>().is_err())
+            .collect();
+        v.extend(docs.iter().map(|d| d.title.clone()));
+        v
+    }
+
+    #[test]
+    fn held_out_tasks_share_no_entity_with_training_tasks() {
+        let w = generate_split(17, 400, 96, 16);
+        assert_eq!((w.tasks.len(), w.held_out.len()), (96, 16));
+        let train: std::collections::HashSet<String> =
+            w.tasks.iter().flat_map(|t| entities(&w, t)).collect();
+        let words_train: std::collections::HashSet<String> = w
+            .tasks
+            .iter()
+            .flat_map(|t| {
+                format!("{} {}", t.query, t.answer)
+                    .split(|c: char| !c.is_alphanumeric())
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for t in &w.held_out {
+            assert!(t.id.contains("-h"), "{}", t.id);
+            for e in entities(&w, t) {
+                assert!(!train.contains(&e), "held-out {} shares {e}", t.id);
+                let name = e
+                    .trim_start_matches("The ")
+                    .split([' ', '('])
+                    .next()
+                    .unwrap_or_default();
+                assert!(!words_train.contains(name), "{name} in a training task");
+            }
+        }
+        // Every question shape is held out.
+        let kinds: std::collections::HashSet<u32> = w.held_out.iter().map(|t| t.hops).collect();
+        assert_eq!(kinds.len(), 3);
+    }
+
+    #[test]
+    fn no_held_out_is_the_plain_world() {
+        assert_eq!(generate_split(17, 400, 96, 0), generate(17, 400, 96));
+        assert!(generate(17, 400, 96).held_out.is_empty());
+        // The held-out share of lineages follows the share of tasks, one at least each side.
+        assert_eq!(held_out_lineages(75, 96, 16), 11);
+        assert_eq!(held_out_lineages(2, 1, 100), 1);
+        assert_eq!(held_out_lineages(1, 1, 100), 0);
+    }
+
+    #[test]
+    fn a_world_larger_than_the_two_syllable_names_still_has_unique_entities() {
+        // 750 lineages need 1,750 two-syllable names (genes, institutes, cities) of 900.
+        let w = generate_split(17, 4000, 50, 16);
+        assert_eq!(w.docs.len(), 4000);
+        let titles: std::collections::HashSet<&str> =
+            w.docs.iter().map(|d| d.title.as_str()).collect();
+        assert_eq!(titles.len(), w.docs.len(), "every entity has its own name");
     }
 }

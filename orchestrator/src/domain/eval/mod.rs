@@ -3,4 +3,5 @@
 //! own protocols live in `domain::bench`.
 
 pub mod answer;
+pub mod paired;
 pub mod retrieval;

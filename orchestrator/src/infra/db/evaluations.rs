@@ -144,3 +144,25 @@ pub async fn for_run(pool: &PgPool, run_id: Uuid) -> Result<Vec<EvalRow>, DbErro
     .fetch_all(pool)
     .await?)
 }
+
+/// Per-task means of one evaluation over its samples: (task, score, exact-match rate). A
+/// sample without a figure (no rubric score, no known answer) stays out of that mean.
+pub async fn task_means(
+    pool: &PgPool,
+    run_id: Uuid,
+    subset: &str,
+    version: i32,
+) -> Result<Vec<(Uuid, Option<f64>, Option<f64>)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT task_id, avg(score), avg(CASE WHEN exact THEN 1.0 ELSE 0.0 END)
+                FILTER (WHERE exact IS NOT NULL)
+         FROM evaluation_results
+         WHERE run_id = $1 AND subset = $2 AND policy_version = $3
+         GROUP BY task_id ORDER BY task_id",
+    )
+    .bind(run_id)
+    .bind(subset)
+    .bind(version)
+    .fetch_all(pool)
+    .await?)
+}

@@ -16,6 +16,8 @@ pub struct ToolSetup {
     /// The one name the local index is served under (`google_search` or `snippet_search`);
     /// `None`: both (ad-hoc commands).
     pub index_tool: Option<String>,
+    /// Snippets a local search returns unless the call asks for `num` (`None`: 5).
+    pub index_k: Option<usize>,
     /// Real web tools: `google_search` (Serper, `SERPER_API_KEY`), `snippet_search`
     /// (Semantic Scholar, `S2_API_KEY` optional) and `browse_webpage` behind the SSRF guard.
     pub web: bool,
@@ -77,7 +79,7 @@ pub async fn build(
             let tool = Arc::new(super::search_apis::LocalSearch {
                 index: index.clone(),
                 description: desc.into(),
-                default_k: 5,
+                default_k: setup.index_k.unwrap_or(5),
             });
             add(&mut runner, name, tool, ToolLimits::default());
         }

@@ -106,6 +106,13 @@ pub enum Command {
         /// Limit of every collective and of the rendezvous, in seconds.
         #[arg(long, env = "TRAINER_DIST_TIMEOUT_SECS", default_value_t = 300)]
         dist_timeout_secs: u64,
+        /// Learning-rate schedule: constant, or cosine (linear warm-up over --warmup-steps,
+        /// then cosine decay to a tenth of --lr at the last step).
+        #[arg(long, env = "TRAINER_SFT_SCHEDULE", default_value = "constant")]
+        schedule: String,
+        /// Linear warm-up steps (either schedule).
+        #[arg(long, env = "TRAINER_SFT_WARMUP_STEPS", default_value_t = 0)]
+        warmup_steps: u64,
     },
     /// Serve the policy: train steps over HTTP, checkpoints, publishing to inference servers,
     /// and OpenAI-compatible generation (the embedded policy server).

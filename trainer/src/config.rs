@@ -177,7 +177,14 @@ impl Task {
                 grad_checkpoint,
                 nproc_per_node,
                 dist_timeout_secs,
+                schedule,
+                warmup_steps,
             } => {
+                let cosine = match schedule.as_str() {
+                    "constant" => false,
+                    "cosine" => true,
+                    other => bail!("--schedule = {other:?}; allowed: constant, cosine"),
+                };
                 if nproc_per_node == 0 || dist_timeout_secs == 0 {
                     bail!(
                         "--nproc-per-node = {nproc_per_node}, --dist-timeout-secs = \
@@ -200,6 +207,8 @@ impl Task {
                     seed,
                     nproc_per_node,
                     dist_timeout: std::time::Duration::from_secs(dist_timeout_secs),
+                    cosine,
+                    warmup_steps,
                 }))
             }
             Command::Serve(a) => {
@@ -429,6 +438,29 @@ mod tests {
         );
         let e = parse(&["--max-shard-bytes", "0"]).unwrap_err().to_string();
         assert!(e.contains("--max-shard-bytes = 0"), "{e}");
+    }
+
+    #[test]
+    fn sft_schedule_flags() {
+        let parse = |args: &[&str]| -> anyhow::Result<crate::sft::SftOptions> {
+            let mut argv = vec![
+                "trainer", "sft", "--data", "/d", "--model", "/m", "--out", "/o",
+            ];
+            argv.extend_from_slice(args);
+            match Task::from_cli(Cli::try_parse_from(argv)?)? {
+                Task::Sft(o) => Ok(*o),
+                other => anyhow::bail!("not sft: {other:?}"),
+            }
+        };
+        let o = parse(&[]).unwrap();
+        assert!(!o.cosine && o.warmup_steps == 0, "constant by default");
+        let o = parse(&["--schedule", "cosine", "--warmup-steps", "10"]).unwrap();
+        assert!(o.cosine && o.warmup_steps == 10);
+        let e = parse(&["--schedule", "linear"]).unwrap_err().to_string();
+        assert!(
+            e.contains("--schedule = \"linear\"") && e.contains("constant, cosine"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -56,7 +56,14 @@ pub struct SftOptions {
     pub nproc_per_node: usize,
     /// Every collective's limit.
     pub dist_timeout: std::time::Duration,
+    /// Cosine decay to a tenth of the peak learning rate at the last step; otherwise the
+    /// learning rate is constant. Either starts with `warmup_steps` of linear warm-up.
+    pub cosine: bool,
+    pub warmup_steps: u64,
 }
+
+/// The fraction of the peak learning rate the cosine schedule ends at.
+pub const COSINE_MIN_RATIO: f64 = 0.1;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SftReport {
@@ -194,7 +201,20 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
     let kind = crate::default_kind(device);
     let model = Qwen3::load(dir, device, kind)?;
     model.set_trainable(true);
-    let mut trainer = Trainer::new(model, opts.train.clone())?;
+    let total_steps = opts.epochs * kept.len().div_ceil(opts.batch);
+    let mut train = opts.train.clone();
+    if opts.cosine {
+        train.optim.schedule = crate::optim::Schedule::Cosine {
+            warmup: opts.warmup_steps,
+            total: total_steps as u64,
+            min_ratio: COSINE_MIN_RATIO,
+        };
+    } else if opts.warmup_steps > 0 {
+        train.optim.schedule = crate::optim::Schedule::Warmup {
+            steps: opts.warmup_steps,
+        };
+    }
+    let mut trainer = Trainer::new(model, train)?;
     let mut rank = 0;
     if let Some(env) = &env {
         trainer.set_collective(Box::new(env.join(device, None, opts.dist_timeout)?));
@@ -204,7 +224,6 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
     let mut order: Vec<usize> = (0..kept.len()).collect();
     let (mut steps, mut tokens, mut trained) = (0usize, 0usize, 0usize);
     let (mut first, mut last) = (f64::NAN, f64::NAN);
-    let total_steps = opts.epochs * kept.len().div_ceil(opts.batch);
     for epoch in 0..opts.epochs {
         order.shuffle(&mut rng);
         for chunk in order.chunks(opts.batch) {

@@ -9,8 +9,9 @@
 #   usage: init-smoke.sh [DIR]        (default runs/smoke, relative to the working directory)
 #   ORCH_BIN     the orchestrator binary (default: `orchestrator` on PATH)
 #   TRAINER_BIN  the trainer binary (default: `trainer` on PATH)
-#   SMOKE_SFT_EPOCHS  SFT epochs (default 3)
-#   INIT_DOCS, INIT_TASKS, INIT_VOCAB, SMALL_CONFIG  world size (400 documents, 96 tasks),
+#   SMOKE_SFT_EPOCHS  SFT epochs (default 1: 192 steps of 8 demonstrations, cosine from 2e-3)
+#   INIT_DOCS, INIT_TASKS, INIT_HELD_OUT, INIT_VOCAB, SMALL_CONFIG  world size (4000 documents,
+#                1536 training tasks, 16 held-out tasks about other lineages: the smoke preset's),
 #                tokenizer vocabulary (4096) and model config (trainer/configs/small.json);
 #                tests shrink them, the smoke run keeps the defaults
 # Needs python3 (standard library only) to assemble the tokenizer corpus. No database.
@@ -25,8 +26,8 @@ done
 
 mkdir -p "$DIR"
 if [[ ! -f "$DIR/world/tasks.jsonl" ]]; then
-  "$ORCH" world generate --seed 17 --docs "${INIT_DOCS:-400}" --tasks "${INIT_TASKS:-96}" \
-    --out "$DIR/world"
+  "$ORCH" world generate --seed 17 --docs "${INIT_DOCS:-4000}" --tasks "${INIT_TASKS:-1536}" \
+    --held-out "${INIT_HELD_OUT:-16}" --out "$DIR/world"
 fi
 if [[ ! -f "$DIR/index/meta.json" ]]; then
   "$ORCH" index build --corpus "$DIR/world/corpus.jsonl" --out "$DIR/index"
@@ -57,6 +58,7 @@ PY
     --out "$DIR/tokenizer"
   "$TRAINER" init --config "$CONFIG" --tokenizer "$DIR/tokenizer" --out "$DIR/model-init"
   "$TRAINER" sft --data "$DIR/sft.jsonl" --model "$DIR/model-init" --out "$DIR/model-sft" \
-    --epochs "${SMOKE_SFT_EPOCHS:-3}" --batch 8 --lr 2e-3 --device cpu
+    --epochs "${SMOKE_SFT_EPOCHS:-1}" --batch 8 --lr 2e-3 --schedule cosine --warmup-steps 10 \
+    --device cpu
 fi
 say "ready: $DIR/model-sft"

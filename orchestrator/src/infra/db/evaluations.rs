@@ -154,8 +154,7 @@ pub async fn task_means(
     version: i32,
 ) -> Result<Vec<(Uuid, Option<f64>, Option<f64>)>, DbError> {
     Ok(sqlx::query_as(
-        "SELECT task_id, avg(score), avg(CASE WHEN exact THEN 1.0 ELSE 0.0 END)
-                FILTER (WHERE exact IS NOT NULL)
+        "SELECT task_id, avg(score), avg(exact::int::float8)
          FROM evaluation_results
          WHERE run_id = $1 AND subset = $2 AND policy_version = $3
          GROUP BY task_id ORDER BY task_id",

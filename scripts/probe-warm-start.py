@@ -12,6 +12,11 @@ sampling noise), with the model served by transformers from its own directory:
 usage: .venv/bin/python scripts/probe-warm-start.py MODEL_DIR SFT_ROWS.jsonl [N]
        (SFT_ROWS: `orchestrator sft-data --set data.tasks=runs/smoke/world/heldout.jsonl ...`)
 Prints one JSON object: tasks, free/forced hits, and the first few examples.
+
+       .venv/bin/python scripts/probe-warm-start.py induction MODEL_DIR CORPUS.jsonl [N]
+The plain copying test under both: eight random entity names, then "Again:" and the first
+three; does the model continue with the fourth (greedy)? A model without an induction
+circuit cannot, whatever its scaffold.
 """
 
 import json
@@ -36,7 +41,43 @@ def greedy(model, tok, text, new):
     return tok.decode(out[0, ids.shape[1]:])
 
 
+def names_of(corpus):
+    out = []
+    for line in open(corpus):
+        t = json.loads(line)["title"]
+        for cut in (" (protein)", " (compound)", " (disambiguation)", " gene"):
+            t = t.replace(cut, "")
+        out.append(t.replace("The ", ""))
+    return out
+
+
+def induction(model_dir, corpus, n):
+    import random
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    names = names_of(corpus)
+    rng = random.Random(5)
+    prompt = tok.apply_chat_template([{"role": "system", "content": ""},
+                                      {"role": "user", "content": ""}],
+                                     tokenize=False, add_generation_prompt=True)
+    hits, examples = 0, []
+    for _ in range(n):
+        pick = [rng.choice(names) for _ in range(8)]
+        text = prompt + ", ".join(pick) + ".\nAgain: " + ", ".join(pick[:3]) + ","
+        cont = greedy(model, tok, text, 12)
+        hits += cont.strip().startswith(pick[3])
+        if len(examples) < 3:
+            examples.append({"want": pick[3], "got": cont.strip()[:40]})
+    print(json.dumps({"model": model_dir, "trials": n, "copied": hits, "examples": examples},
+                     indent=1))
+
+
 def main():
+    if sys.argv[1] == "induction":
+        induction(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 20)
+        return
     model_dir, rows_path = sys.argv[1], sys.argv[2]
     limit = int(sys.argv[3]) if len(sys.argv) > 3 else 16
     torch.set_num_threads(1)

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 #[path = "../../orchestrator/tests/common/browser.rs"]
 mod browser;
+mod common;
 
 use sqlx::PgPool;
-use trainer::service::{AppState, ServeConfig, load};
+use trainer::service::{AppState, load};
 use uuid::Uuid;
 
 const STEPS: i64 = 4;
@@ -55,7 +56,6 @@ async fn start_trainer(model: &Path, ckpt: &Path, addr: &str) -> (Trainer, Strin
     train.loss.kl_coef = 0.0;
     let opts =
         load::LoadOptions::from_config(model.to_path_buf(), &train, None, tch::Device::Cpu, 5);
-    let loaded = load::load(&opts).unwrap();
     let listener = loop {
         match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => break l,
@@ -63,27 +63,7 @@ async fn start_trainer(model: &Path, ckpt: &Path, addr: &str) -> (Trainer, Strin
         }
     };
     let bound = listener.local_addr().unwrap();
-    let state = AppState::new(
-        loaded.policy,
-        loaded.tokenizer,
-        loaded.chat_template,
-        loaded.eos,
-        ServeConfig {
-            bind: bound,
-            served_name: "policy".into(),
-            checkpoint_dir: Some(ckpt.to_path_buf()),
-            checkpoint_every: 0,
-            max_body_bytes: 64 << 20,
-            max_model_len: loaded.max_model_len,
-            api_token: None,
-        },
-        None,
-    );
-    state.set_load_options(opts);
-    let app = trainer::service::router(state.clone());
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (state, task) = common::serve_on(listener, opts, Some(ckpt.to_path_buf()), None, None);
     (Trainer { state, task }, bound.to_string())
 }
 

@@ -115,7 +115,7 @@ pub async fn split_tasks(
     pool: &PgPool,
     system: &str,
 ) -> Result<(Vec<RolloutTask>, Vec<String>, Vec<super::evaluate::Subset>), PipelineError> {
-    use super::evaluate::{EvalTask, HELD_OUT, Subset};
+    use super::evaluate::HELD_OUT;
     let (rows, ids) = load_tasks(pool, &cfg.data.tasks).await?;
     let all = RolloutTask::from_rows(&rows, &ids, system);
     let k = cfg.eval.held_out as usize;
@@ -127,7 +127,8 @@ pub async fn split_tasks(
         let (hrows, hids) = load_tasks(pool, &path).await?;
         if k > hrows.len() {
             return Err(setup(format!(
-                "eval.held_out = {k} is more than the {} held-out tasks of {}; allowed:                  <= data.world_held_out",
+                "eval.held_out = {k} is more than the {} held-out tasks of {}; allowed: <= \
+                 data.world_held_out",
                 hrows.len(),
                 path.display()
             )));
@@ -135,13 +136,7 @@ pub async fn split_tasks(
         let hall = RolloutTask::from_rows(&hrows, &hids, system);
         let picks = crate::domain::schedule::held_out(hrows.len(), k, cfg.experiment.seed);
         if !picks.is_empty() {
-            evals.push(Subset {
-                name: HELD_OUT.into(),
-                tasks: picks
-                    .iter()
-                    .map(|&i| EvalTask::new(&hrows[i], hall[i].clone()))
-                    .collect(),
-            });
+            evals.push(subset(HELD_OUT, &picks, &hrows, &hall));
         }
         for (t, r) in all.into_iter().zip(&rows) {
             tasks.push(t);
@@ -161,13 +156,7 @@ pub async fn split_tasks(
         }
         let held = crate::domain::schedule::held_out(rows.len(), k, cfg.experiment.seed);
         if !held.is_empty() {
-            evals.push(Subset {
-                name: HELD_OUT.into(),
-                tasks: held
-                    .iter()
-                    .map(|&i| EvalTask::new(&rows[i], all[i].clone()))
-                    .collect(),
-            });
+            evals.push(subset(HELD_OUT, &held, &rows, &all));
         }
         for (i, (t, r)) in all.into_iter().zip(&rows).enumerate() {
             if held.binary_search(&i).is_err() {
@@ -192,15 +181,26 @@ pub async fn split_tasks(
                 cfg.data.tasks.display()
             )));
         }
-        evals.push(Subset {
-            name: set.name.clone(),
-            tasks: picks
-                .iter()
-                .map(|&i| EvalTask::new(&rows[i], ts[i].clone()))
-                .collect(),
-        });
+        evals.push(subset(&set.name, &picks, &rows, &ts));
     }
     Ok((tasks, questions, evals))
+}
+
+/// The evaluation subset `name` of the tasks at `picks` (indexes into `rows` and `tasks`, the
+/// same task file's rows and their rollout tasks).
+fn subset(
+    name: &str,
+    picks: &[usize],
+    rows: &[crate::domain::data::tasks::TaskRow],
+    tasks: &[RolloutTask],
+) -> super::evaluate::Subset {
+    super::evaluate::Subset {
+        name: name.to_string(),
+        tasks: picks
+            .iter()
+            .map(|&i| super::evaluate::EvalTask::new(&rows[i], tasks[i].clone()))
+            .collect(),
+    }
 }
 
 pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError> {

@@ -61,8 +61,25 @@ pub async fn serve_in_process(
     publisher: Option<Publisher>,
     api_token: Option<ApiToken>,
 ) -> Server {
-    let loaded = load::load(&opts).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (state, _task) = serve_on(listener, opts, checkpoint_dir, publisher, api_token);
+    Server {
+        url: format!("http://{addr}"),
+        state,
+    }
+}
+
+/// `trainer serve` on `listener`, on the current runtime, with the task serving it (abort it to
+/// take the server down as a crash would).
+pub fn serve_on(
+    listener: tokio::net::TcpListener,
+    opts: load::LoadOptions,
+    checkpoint_dir: Option<PathBuf>,
+    publisher: Option<Publisher>,
+    api_token: Option<ApiToken>,
+) -> (Arc<AppState>, tokio::task::JoinHandle<()>) {
+    let loaded = load::load(&opts).unwrap();
     let addr = listener.local_addr().unwrap();
     let state = AppState::new(
         loaded.policy,
@@ -82,11 +99,8 @@ pub async fn serve_in_process(
     );
     state.set_load_options(opts);
     let app = trainer::service::router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    Server {
-        url: format!("http://{addr}"),
-        state,
-    }
+    let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (state, task)
 }
 
 /// An RL sequence of `tokens`: the first 3 are prompt, the rest answer tokens spread over the

@@ -17,6 +17,14 @@ Prints one JSON object: tasks, free/forced hits, and the first few examples.
 The plain copying test under both: eight random entity names, then "Again:" and the first
 three; does the model continue with the fourth (greedy)? A model without an induction
 circuit cannot, whatever its scaffold.
+
+       .venv/bin/python scripts/probe-warm-start.py tokens MODEL_DIR SFT_ROWS.jsonl [N]
+Teacher-forced, no sampling: given the offline teacher's first segment up to each mention of
+the question's entity, is the entity's first token the model's top-1 prediction (in the plan,
+where the question was just restated word for word, and in the search query)? Also the top-1
+accuracy on random-token copy rows, with the copy at a fixed distance (32 back) and at a random
+one (what `trainer sft --copy-rows` trains): a model that only reads a fixed offset back scores
+on the first and not on the second.
 """
 
 import json
@@ -74,7 +82,59 @@ def induction(model_dir, corpus, n):
                      indent=1))
 
 
+def copy_rows(tok, fixed, n=16, span=32):
+    gen = torch.Generator().manual_seed(9)
+    ordinary = [i for i in range(len(tok)) if i not in tok.added_tokens_decoder]
+    pick = lambda k: [ordinary[j] for j in torch.randint(0, len(ordinary), (k,), generator=gen)]
+    rows = []
+    for _ in range(n):
+        x = pick(span)
+        gap = [] if fixed else pick(int(torch.randint(0, span + 1, (1,), generator=gen)))
+        rows.append(x + gap + x)
+    return rows
+
+
+def tokens(model_dir, rows_path, limit):
+    torch.set_num_threads(2)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    report = {"model": model_dir}
+    for name, fixed in (("copy_fixed_acc", True), ("copy_random_distance_acc", False)):
+        hit = total = 0
+        for ids in copy_rows(tok, fixed):
+            with torch.no_grad():
+                pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
+            # The second copy after its first token: predicted from position t-1.
+            for t in range(len(ids) - 31, len(ids)):
+                hit += int(pred[t - 1]) == ids[t]
+                total += 1
+        report[name] = round(hit / total, 3)
+    plan = [0, 0]
+    query = [0, 0]
+    for r in [json.loads(line) for line in open(rows_path)][:limit]:
+        msgs = [{"role": m["role"], "content": m["content"]} for m in r["messages"][:2]]
+        prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        ent = entity(r["messages"][1]["content"])
+        seg = r["segments"][0]["text"]
+        enc = tok(prompt + seg, add_special_tokens=False, return_offsets_mapping=True)
+        with torch.no_grad():
+            pred = model(input_ids=torch.tensor([enc.input_ids])).logits[0].argmax(-1)
+        for m in re.finditer(re.escape(ent or "\0"), seg):
+            c = len(prompt) + m.start()
+            # The token holding the entity's first character (its leading space included).
+            k = next(i for i, (a, b) in enumerate(enc.offset_mapping) if a <= c < b)
+            where = query if seg.rfind(OPEN, 0, m.start()) > seg.rfind("</call_tool>", 0, m.start()) else plan
+            where[0] += int(pred[k - 1]) == enc.input_ids[k]
+            where[1] += 1
+    report["entity_top1_plan"] = f"{plan[0]}/{plan[1]}"
+    report["entity_top1_query"] = f"{query[0]}/{query[1]}"
+    print(json.dumps(report))
+
+
 def main():
+    if sys.argv[1] == "tokens":
+        tokens(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 16)
+        return
     if sys.argv[1] == "induction":
         induction(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 20)
         return

@@ -73,9 +73,16 @@ pub enum Command {
     /// Supervised warm start on `orchestrator sft-data` output (ChatML JSONL, tool spans
     /// masked); writes a model directory `trainer serve` loads. Prints a JSON report.
     Sft {
-        /// The SFT JSONL file.
+        /// The SFT JSONL file (may be left out with --copy-rows).
         #[arg(long, env = "TRAINER_SFT_DATA")]
-        data: PathBuf,
+        data: Option<PathBuf>,
+        /// Also train on N synthetic copy sequences (random ordinary tokens written twice,
+        /// loss on the second copy): the copying a model from random weights lacks.
+        #[arg(long, env = "TRAINER_SFT_COPY_ROWS", default_value_t = 0)]
+        copy_rows: usize,
+        /// Longest span a copy sequence repeats (spans are half of it up to it).
+        #[arg(long, env = "TRAINER_SFT_COPY_LENGTH", default_value_t = 32)]
+        copy_length: usize,
         /// Model directory to start from.
         #[arg(long, env = "TRAINER_MODEL")]
         model: PathBuf,

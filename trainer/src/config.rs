@@ -166,6 +166,8 @@ impl Task {
             }
             Command::Sft {
                 data,
+                copy_rows,
+                copy_length,
                 model,
                 out,
                 epochs,
@@ -197,6 +199,8 @@ impl Task {
                 train.loss.kl_coef = 0.0; // SFT: no reference policy
                 Task::Sft(Box::new(SftOptions {
                     data,
+                    copy_rows,
+                    copy_length,
                     model_dir: model,
                     out,
                     epochs,
@@ -461,6 +465,24 @@ mod tests {
             e.contains("--schedule = \"linear\"") && e.contains("constant, cosine"),
             "{e}"
         );
+        assert_eq!(o.copy_rows, 0, "no copy sequences unless asked");
+        let o = parse(&["--copy-rows", "64", "--copy-length", "16"]).unwrap();
+        assert_eq!((o.copy_rows, o.copy_length), (64, 16));
+        // Copy sequences alone need no --data.
+        let argv = [
+            "trainer",
+            "sft",
+            "--copy-rows",
+            "8",
+            "--model",
+            "/m",
+            "--out",
+            "/o",
+        ];
+        match Task::from_cli(Cli::try_parse_from(argv).unwrap()).unwrap() {
+            Task::Sft(o) => assert!(o.data.is_none() && o.copy_rows == 8),
+            other => panic!("not sft: {other:?}"),
+        }
     }
 
     #[test]

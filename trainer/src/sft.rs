@@ -4,6 +4,12 @@
 //! segment is tokenised on its own, exactly as rollouts append them; only model segments and the
 //! closing end-of-turn token count in the loss. The result is a model directory that
 //! `trainer serve` loads unchanged.
+//!
+//! `--copy-rows N` adds (or, without `--data`, is) the copying exercise a model trained from
+//! random weights needs before it can imitate research: N sequences of random ordinary tokens
+//! in which a random span comes back after a random distance, the loss on its second copy
+//! only, so the one way to predict it is to find the first by its content and copy (the induction-head task of Olsson et al., 2022). The papers' policy starts from
+//! pretrained weights that copy; the smoke model learns it here (issue 25).
 
 use std::path::{Path, PathBuf};
 
@@ -41,7 +47,12 @@ pub struct SftRow {
 
 #[derive(Debug, Clone)]
 pub struct SftOptions {
-    pub data: PathBuf,
+    /// The SFT JSONL file (optional when `copy_rows` > 0).
+    pub data: Option<PathBuf>,
+    /// Synthetic copy sequences mixed into the rows (0: none).
+    pub copy_rows: usize,
+    /// Random tokens per copy sequence before it repeats.
+    pub copy_length: usize,
     pub model_dir: PathBuf,
     pub out: PathBuf,
     pub epochs: usize,
@@ -68,6 +79,8 @@ pub const COSINE_MIN_RATIO: f64 = 0.1;
 #[derive(Debug, Clone, Serialize)]
 pub struct SftReport {
     pub rows: usize,
+    /// Synthetic copy sequences trained on besides the rows.
+    pub copy_rows: usize,
     pub dropped_too_long: usize,
     pub steps: usize,
     pub tokens: usize,
@@ -152,12 +165,77 @@ pub fn load_rows(
     Ok(out)
 }
 
+/// `n` copy sequences over `ids`: random noise, a random span X of `length / 2 ..= length`
+/// tokens, more noise (`0 ..= length` tokens), then X again. Only the second X is a target, and
+/// not its first token (nothing before it predicts it), so the loss rewards exactly finding the
+/// earlier X by its content and copying what followed. The distance between the copies varies
+/// from row to row: with a fixed distance a model learns to read a fixed offset back instead,
+/// which copies nothing in real text (measured in BENCHMARKS.md, issue 25, session 15).
+pub fn copy_sequences(
+    n: usize,
+    length: usize,
+    ids: &[i64],
+    rng: &mut impl rand::Rng,
+) -> Vec<Sequence> {
+    fn draw(k: usize, ids: &[i64], rng: &mut impl rand::Rng) -> Vec<i64> {
+        (0..k)
+            .map(|_| ids[rng.random_range(0..ids.len())])
+            .collect()
+    }
+    (0..n)
+        .map(|_| {
+            let span = rng.random_range(length.div_ceil(2).max(2)..=length.max(2));
+            let lead = rng.random_range(0..=length / 2);
+            let gap = rng.random_range(0..=length);
+            let x = draw(span, ids, rng);
+            let mut tokens = draw(lead, ids, rng);
+            tokens.extend_from_slice(&x);
+            tokens.extend(draw(gap, ids, rng));
+            let start = tokens.len();
+            tokens.extend_from_slice(&x);
+            let loss_mask = (0..tokens.len()).map(|i| i > start).collect();
+            Sequence {
+                tokens,
+                loss_mask,
+                stages: Vec::new(),
+                behaviour_logprobs: Vec::new(),
+                advantages: Vec::new(),
+            }
+        })
+        .collect()
+}
+
+/// The tokenizer's ordinary tokens (no added or special token), sorted: what copy sequences
+/// draw from.
+pub fn ordinary_ids(tokenizer: &tokenizers::Tokenizer) -> Vec<i64> {
+    let mut ids: Vec<i64> = tokenizer
+        .get_vocab(false)
+        .into_values()
+        .map(i64::from)
+        .collect();
+    let added = tokenizer.get_added_tokens_decoder();
+    ids.retain(|i| !added.contains_key(&(*i as u32)));
+    ids.sort_unstable();
+    ids
+}
+
 /// Full-weight SFT of the model directory; writes a servable model directory to `out`.
 pub fn run(opts: &SftOptions) -> Result<SftReport> {
     if opts.epochs == 0 || opts.batch == 0 {
         return Err(TrainerError::Config(format!(
             "--epochs = {} and --batch = {}; both must be >= 1",
             opts.epochs, opts.batch
+        )));
+    }
+    if opts.data.is_none() && opts.copy_rows == 0 {
+        return Err(TrainerError::Config(
+            "nothing to train on: give --data, --copy-rows N (N >= 1), or both".into(),
+        ));
+    }
+    if opts.copy_rows > 0 && opts.copy_length < 2 {
+        return Err(TrainerError::Config(format!(
+            "--copy-length = {}; allowed: 2 or more",
+            opts.copy_length
         )));
     }
     let t0 = std::time::Instant::now();
@@ -173,9 +251,12 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
         .ok_or_else(|| {
             TrainerError::Config(format!("{} has no chat_template", cfg_path.display()))
         })?;
-    let all = load_rows(&opts.data, &tokenizer, &template)?;
+    let all = match &opts.data {
+        Some(path) => load_rows(path, &tokenizer, &template)?,
+        None => Vec::new(),
+    };
     let rows = all.len();
-    let kept: Vec<Sequence> = all
+    let mut kept: Vec<Sequence> = all
         .into_iter()
         .filter(|(ids, _)| ids.len() <= opts.max_len)
         .map(|(tokens, loss_mask)| Sequence {
@@ -187,12 +268,28 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
         })
         .collect();
     let dropped = rows - kept.len();
-    if kept.is_empty() {
+    if let (Some(path), true) = (&opts.data, kept.is_empty()) {
         return Err(TrainerError::Batch(format!(
             "{}: none of {rows} rows fits --max-len = {}",
-            opts.data.display(),
+            path.display(),
             opts.max_len
         )));
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
+    if opts.copy_rows > 0 {
+        let ids = ordinary_ids(&tokenizer);
+        if ids.is_empty() {
+            return Err(TrainerError::Tokenizer(format!(
+                "{}: no ordinary token to draw copy sequences from",
+                tok_path.display()
+            )));
+        }
+        kept.extend(copy_sequences(
+            opts.copy_rows,
+            opts.copy_length,
+            &ids,
+            &mut rng,
+        ));
     }
     // Under a launcher (WORLD_SIZE set) every rank reads the same rows and shuffles them with
     // the same seed; rank 0 leads each step (splitting the batch by tokens), the others follow.
@@ -220,7 +317,6 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
         trainer.set_collective(Box::new(env.join(device, None, opts.dist_timeout)?));
         rank = env.rank;
     }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     let mut order: Vec<usize> = (0..kept.len()).collect();
     let (mut steps, mut tokens, mut trained) = (0usize, 0usize, 0usize);
     let (mut first, mut last) = (f64::NAN, f64::NAN);
@@ -274,6 +370,7 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
     }
     Ok(SftReport {
         rows,
+        copy_rows: opts.copy_rows,
         dropped_too_long: dropped,
         steps,
         tokens,

@@ -238,7 +238,10 @@ pub fn aggregate(parts: &[StepMetrics]) -> StepMetrics {
 }
 
 /// Group sequence indices into micro-batches whose padded size stays within the budget
-/// (sorted by length so padding is small; a sequence longer than the budget goes alone).
+/// (sorted by length so padding is small; a sequence longer than the budget goes alone). A
+/// sequence shorter than half its group's longest starts a new group: padded, it would cost
+/// more than twice its own length (a 64-token copy row beside 2,000-token demonstrations, a
+/// rollout that answered early beside one cut at the budget).
 pub fn micro_batches(lens: &[usize], budget: i64) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..lens.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
@@ -247,7 +250,7 @@ pub fn micro_batches(lens: &[usize], budget: i64) -> Vec<Vec<usize>> {
     let mut longest = 0usize;
     for i in order {
         let l = longest.max(lens[i]);
-        if !cur.is_empty() && (l * (cur.len() + 1)) as i64 > budget {
+        if !cur.is_empty() && ((l * (cur.len() + 1)) as i64 > budget || 2 * lens[i] < longest) {
             out.push(std::mem::take(&mut cur));
             longest = 0;
         }

@@ -32,6 +32,7 @@ fn run_init(dir: &Path, config: &Path) -> std::process::Output {
         .env("INIT_TASKS", "6")
         .env("INIT_HELD_OUT", "2")
         .env("INIT_VOCAB", "2000")
+        .env("INIT_COPY_ROWS", "32")
         .env("SMALL_CONFIG", config)
         .env("SMOKE_SFT_EPOCHS", "1")
         .output()
@@ -66,6 +67,7 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
         "index/meta.json",
         "sft.jsonl",
         "tokenizer/tokenizer.json",
+        "model-copy/model.safetensors",
         "model-sft/model.safetensors",
         "model-sft/config.json",
         "model-sft/tokenizer_config.json",

@@ -1,7 +1,9 @@
 //! Train-step behaviour on CPU with tiny random models: SS-GRPO with equal stage advantages is
 //! GRPO; positive advantages raise log-probs and negative lower them; SFT overfits and masked
-//! tokens get no gradient; optimizer + adapter checkpoints continue exactly; the tokenizer
-//! trainer and `init` write a directory transformers loads with the same logits.
+//! tokens get no gradient; copy sequences repeat a span at varying distances; micro-batches
+//! keep the budget without padding short rows to long ones; optimizer + adapter checkpoints
+//! continue exactly; the tokenizer trainer and `init` write a directory transformers loads with
+//! the same logits.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -212,6 +214,60 @@ fn sft_overfits_and_masked_tokens_get_no_gradient() {
         "a random model starts near ln(64) = 4.16: {first}"
     );
     assert!(last < 0.2, "SFT did not overfit: {first} -> {last}");
+}
+
+#[test]
+fn micro_batches_keep_the_budget_and_do_not_pad_short_rows_to_long_ones() {
+    use trainer::train::micro_batches;
+    // Longest first; a row under half its group's longest opens a new group.
+    assert_eq!(
+        micro_batches(&[2000, 64, 1900, 60, 900], 16384),
+        vec![vec![0, 2], vec![4], vec![1, 3]]
+    );
+    // The padded budget: 3 x 10 tokens over a budget of 20.
+    assert_eq!(micro_batches(&[10, 10, 10], 20), vec![vec![0, 1], vec![2]]);
+    // A row over the budget goes alone.
+    assert_eq!(micro_batches(&[50, 8], 20), vec![vec![0], vec![1]]);
+}
+
+#[test]
+fn copy_sequences_repeat_a_span_at_varying_distances() {
+    use rand::SeedableRng;
+    // `trainer sft --copy-rows`: a random span comes back after random noise; the targets are
+    // the second copy after its first token, so only finding the first copy by its content
+    // predicts them. The distance varies: at a fixed distance a model learns to read a fixed
+    // offset back, which copies nothing in real text (BENCHMARKS.md, issue 25, session 15).
+    let ids: Vec<i64> = (4..64).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let rows = trainer::sft::copy_sequences(64, 8, &ids, &mut rng);
+    let mut distances = std::collections::BTreeSet::new();
+    for s in &rows {
+        let first = s.loss_mask.iter().position(|&m| m).unwrap();
+        assert!(
+            s.loss_mask[first..].iter().all(|&m| m),
+            "one run of targets, at the end"
+        );
+        let copy = &s.tokens[first - 1..];
+        assert!(
+            (4..=8).contains(&copy.len()),
+            "span of 4..=8 tokens: {}",
+            copy.len()
+        );
+        let at = (0..first - 1)
+            .find(|&i| s.tokens[i..].starts_with(copy))
+            .expect("the copied span appears earlier");
+        distances.insert(first - 1 - at);
+        assert!(s.tokens.iter().all(|t| ids.contains(t)));
+        assert!(
+            s.tokens.len() <= 4 + 8 + 8 + 8,
+            "lead <= 4, span <= 8, gap <= 8"
+        );
+    }
+    assert!(distances.len() >= 8, "copy distances vary: {distances:?}");
+    // Seeded: the same rows again.
+    let again =
+        trainer::sft::copy_sequences(64, 8, &ids, &mut rand::rngs::StdRng::seed_from_u64(3));
+    assert!(rows.iter().zip(&again).all(|(a, b)| a.tokens == b.tokens));
 }
 
 #[test]

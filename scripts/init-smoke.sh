@@ -2,8 +2,7 @@
 # The smoke run's inputs, created once (each step is skipped when its output exists):
 #   research world + local index -> offline teacher SFT data -> tokenizer + small Qwen3 model
 #   -> [copying exercise, `trainer sft --copy-rows`, DIR/model-copy] -> `trainer sft` warm start
-#   in DIR/model-sft (what `trainer serve` loads and the smoke
-#   preset's data.tokenizer names).
+#   in DIR/model-sft (what `trainer serve` loads and the smoke preset's data.tokenizer names).
 # Used by scripts/smoke.sh on a host and by compose.yaml's one-shot `init` service, so
 # `docker compose up` on a fresh clone finds what the trainer and orchestrator expect.
 #

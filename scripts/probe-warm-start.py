@@ -82,7 +82,10 @@ def induction(model_dir, corpus, n):
                      indent=1))
 
 
-def copy_rows(tok, fixed, n=16, span=32):
+SPAN = 32
+
+
+def copy_rows(tok, fixed, n=16, span=SPAN):
     gen = torch.Generator().manual_seed(9)
     ordinary = [i for i in range(len(tok)) if i not in tok.added_tokens_decoder]
     pick = lambda k: [ordinary[j] for j in torch.randint(0, len(ordinary), (k,), generator=gen)]
@@ -105,7 +108,7 @@ def tokens(model_dir, rows_path, limit):
             with torch.no_grad():
                 pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
             # The second copy after its first token: predicted from position t-1.
-            for t in range(len(ids) - 31, len(ids)):
+            for t in range(len(ids) - SPAN + 1, len(ids)):
                 hit += int(pred[t - 1]) == ids[t]
                 total += 1
         report[name] = round(hit / total, 3)

@@ -76,8 +76,9 @@ pub enum Command {
         /// The SFT JSONL file (may be left out with --copy-rows).
         #[arg(long, env = "TRAINER_SFT_DATA")]
         data: Option<PathBuf>,
-        /// Also train on N synthetic copy sequences (random ordinary tokens written twice,
-        /// loss on the second copy): the copying a model from random weights lacks.
+        /// Also train on N synthetic copy sequences (a random span of ordinary tokens that
+        /// comes back after random noise, loss on the repeat): the copying a model from random
+        /// weights lacks.
         #[arg(long, env = "TRAINER_SFT_COPY_ROWS", default_value_t = 0)]
         copy_rows: usize,
         /// Longest span a copy sequence repeats (spans are half of it up to it).

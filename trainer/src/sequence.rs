@@ -45,6 +45,18 @@ impl SeqLimits {
 }
 
 impl Sequence {
+    /// A supervised sequence (SFT): tokens and the mask of those the loss counts; no stages,
+    /// behaviour log-probs or advantages.
+    pub fn supervised(tokens: Vec<i64>, loss_mask: Vec<bool>) -> Self {
+        Self {
+            tokens,
+            loss_mask,
+            stages: Vec::new(),
+            behaviour_logprobs: Vec::new(),
+            advantages: Vec::new(),
+        }
+    }
+
     /// Everything a step will rely on, checked before it starts: lengths (at least 2 tokens, at
     /// most the model's positions), aligned arrays, token ids in the vocabulary, and for RL a
     /// finite advantage for every counted token's stage. A sequence that passes cannot fail the

@@ -8,8 +8,9 @@
 //! `--copy-rows N` adds (or, without `--data`, is) the copying exercise a model trained from
 //! random weights needs before it can imitate research: N sequences of random ordinary tokens
 //! in which a random span comes back after a random distance, the loss on its second copy
-//! only, so the one way to predict it is to find the first by its content and copy (the induction-head task of Olsson et al., 2022). The papers' policy starts from
-//! pretrained weights that copy; the smoke model learns it here (issue 25).
+//! only, so the one way to predict it is to find the first by its content and copy (the
+//! induction-head task of Olsson et al., 2022). The papers' policy starts from pretrained
+//! weights that copy; the smoke model must learn it here (issue 25).
 
 use std::path::{Path, PathBuf};
 
@@ -51,7 +52,7 @@ pub struct SftOptions {
     pub data: Option<PathBuf>,
     /// Synthetic copy sequences mixed into the rows (0: none).
     pub copy_rows: usize,
-    /// Random tokens per copy sequence before it repeats.
+    /// Longest span a copy sequence repeats (spans are `copy_length / 2 ..= copy_length`).
     pub copy_length: usize,
     pub model_dir: PathBuf,
     pub out: PathBuf,
@@ -194,13 +195,7 @@ pub fn copy_sequences(
             let start = tokens.len();
             tokens.extend_from_slice(&x);
             let loss_mask = (0..tokens.len()).map(|i| i > start).collect();
-            Sequence {
-                tokens,
-                loss_mask,
-                stages: Vec::new(),
-                behaviour_logprobs: Vec::new(),
-                advantages: Vec::new(),
-            }
+            Sequence::supervised(tokens, loss_mask)
         })
         .collect()
 }
@@ -259,13 +254,7 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
     let mut kept: Vec<Sequence> = all
         .into_iter()
         .filter(|(ids, _)| ids.len() <= opts.max_len)
-        .map(|(tokens, loss_mask)| Sequence {
-            tokens,
-            loss_mask,
-            stages: Vec::new(),
-            behaviour_logprobs: Vec::new(),
-            advantages: Vec::new(),
-        })
+        .map(|(tokens, loss_mask)| Sequence::supervised(tokens, loss_mask))
         .collect();
     let dropped = rows - kept.len();
     if let (Some(path), true) = (&opts.data, kept.is_empty()) {

@@ -24,7 +24,9 @@ the question's entity, is the entity's first token the model's top-1 prediction 
 where the question was just restated word for word, and in the search query)? Also the top-1
 accuracy on random-token copy rows, with the copy at a fixed distance (32 back) and at a random
 one (what `trainer sft --copy-rows` trains): a model that only reads a fixed offset back scores
-on the first and not on the second.
+on the first and not on the second. And the second hop: the first token of the entity the first
+search's tool output names, where the teacher writes it next (its state evaluation and its second
+query), which only copying from the tool output predicts.
 """
 
 import json
@@ -131,6 +133,31 @@ def tokens(model_dir, rows_path, limit):
             where[1] += 1
     report["entity_top1_plan"] = f"{plan[0]}/{plan[1]}"
     report["entity_top1_query"] = f"{query[0]}/{query[1]}"
+    # The second hop: after the first search's tool output, the teacher names the entity that
+    # output gives (its state evaluation, then its next query). Seen only in the snippet, so the
+    # model can predict it only by copying from the tool output (or guess it from memory).
+    hop = [0, 0]
+    for r in [json.loads(line) for line in open(rows_path)][:limit]:
+        segs = r["segments"]
+        if len(segs) < 3 or OPEN not in segs[2]["text"]:
+            continue
+        msgs = [{"role": m["role"], "content": m["content"]} for m in r["messages"][:2]]
+        prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        head = prompt + segs[0]["text"] + segs[1]["text"]
+        seg = segs[2]["text"]
+        q = seg.split(OPEN, 1)[1].split("</call_tool>", 1)[0]
+        nxt = q.removeprefix("The ").split(" (", 1)[0].strip()
+        if not nxt or nxt not in segs[1]["text"]:
+            continue
+        enc = tok(head + seg, add_special_tokens=False, return_offsets_mapping=True)
+        with torch.no_grad():
+            pred = model(input_ids=torch.tensor([enc.input_ids])).logits[0].argmax(-1)
+        for m in re.finditer(re.escape(nxt), seg):
+            c = len(head) + m.start()
+            k = next(i for i, (a, b) in enumerate(enc.offset_mapping) if a <= c < b)
+            hop[0] += int(pred[k - 1]) == enc.input_ids[k]
+            hop[1] += 1
+    report["next_entity_top1_after_tool_output"] = f"{hop[0]}/{hop[1]}"
     print(json.dumps(report))
 
 

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The smoke run's inputs, created once (each step is skipped when its output exists):
 #   research world + local index -> offline teacher SFT data -> tokenizer + small Qwen3 model
-#   -> [copying exercise, `trainer sft --copy-rows`, DIR/model-copy] -> `trainer sft` warm start
-#   in DIR/model-sft (what `trainer serve` loads and the smoke preset's data.tokenizer names).
+#   -> [copying exercise, `trainer sft --copy-rows`, DIR/model-copy] -> `trainer sft` warm start,
+#   (two passes) in DIR/model-sft: what `trainer serve` loads and the smoke preset's
+#   data.tokenizer names.
 # Used by scripts/smoke.sh on a host and by compose.yaml's one-shot `init` service, so
 # `docker compose up` on a fresh clone finds what the trainer and orchestrator expect.
 #
 #   usage: init-smoke.sh [DIR]        (default runs/smoke, relative to the working directory)
 #   ORCH_BIN     the orchestrator binary (default: `orchestrator` on PATH)
 #   TRAINER_BIN  the trainer binary (default: `trainer` on PATH)
-#   SMOKE_SFT_EPOCHS  SFT epochs (default 1: 192 steps of 8 demonstrations, cosine from 2e-3)
+#   SMOKE_SFT_EPOCHS  epochs of the first SFT pass (default 1: 384 steps of 8 rows, demonstrations
+#                and copy rows, cosine from 2e-3)
+#   INIT_SFT_PASSES   2 (default): a second SFT pass, one epoch cosine from 1e-3, other row
+#                order (the first writes DIR/model-sft1); 1: the first pass writes DIR/model-sft
 #   INIT_DOCS, INIT_TASKS, INIT_HELD_OUT, INIT_VOCAB, SMALL_CONFIG  world size (4000 documents,
 #                1536 training tasks, 16 held-out tasks about other lineages: the smoke preset's),
 #                tokenizer vocabulary (4096) and model config (trainer/configs/small.json);
@@ -75,8 +79,19 @@ PY
     # 0.724 before, 0.696 after).
     MIX=(--copy-rows "${INIT_TASKS:-1536}" --copy-length 32)
   fi
+  OUT="$DIR/model-sft"
+  if [[ "${INIT_SFT_PASSES:-2}" == 2 ]]; then OUT="$DIR/model-sft1"; fi
   "$TRAINER" sft --data "$DIR/sft.jsonl" ${MIX[@]+"${MIX[@]}"} --model "$START" \
-    --out "$DIR/model-sft" --epochs "${SMOKE_SFT_EPOCHS:-1}" --batch 8 --lr 2e-3 \
+    --out "$OUT" --epochs "${SMOKE_SFT_EPOCHS:-1}" --batch 8 --lr 2e-3 \
     --schedule cosine --warmup-steps 10 --device cpu
+  if [[ "$OUT" != "$DIR/model-sft" ]]; then
+    # A second pass at half the rate, other row order: greedy on the held-out tasks the model
+    # then answers 7 of 16 (4 after one pass) and scores 0.125 (0.000): fewer trajectories run
+    # to the token budget in a loop (BENCHMARKS.md, issue 25 session 16).
+    say "second SFT pass"
+    "$TRAINER" sft --data "$DIR/sft.jsonl" ${MIX[@]+"${MIX[@]}"} --model "$OUT" \
+      --out "$DIR/model-sft" --epochs 1 --batch 8 --lr 1e-3 --schedule cosine \
+      --warmup-steps 10 --seed 1 --device cpu
+  fi
 fi
 say "ready: $DIR/model-sft"

@@ -68,6 +68,7 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
         "sft.jsonl",
         "tokenizer/tokenizer.json",
         "model-copy/model.safetensors",
+        "model-sft1/model.safetensors",
         "model-sft/model.safetensors",
         "model-sft/config.json",
         "model-sft/tokenizer_config.json",

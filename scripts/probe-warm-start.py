@@ -99,6 +99,20 @@ def copy_rows(tok, fixed, n=16, span=SPAN):
     return rows
 
 
+def chat_prompt(tok, row):
+    """The chat prompt of an `sft-data` row (its system and user messages)."""
+    msgs = [{"role": m["role"], "content": m["content"]} for m in row["messages"][:2]]
+    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+
+def tally(counts, enc, pred, c):
+    """Count whether the token holding character c (a leading space included) is the model's
+    top-1 prediction from the position before it."""
+    k = next(i for i, (a, b) in enumerate(enc.offset_mapping) if a <= c < b)
+    counts[0] += int(pred[k - 1]) == enc.input_ids[k]
+    counts[1] += 1
+
+
 def tokens(model_dir, rows_path, limit):
     torch.set_num_threads(2)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -114,49 +128,37 @@ def tokens(model_dir, rows_path, limit):
                 hit += int(pred[t - 1]) == ids[t]
                 total += 1
         report[name] = round(hit / total, 3)
-    plan = [0, 0]
-    query = [0, 0]
+    plan, query, hop = [0, 0], [0, 0], [0, 0]
     for r in [json.loads(line) for line in open(rows_path)][:limit]:
-        msgs = [{"role": m["role"], "content": m["content"]} for m in r["messages"][:2]]
-        prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        prompt = chat_prompt(tok, r)
         ent = entity(r["messages"][1]["content"])
-        seg = r["segments"][0]["text"]
-        enc = tok(prompt + seg, add_special_tokens=False, return_offsets_mapping=True)
+        segs = [s["text"] for s in r["segments"]]
+        # The second hop: after the first search's tool output, the teacher names the entity
+        # that output gives (its state evaluation, then its next query). Seen only in the
+        # snippet, so the model predicts it only by copying from the tool output (or guesses it
+        # from memory). Rows without one are scored on the first segment alone.
+        nxt = None
+        if len(segs) >= 3 and OPEN in segs[2]:
+            q = segs[2].split(OPEN, 1)[1].split("</call_tool>", 1)[0]
+            nxt = q.removeprefix("The ").split(" (", 1)[0].strip()
+            if not nxt or nxt not in segs[1]:
+                nxt = None
+        seg = segs[0]
+        head = prompt + seg + segs[1] if nxt else prompt
+        # One forward pass per row: the model is causal, so the prediction at a position of
+        # the first segment does not depend on what follows it.
+        text = head + segs[2] if nxt else prompt + seg
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         with torch.no_grad():
             pred = model(input_ids=torch.tensor([enc.input_ids])).logits[0].argmax(-1)
         for m in re.finditer(re.escape(ent or "\0"), seg):
-            c = len(prompt) + m.start()
-            # The token holding the entity's first character (its leading space included).
-            k = next(i for i, (a, b) in enumerate(enc.offset_mapping) if a <= c < b)
             where = query if seg.rfind(OPEN, 0, m.start()) > seg.rfind("</call_tool>", 0, m.start()) else plan
-            where[0] += int(pred[k - 1]) == enc.input_ids[k]
-            where[1] += 1
+            tally(where, enc, pred, len(prompt) + m.start())
+        if nxt:
+            for m in re.finditer(re.escape(nxt), segs[2]):
+                tally(hop, enc, pred, len(head) + m.start())
     report["entity_top1_plan"] = f"{plan[0]}/{plan[1]}"
     report["entity_top1_query"] = f"{query[0]}/{query[1]}"
-    # The second hop: after the first search's tool output, the teacher names the entity that
-    # output gives (its state evaluation, then its next query). Seen only in the snippet, so the
-    # model can predict it only by copying from the tool output (or guess it from memory).
-    hop = [0, 0]
-    for r in [json.loads(line) for line in open(rows_path)][:limit]:
-        segs = r["segments"]
-        if len(segs) < 3 or OPEN not in segs[2]["text"]:
-            continue
-        msgs = [{"role": m["role"], "content": m["content"]} for m in r["messages"][:2]]
-        prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        head = prompt + segs[0]["text"] + segs[1]["text"]
-        seg = segs[2]["text"]
-        q = seg.split(OPEN, 1)[1].split("</call_tool>", 1)[0]
-        nxt = q.removeprefix("The ").split(" (", 1)[0].strip()
-        if not nxt or nxt not in segs[1]["text"]:
-            continue
-        enc = tok(head + seg, add_special_tokens=False, return_offsets_mapping=True)
-        with torch.no_grad():
-            pred = model(input_ids=torch.tensor([enc.input_ids])).logits[0].argmax(-1)
-        for m in re.finditer(re.escape(nxt), seg):
-            c = len(head) + m.start()
-            k = next(i for i, (a, b) in enumerate(enc.offset_mapping) if a <= c < b)
-            hop[0] += int(pred[k - 1]) == enc.input_ids[k]
-            hop[1] += 1
     report["next_entity_top1_after_tool_output"] = f"{hop[0]}/{hop[1]}"
     print(json.dumps(report))
 
@@ -177,8 +179,7 @@ def main():
     free = forced = 0
     examples = []
     for r in rows:
-        msgs = [{"role": m["role"], "content": m["content"]} for m in r["messages"][:2]]
-        prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        prompt = chat_prompt(tok, r)
         ent = entity(r["messages"][1]["content"])
         text = greedy(model, tok, prompt, 400)
         q_free = text.split(OPEN, 1)[1].split("<", 1)[0] if OPEN in text else ""

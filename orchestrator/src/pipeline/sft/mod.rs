@@ -111,19 +111,18 @@ pub async fn teach(
         let mut text = String::new();
         if h == 0 {
             text.push_str(&format!(
-                "<think>\nThe question needs {} facts; each must come from a search.\n</think>\n\
-                 <structured_plan>\n<deep_analysis>\nThe question asks: {}\n{}\n</deep_analysis>\n\
-                 <rubric>\nKnowledge checklist:\n{checklist}Analytical criteria:\n- Connect each fact to the next link of the chain.\n\
-                 Negative constraints:\n- Do not state a fact that no retrieved snippet supports.\n- Do not guess a link of the chain from memory.\n</rubric>\n\
+                "<think>\n{} facts, each from a search.\n</think>\n\
+                 <structured_plan>\n<deep_analysis>\n{}\n</deep_analysis>\n\
+                 <rubric>\nKnowledge checklist:\n{checklist}Analytical criteria:\n- Each fact leads to the next.\n\
+                 Negative constraints:\n- No fact without a snippet.\n</rubric>\n\
                  <research_plan>\n{plan_steps}</research_plan>\n</structured_plan>\n",
                 plan.checklist.len(),
-                task.query,
                 plan.analysis
             ));
         } else {
             let (id, sentence) = &found[found.len() - 1];
             text.push_str(&format!(
-                "<think>\nThe last result names the next entity of the chain.\n</think>\n<state_evaluation>\nCovered: {sentence} (snippet {id}). Missing: what that entity leads to. Continue searching.\n</state_evaluation>\n"
+                "<think>\nNext link.\n</think>\n<state_evaluation>\nFound: {sentence} ({id})\n</state_evaluation>\n"
             ));
         }
         text.push_str(&format!("<call_tool name=\"{tool}\">{query}</call_tool>"));
@@ -168,17 +167,14 @@ pub async fn teach(
     let ids: Vec<&str> = found.iter().map(|(id, _)| id.as_str()).collect();
     let mut chain = ids.clone();
     chain.dedup();
-    let review: String = plan
-        .checklist
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
+    let review: String = (1..=plan.checklist.len())
+        .map(|i| {
             let by = if ids.len() == plan.checklist.len() {
-                format!("snippet {}", ids[i])
+                ids[i - 1].to_string()
             } else {
-                format!("the retrieved chain (snippets {})", chain.join(", "))
+                chain.join(", ")
             };
-            format!("- {c} Covered by {by}.\n")
+            format!("- Item {i}: {by}.\n")
         })
         .collect();
     let claims: Vec<String> = found
@@ -191,8 +187,8 @@ pub async fn teach(
         String::new()
     };
     let last = format!(
-        "<think>\nEvery checklist item now has evidence.\n</think>\n<state_evaluation>\nAll {} checklist items are covered by retrieved snippets.\n</state_evaluation>\n\
-         <review>\n<rubric_review>\n{review}</rubric_review>\n<writing_plan>\nState each link of the chain in order, each with its snippet.\n</writing_plan>\n</review>\n\
+        "<think>\nAll found.\n</think>\n<state_evaluation>\nAll {} items found.\n</state_evaluation>\n\
+         <review>\n<rubric_review>\n{review}</rubric_review>\n<writing_plan>\nThe chain in order, cited.\n</writing_plan>\n</review>\n\
          <answer>\n{}{boxed}\n</answer>",
         plan.checklist.len(),
         claims.join("\n")

@@ -58,10 +58,7 @@ pub fn follow(mut policy: Policy, mut opts: LoadOptions) -> Result<()> {
                     opts.settings = new;
                     replace(&mut policy, &opts, None)?;
                 } else {
-                    let resolved = crate::settings::resolve(&new)
-                        .map_err(|e| TrainerError::Config(e.to_string()))?;
-                    policy.trainer.set_config(resolved.train)?;
-                    policy.settings = new.clone();
+                    policy.apply_live_settings(&new)?;
                     opts.settings = new;
                 }
                 tracing::info!(rank, hash = %policy.settings.hash(), "settings applied");

@@ -78,6 +78,19 @@ pub struct Policy {
     pub settings: TrainSettings,
 }
 
+impl Policy {
+    /// Train with `new` from the next step on the live trainer, AdamW moments kept: for settings
+    /// that keep the model's structure (`TrainSettings::structural_change` is false). Rank 0's
+    /// `POST /v1/settings` and the other ranks' follower loop both apply settings here.
+    pub fn apply_live_settings(&mut self, new: &TrainSettings) -> Result<()> {
+        let resolved =
+            crate::settings::resolve(new).map_err(|e| TrainerError::Config(e.to_string()))?;
+        self.trainer.set_config(resolved.train)?;
+        self.settings = new.clone();
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub bind: SocketAddr,
@@ -944,10 +957,8 @@ async fn post_settings(
     } else {
         {
             let mut p = s.policy.lock().map_err(|_| ApiError::poisoned())?;
-            p.trainer
-                .set_config(resolved.train)
+            p.apply_live_settings(&new)
                 .map_err(|e| ApiError::bad_request(format!("settings rejected: {e}")))?;
-            p.settings = new.clone();
             if let Some(g) = p.trainer.collective().filter(|g| g.world() > 1) {
                 let control = Control::Settings {
                     settings: serde_json::to_value(&new).unwrap_or_default(),

@@ -31,14 +31,6 @@ fn sentence_case(s: &str) -> String {
     }
 }
 
-fn lower_first(s: &str) -> String {
-    let mut c = s.chars();
-    match c.next() {
-        Some(f) => f.to_lowercase().collect::<String>() + c.as_str(),
-        None => String::new(),
-    }
-}
-
 /// The question without its closing punctuation and with single spaces.
 fn clean(q: &str) -> String {
     q.split_whitespace()
@@ -205,7 +197,10 @@ mod tests {
         assert_eq!(p.steps[0], "Search the KAVE3 gene.");
         assert_eq!(p.analysis, "A report on the KAVE3 gene in 3 parts.");
         let p = from_question("Who wrote Middlemarch?", AnswerFormat::Short);
-        assert_eq!(p.checklist, vec!["The answer to \"Who wrote Middlemarch\"."]);
+        assert_eq!(
+            p.checklist,
+            vec!["The answer to \"Who wrote Middlemarch\"."]
+        );
         assert_eq!(p.steps.len(), 1);
     }
 }

@@ -94,7 +94,8 @@ PY
   if [[ "$PASSES" == 2 ]]; then
     # A second pass at half the rate, other row order: greedy on the held-out tasks the model
     # then answers 7 of 16 (4 after one pass) and scores 0.125 (0.000): fewer trajectories run
-    # to the token budget in a loop (BENCHMARKS.md, issue 25 session 16).
+    # to the token budget in a loop (BENCHMARKS.md, issue 25 session 16, on that session's
+    # longer demonstrations; not yet measured apart on session 17's shorter ones).
     say "second SFT pass"
     "$TRAINER" sft --data "$DIR/sft.jsonl" ${MIX[@]+"${MIX[@]}"} --model "$OUT" \
       --out "$DIR/model-sft" --epochs 1 --batch 8 --lr 1e-3 --schedule cosine \

@@ -21,7 +21,7 @@ circuit cannot, whatever its scaffold.
        .venv/bin/python scripts/probe-warm-start.py tokens MODEL_DIR SFT_ROWS.jsonl [N]
 Teacher-forced, no sampling: given the offline teacher's first segment up to each mention of
 the question's entity, is the entity's first token the model's top-1 prediction (in the plan,
-where the question was just restated word for word, and in the search query)? Also the top-1
+whose checklist repeats the question's clauses, and in the search query)? Also the top-1
 accuracy on random-token copy rows, with the copy at a fixed distance (32 back) and at a random
 one (what `trainer sft --copy-rows` trains): a model that only reads a fixed offset back scores
 on the first and not on the second. And the second hop: the first token of the entity the first
@@ -144,7 +144,7 @@ def tokens(model_dir, rows_path, limit):
             if not nxt or nxt not in segs[1]:
                 nxt = None
         seg = segs[0]
-        head = prompt + seg + segs[1] if nxt else prompt
+        head = prompt + seg + segs[1]
         # One forward pass per row: the model is causal, so the prediction at a position of
         # the first segment does not depend on what follows it.
         text = head + segs[2] if nxt else prompt + seg

@@ -127,14 +127,10 @@ pub fn from_question(query: &str, format: AnswerFormat) -> QuestionPlan {
     let asked = sentence_case(&main.join(" "));
     let mut checklist: Vec<String> = links.iter().map(|l| format!("{l}.")).collect();
     checklist.push(format!("The answer to \"{asked}\"{boxed}."));
-    let steps = if links.is_empty() {
-        vec!["Search what the question names.".to_string()]
-    } else {
-        vec![
-            "Search what the question names.".to_string(),
-            "Search the entity each result names.".to_string(),
-        ]
-    };
+    let mut steps = vec!["Search what the question names.".to_string()];
+    if !links.is_empty() {
+        steps.push("Search the entity each result names.".to_string());
+    }
     QuestionPlan {
         analysis: if links.is_empty() {
             "One fact, from a search.".to_string()

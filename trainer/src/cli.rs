@@ -174,6 +174,9 @@ pub struct ServeArgs {
     /// fine-tune's a frozen copy of --model's weights (kept in memory beside the policy).
     #[arg(long, env = "TRAINER_KL", default_value_t = 0.0)]
     pub kl_coef: f64,
+    /// Global gradient-norm clip (0: no clipping).
+    #[arg(long, env = "TRAINER_MAX_GRAD_NORM", default_value_t = 1.0)]
+    pub max_grad_norm: f64,
     #[arg(long, env = "TRAINER_MICRO_BATCH_TOKENS", default_value_t = 16384)]
     pub micro_batch_tokens: i64,
     /// Checkpoints go here (`step-N`, `latest`).

@@ -297,11 +297,13 @@ impl ServeSettings {
         let mut train = TrainConfig::default();
         train.optim.lr = a.lr;
         train.loss.kl_coef = a.kl_coef;
+        train.optim.max_grad_norm = a.max_grad_norm;
         train.micro_batch_tokens = a.micro_batch_tokens;
         let settings = crate::settings::from_config(&train, lora.as_ref());
         crate::settings::resolve(&settings).map_err(|e| {
             anyhow::anyhow!(
-                "{e} (from --lr, --kl-coef, --micro-batch-tokens, --lora-r, --lora-alpha)"
+                "{e} (from --lr, --kl-coef, --max-grad-norm, --micro-batch-tokens, --lora-r, \
+                 --lora-alpha)"
             )
         })?;
         Ok(Self {

@@ -108,6 +108,17 @@ pub struct Snapshot {
     zero: Option<crate::dist::zero::ZeroSnap>,
 }
 
+/// One prompt position of `Trainer::prompt_logprobs`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PositionLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// 1-based rank of `token` (1: the most likely).
+    pub rank: i64,
+    /// The most likely tokens and their log-probs, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
 pub struct Trainer {
     pub model: Qwen3,
     /// The KL reference of a full fine-tune: a frozen (no-grad) copy of the initial weights,
@@ -1230,6 +1241,63 @@ impl Trainer {
             (model.embed(&m.ids) * g).sum(Kind::Float).backward();
         }
         Ok(())
+    }
+
+    /// vLLM's `prompt_logprobs` of one sequence under the current policy (no grad): for each
+    /// position after the first, the token's log-prob (the value `logprobs` gives, so it can
+    /// stand as a behaviour log-prob), its 1-based rank in the vocabulary (1 is the argmax) and
+    /// the `k` most likely tokens with theirs. A sequence shorter than 2 tokens has none.
+    pub fn prompt_logprobs(&self, seq: &[i64], k: i64, f: Fwd) -> Vec<PositionLogprobs> {
+        if seq.len() < 2 {
+            return Vec::new();
+        }
+        tch::no_grad(|| {
+            let ids = Tensor::from_slice(seq)
+                .view([1, -1])
+                .to_device(self.model.device);
+            let t = seq.len() as i64;
+            let targets = ids.narrow(1, 1, t - 1);
+            let h = self.model.hidden(&ids.narrow(1, 0, t - 1), f);
+            let values =
+                loss::token_logprobs(&h, self.model.lm_weight(), &targets, self.cfg.logit_chunk);
+            let values =
+                Vec::<f32>::try_from(values.view([-1]).to_kind(Kind::Float)).unwrap_or_default();
+            // [T-1, V] log-softmax for ranks and the top k.
+            let full = h
+                .matmul(&self.model.lm_weight().tr())
+                .to_kind(Kind::Float)
+                .log_softmax(-1, Kind::Float)
+                .squeeze_dim(0);
+            let own = full.gather(1, &targets.view([-1, 1]), false);
+            let ranks = Vec::<i64>::try_from(
+                full.gt_tensor(&own).sum_dim_intlist(1, false, Kind::Int64) + 1,
+            )
+            .unwrap_or_default();
+            let k = k.clamp(0, full.size()[1]);
+            let (top_v, top_i) = if k > 0 {
+                let (v, i) = full.topk(k, -1, true, true);
+                (
+                    Vec::<f32>::try_from(v.reshape([-1])).unwrap_or_default(),
+                    Vec::<i64>::try_from(i.reshape([-1])).unwrap_or_default(),
+                )
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            let k = k as usize;
+            values
+                .iter()
+                .zip(&ranks)
+                .enumerate()
+                .map(|(p, (&logprob, &rank))| PositionLogprobs {
+                    token: seq[p + 1] as u32,
+                    logprob,
+                    rank,
+                    top: (p * k..(p + 1) * k)
+                        .filter_map(|j| Some((u32::try_from(*top_i.get(j)?).ok()?, *top_v.get(j)?)))
+                        .collect(),
+                })
+                .collect()
+        })
     }
 
     /// Per-token log-probs of every sequence under the current policy (no grad), aligned like

@@ -79,6 +79,19 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// Refuse `what` (a route that replaces this process's weights in place) on a group of
+    /// several ranks: only rank 0 would change, and the ranks would train different models.
+    /// Restores and settings reach every rank; these routes do not.
+    pub fn single_rank_only(&self, what: &str) -> std::result::Result<(), String> {
+        match self.trainer.collective().map(|g| g.world()) {
+            Some(n) if n > 1 => Err(format!(
+                "{what} would change rank 0 of {n} ranks only; on a data-parallel trainer, \
+                 restore a checkpoint (POST /v1/restore), which every rank loads"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Train with `new` from the next step on the live trainer, AdamW moments kept: for settings
     /// that keep the model's structure (`TrainSettings::structural_change` is false). Rank 0's
     /// `POST /v1/settings` and the other ranks' follower loop both apply settings here.

@@ -1,5 +1,6 @@
 //! The OpenAI-compatible surface of `trainer serve` (vLLM dialect): `/v1/models`,
 //! `/v1/completions` (token-id or text prompts, `return_token_ids`, sampled-token `logprobs`,
+//! `prompt_logprobs` (each prompt token's log-prob and rank, and the k most likely),
 //! `return_tokens_as_token_ids`, stop strings, temperature, top-p, n, max_tokens, seed),
 //! `/v1/chat/completions` (the model's chat template), `/tokenize`, `/detokenize`, and
 //! `/v1/load_lora_adapter` (makes an adapter directory the served and trained policy under a
@@ -63,6 +64,9 @@ struct CompletionBody {
     return_tokens_as_token_ids: bool,
     #[serde(default)]
     logprobs: Option<u32>,
+    /// vLLM's extension: per prompt token, its log-prob and rank plus the k most likely.
+    #[serde(default)]
+    prompt_logprobs: Option<u32>,
     #[serde(default)]
     ignore_eos: bool,
 }
@@ -112,6 +116,8 @@ struct ChatBody {
 }
 
 const MAX_N: usize = 64;
+/// The most `prompt_logprobs` alternatives a request may ask for (vLLM's `max_logprobs`).
+const MAX_PROMPT_LOGPROBS: u32 = 20;
 
 fn check_model(s: &AppState, model: &str) -> ApiResult<()> {
     let names = s.served_names();
@@ -224,8 +230,20 @@ async fn completions(
         skip_special_tokens: b.skip_special_tokens,
         ignore_eos: b.ignore_eos,
     };
+    if let Some(k) = b.prompt_logprobs.filter(|&k| k > MAX_PROMPT_LOGPROBS) {
+        return Err(ApiError::bad_request(format!(
+            "prompt_logprobs = {k}; allowed: 0..={MAX_PROMPT_LOGPROBS}"
+        )));
+    }
     let n_prompt = prompt.len();
+    let scored = b.prompt_logprobs.map(|k| (prompt.clone(), k));
     let samples = run(&s, prompt, params).await?;
+    // Scored after generation checked the prompt (length, vocabulary), under the policy as it
+    // is then: a train step between the two would make them differ by a version.
+    let prompt_lps = match scored {
+        Some((ids, k)) => Some(prompt_logprobs(&s, ids, k).await?),
+        None => None,
+    };
     let mut completion_tokens = 0;
     let choices: Vec<Value> = samples
         .into_iter()
@@ -253,6 +271,9 @@ async fn completions(
                     .collect();
                 c["logprobs"] = json!({"tokens": tokens, "token_logprobs": smp.logprobs});
             }
+            if let Some(p) = &prompt_lps {
+                c["prompt_logprobs"] = p.clone();
+            }
             c
         })
         .collect();
@@ -264,6 +285,40 @@ async fn completions(
         "usage": {"prompt_tokens": n_prompt, "completion_tokens": completion_tokens,
                   "total_tokens": n_prompt + completion_tokens},
     })))
+}
+
+/// vLLM's `prompt_logprobs` value: `null` for the first token, then per token an object keyed
+/// by token id (the token itself and the `k` most likely) of `{logprob, rank, decoded_token}`.
+async fn prompt_logprobs(s: &Arc<AppState>, prompt: Vec<u32>, k: u32) -> ApiResult<Value> {
+    let st = s.clone();
+    let positions = tokio::task::spawn_blocking(move || -> ApiResult<_> {
+        let p = st.policy.lock().map_err(|_| ApiError::poisoned())?;
+        let seq: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p.trainer
+                .prompt_logprobs(&seq, i64::from(k), crate::model::Fwd::POLICY)
+        }))
+        .map_err(|_| ApiError::Internal("the forward pass for prompt_logprobs failed".into()))
+    })
+    .await??;
+    let entry = |id: u32, logprob: f32, rank: i64| {
+        json!({"logprob": logprob, "rank": rank,
+               "decoded_token": s.tokenizer.decode(&[id], false).unwrap_or_default()})
+    };
+    let mut out = vec![Value::Null];
+    for pos in positions {
+        let mut m = serde_json::Map::new();
+        for (r, &(id, lp)) in pos.top.iter().enumerate() {
+            m.insert(id.to_string(), entry(id, lp, r as i64 + 1));
+        }
+        // The token itself, with the value the trainer trains on.
+        m.insert(
+            pos.token.to_string(),
+            entry(pos.token, pos.logprob, pos.rank),
+        );
+        out.push(Value::Object(m));
+    }
+    Ok(Value::Array(out))
 }
 
 fn render_chat(s: &AppState, messages: &[ChatMessage]) -> ApiResult<String> {
@@ -381,6 +436,8 @@ async fn load_lora(
     let res = tokio::task::spawn_blocking(move || -> ApiResult<()> {
         let (projections, device) = {
             let p = st.policy.lock().map_err(|_| ApiError::poisoned())?;
+            p.single_rank_only("loading an adapter")
+                .map_err(ApiError::Conflict)?;
             if p.trainer.reference.is_some() {
                 return Err(ApiError::bad_request(
                     "this policy is a full fine-tune with a frozen reference copy (KL term); an \

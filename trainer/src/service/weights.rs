@@ -96,6 +96,8 @@ async fn update(
                     "this server's policy carries a LoRA adapter; full weights replace a full-weights policy only".into(),
                 ));
             }
+            p.single_rank_only("a weight update")
+                .map_err(TrainerError::Config)?;
             let m = &p.trainer.model;
             (m.device, m.kind, m.cfg.clone())
         };

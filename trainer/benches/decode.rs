@@ -9,27 +9,27 @@
 
 use std::time::Instant;
 
-use trainer::model::{Fwd, KvCache, Qwen3, Qwen3Config};
+use trainer::model::{BatchKv, Fwd, KvCache, Qwen3, Qwen3Config};
 
-/// A cache of `len` tokens for each of `b` sequences, filled by a real prefill.
-fn caches(m: &Qwen3, b: usize, len: i64) -> Vec<KvCache> {
-    (0..b)
-        .map(|i| {
-            let mut c = KvCache::new(m.layers.len());
-            let ids = tch::Tensor::arange(len, (tch::Kind::Int64, tch::Device::Cpu))
-                .g_mul_scalar(7)
-                .g_add_scalar(i as i64)
-                .remainder(4000)
-                .view([1, -1]);
-            let _ = m.forward_cached(&ids, &mut c, Fwd::POLICY);
-            c
-        })
-        .collect()
+/// A batch cache of `len` tokens for each of `b` sequences, filled by real prefills.
+fn caches(m: &Qwen3, b: usize, len: i64) -> BatchKv {
+    let mut kv = BatchKv::default();
+    for i in 0..b {
+        let mut c = KvCache::new(m.layers.len());
+        let ids = tch::Tensor::arange(len, (tch::Kind::Int64, tch::Device::Cpu))
+            .g_mul_scalar(7)
+            .g_add_scalar(i as i64)
+            .remainder(4000)
+            .view([1, -1]);
+        let _ = m.forward_cached(&ids, &mut c, Fwd::POLICY);
+        kv.push(&c);
+    }
+    kv
 }
 
 /// Seconds per `decode_step` round over `rounds` rounds (after one warm-up round).
-fn per_round(m: &Qwen3, caches: &mut [KvCache], rounds: usize) -> f64 {
-    let ids: Vec<i64> = (0..caches.len() as i64).map(|i| 100 + i).collect();
+fn per_round(m: &Qwen3, caches: &mut BatchKv, rounds: usize) -> f64 {
+    let ids: Vec<i64> = (0..caches.rows() as i64).map(|i| 100 + i).collect();
     let _ = m.decode_step(&ids, caches, Fwd::POLICY);
     let t0 = Instant::now();
     for _ in 0..rounds {
@@ -52,7 +52,9 @@ fn main() {
         "decode_step, configs/small.json, vocabulary 4096 (random weights), f32, {} torch threads, {rounds} rounds",
         tch::get_num_threads()
     );
-    println!("| context | 32 sequences: ms/round | tokens/s | x 64-token rate | 1 sequence: ms/round |");
+    println!(
+        "| context | 32 sequences: ms/round | tokens/s | x 64-token rate | 1 sequence: ms/round |"
+    );
     println!("|---:|---:|---:|---:|---:|");
     let mut base = None;
     tch::no_grad(|| {

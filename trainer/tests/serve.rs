@@ -122,31 +122,57 @@ fn a_crash_mid_write_never_leaves_a_published_directory_incomplete() {
     assert!(!dst.join("a").exists() && dst.join("b").exists());
 }
 
+/// The batch cache's decode step equals decoding each sequence alone: prompts of 1 to 300
+/// tokens (the cache's rows and positions both grow past their first allocation), rows removed
+/// mid-way (the last row moves into the hole) and a row added late.
 #[test]
 fn batched_decode_equals_one_sequence_at_a_time() {
     let cfg: trainer::model::Qwen3Config = serde_json::from_value(serde_json::json!({
         "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "max_position_embeddings": 128, "rope_theta": 10000.0, "tie_word_embeddings": false
+        "max_position_embeddings": 512, "rope_theta": 10000.0, "tie_word_embeddings": false
     }))
     .unwrap();
     let m = trainer::model::Qwen3::random(cfg, 5, 0.3, tch::Device::Cpu, tch::Kind::Float).unwrap();
-    let prompts: Vec<Vec<i64>> = vec![vec![1, 2, 3], vec![4, 5, 6, 7, 8, 9, 10], vec![11]];
-    let prefill = |c: &mut trainer::model::KvCache, p: &[i64]| {
-        m.forward_cached(&tch::Tensor::from_slice(p).view([1, -1]), c, Fwd::POLICY)
+    let prompt = |i: i64, n: i64| -> Vec<i64> { (0..n).map(|k| (i * 11 + k * 5) % 64).collect() };
+    let mut prompts: Vec<Vec<i64>> = vec![prompt(0, 3), prompt(1, 7), prompt(2, 1), prompt(3, 300)];
+    prompts.extend((4..10).map(|i| prompt(i, 2 + i * 3)));
+    let prefill = |p: &[i64]| {
+        let mut c = trainer::model::KvCache::new(2);
+        let _ = m.forward_cached(
+            &tch::Tensor::from_slice(p).view([1, -1]),
+            &mut c,
+            Fwd::POLICY,
+        );
+        c
     };
     let mut one: Vec<trainer::model::KvCache> = Vec::new();
-    let mut many: Vec<trainer::model::KvCache> = Vec::new();
+    let mut many = trainer::model::BatchKv::default();
     for p in &prompts {
-        let mut a = trainer::model::KvCache::new(2);
-        let mut b = trainer::model::KvCache::new(2);
-        let _ = prefill(&mut a, p);
-        let _ = prefill(&mut b, p);
-        one.push(a);
-        many.push(b);
+        one.push(prefill(p));
+        assert_eq!(many.push(&prefill(p)), Some(one.len() - 1));
     }
-    for step in 0..4i64 {
-        let toks: Vec<i64> = (0..3).map(|i| (step * 13 + i * 7) % 64).collect();
+    assert_eq!(
+        many.allocated(),
+        (16, 512),
+        "rows and positions grew by doubling"
+    );
+    for step in 0..6i64 {
+        if step == 2 {
+            // Two sequences end: the batch removes their rows as the worker does.
+            for i in [0, 4] {
+                one.swap_remove(i);
+                many.swap_remove(i);
+            }
+        }
+        if step == 4 {
+            let p = prompt(20, 9);
+            one.push(prefill(&p));
+            assert_eq!(many.push(&prefill(&p)), Some(one.len() - 1));
+        }
+        let toks: Vec<i64> = (0..one.len() as i64)
+            .map(|i| (step * 13 + i * 7) % 64)
+            .collect();
         let batched = tch::no_grad(|| m.decode_step(&toks, &mut many, Fwd::POLICY));
         for (i, t) in toks.iter().enumerate() {
             let single = m.forward_cached(
@@ -159,7 +185,7 @@ fn batched_decode_equals_one_sequence_at_a_time() {
                 .max()
                 .double_value(&[]);
             assert!(diff < 1e-5, "step {step} row {i}: {diff}");
-            assert_eq!(many[i].seq_len(), one[i].seq_len());
+            assert_eq!(many.lens()[i], one[i].seq_len());
         }
     }
 }

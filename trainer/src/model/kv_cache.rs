@@ -1,7 +1,9 @@
-//! The caller-owned KV cache of incremental decoding: per layer, the keys and values of the
-//! tokens seen so far, [B, kv_heads, T, d], grown by each forward step.
+//! The caller-owned KV caches of incremental decoding: [`KvCache`], one sequence's keys and
+//! values per layer, [B, kv_heads, T, d], grown by each forward step (a prompt's prefill); and
+//! [`BatchKv`], the cache of a decoding batch, where every running sequence is a row of one
+//! preallocated tensor per layer, written in place a token at a time.
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 /// One layer's cached keys and values, [B, kv_heads, T, d].
 #[derive(Debug, Default)]
@@ -45,18 +47,156 @@ impl KvCache {
     pub fn seq_len(&self) -> i64 {
         self.layers.first().map_or(0, LayerKv::seq_len)
     }
+}
 
-    /// An independent copy (samples of one prompt share its prefill).
-    pub fn deep_copy(&self) -> Self {
-        Self {
-            layers: self
-                .layers
-                .iter()
-                .map(|l| LayerKv {
-                    k: l.k.as_ref().map(Tensor::copy),
-                    v: l.v.as_ref().map(Tensor::copy),
-                })
-                .collect(),
+/// The KV cache of a decoding batch: per layer one key and one value tensor [rows, kv_heads,
+/// capacity, d], row i holding its sequence's positions `0..len(i)`. A decode step writes every
+/// row's new key and value in place and attends over a view of the first `max len + 1`
+/// positions, so a round copies no cache whatever the contexts hold (`Qwen3::decode_step`;
+/// attention still reads every row's positions). Rows and capacity grow by doubling (one copy
+/// each time) up to what the batch needs and are kept for the next sequences (on CPU with the
+/// smoke model, 64 rows of 4,096 positions take 1 GiB); a finished sequence's row is refilled
+/// by the last row (`swap_remove`, like `Vec::swap_remove`), so rows stay dense.
+#[derive(Debug, Default)]
+pub struct BatchKv {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    lens: Vec<i64>,
+}
+
+impl BatchKv {
+    /// Running rows.
+    pub fn rows(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Cached positions of each row.
+    pub fn lens(&self) -> &[i64] {
+        &self.lens
+    }
+
+    /// Allocated (rows, positions) per layer.
+    pub fn allocated(&self) -> (i64, i64) {
+        self.k
+            .first()
+            .map_or((0, 0), |t| (t.size()[0], t.size()[2]))
+    }
+
+    /// Add a row holding the prefill `cache` (one sequence: [1, kv_heads, T, d] per layer);
+    /// returns its index. An empty cache adds nothing and returns `None`.
+    pub fn push(&mut self, cache: &KvCache) -> Option<usize> {
+        let first = cache.layers.first()?.k.as_ref()?;
+        let len = first.size()[2];
+        let rows = self.lens.len() as i64;
+        self.reserve_like(first, cache.layers.len(), rows + 1, len + 1);
+        for (l, c) in cache.layers.iter().enumerate() {
+            let (Some(k), Some(v)) = (&c.k, &c.v) else {
+                return None;
+            };
+            self.k[l].get(rows).narrow(1, 0, len).copy_(&k.get(0));
+            self.v[l].get(rows).narrow(1, 0, len).copy_(&v.get(0));
+        }
+        self.lens.push(len);
+        Some(rows as usize)
+    }
+
+    /// Remove row `i`: the last row moves into its place.
+    pub fn swap_remove(&mut self, i: usize) {
+        let last = self.lens.len().saturating_sub(1);
+        if i > last || self.lens.is_empty() {
+            return;
+        }
+        if i != last {
+            let n = self.lens[last];
+            for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+                let src = t.get(last as i64).narrow(1, 0, n);
+                t.get(i as i64).narrow(1, 0, n).copy_(&src);
+            }
+        }
+        self.lens.swap_remove(i);
+    }
+
+    /// Drop every row (the allocation stays for the next sequences).
+    pub fn clear(&mut self) {
+        self.lens.clear();
+    }
+
+    /// Room for `rows` rows of `positions` positions, allocated like `like` ([1, kv_heads, T,
+    /// d]) for `layers` layers; existing rows are copied into a grown allocation.
+    fn reserve_like(&mut self, like: &Tensor, layers: usize, rows: i64, positions: i64) {
+        let (have_rows, have_pos) = self.allocated();
+        if self.k.len() == layers && rows <= have_rows && positions <= have_pos {
+            return;
+        }
+        let grow = |need: i64, have: i64, floor: i64| {
+            if need <= have {
+                have
+            } else {
+                (need.max(floor) as u64).next_power_of_two() as i64
+            }
+        };
+        let new_rows = grow(rows, have_rows, 8);
+        let new_pos = grow(positions, have_pos, 256);
+        let s = like.size();
+        let (kv_heads, d) = (s[1], s[3]);
+        let opts = (like.kind(), like.device());
+        let fresh = |old: Option<&Tensor>| {
+            let t = Tensor::zeros([new_rows, kv_heads, new_pos, d], opts);
+            if let Some(o) = old {
+                let used = self.lens.len() as i64;
+                if used > 0 {
+                    t.narrow(0, 0, used)
+                        .narrow(2, 0, have_pos)
+                        .copy_(&o.narrow(0, 0, used));
+                }
+            }
+            t
+        };
+        let same = self.k.len() == layers;
+        let k: Vec<Tensor> = (0..layers)
+            .map(|l| fresh(same.then(|| &self.k[l])))
+            .collect();
+        let v: Vec<Tensor> = (0..layers)
+            .map(|l| fresh(same.then(|| &self.v[l])))
+            .collect();
+        if !same {
+            self.lens.clear();
+        }
+        self.k = k;
+        self.v = v;
+    }
+
+    /// Before a decode step: room for one more position in every row.
+    pub(crate) fn reserve_step(&mut self) {
+        let Some(like) = self.k.first().map(|t| t.narrow(0, 0, 1)) else {
+            return;
+        };
+        let need = self.lens.iter().copied().max().unwrap_or(0) + 1;
+        let layers = self.k.len();
+        self.reserve_like(&like, layers, self.lens.len() as i64, need);
+    }
+
+    /// Write layer `l`'s new keys and values ([rows, kv_heads, 1, d]) at each row's next
+    /// position, and return views of the first `max len + 1` positions of every row.
+    pub(crate) fn write(&mut self, l: usize, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let b = self.lens.len() as i64;
+        let dev = self.k[l].device();
+        let rows = Tensor::arange(b, (Kind::Int64, dev));
+        let pos = Tensor::from_slice(&self.lens).to_device(dev);
+        let idx = [Some(rows), None, Some(pos)];
+        let _ = self.k[l].index_put_(&idx, &k.squeeze_dim(2), false);
+        let _ = self.v[l].index_put_(&idx, &v.squeeze_dim(2), false);
+        let span = self.lens.iter().copied().max().unwrap_or(0) + 1;
+        (
+            self.k[l].narrow(0, 0, b).narrow(2, 0, span),
+            self.v[l].narrow(0, 0, b).narrow(2, 0, span),
+        )
+    }
+
+    /// After a decode step: every row holds one more position.
+    pub(crate) fn advance(&mut self) {
+        for n in &mut self.lens {
+            *n += 1;
         }
     }
 }

@@ -12,7 +12,7 @@ pub mod rope;
 pub mod weights;
 
 pub use config::Qwen3Config;
-pub use kv_cache::{KvCache, LayerKv};
+pub use kv_cache::{BatchKv, KvCache, LayerKv};
 pub use linear::{Fwd, Lora, LoraConfig, LoraTarget, Proj};
 pub use qwen3::Qwen3;
 pub use rope::Rope;

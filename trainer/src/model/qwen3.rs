@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use tch::{Device, Kind, Tensor};
 
 use super::config::Qwen3Config;
-use super::kv_cache::{KvCache, LayerKv};
+use super::kv_cache::{BatchKv, KvCache, LayerKv};
 use super::linear::{Fwd, Lora, LoraConfig, LoraTarget, Proj};
 use super::rope::Rope;
 use crate::error::{Result, TrainerError};
@@ -537,20 +537,24 @@ impl Qwen3 {
             .to_kind(Kind::Float)
     }
 
-    /// One decoding step for several sequences at once, each with its own cache (of any length):
-    /// `ids[i]` is sequence i's next token. Projections and MLPs run batched; attention reads
-    /// each row's keys padded to the longest cache with a mask, and RoPE uses each row's own
-    /// position. Returns logits [B, V] (f32) and appends to every cache.
-    pub fn decode_step(&self, ids: &[i64], caches: &mut [KvCache], f: Fwd) -> Tensor {
+    /// One decoding step for every row of the batch cache `kv` (each of any length): `ids[i]`
+    /// is row i's next token. Projections and MLPs run batched; each row's new key and value
+    /// are written in place into `kv` and attention reads the rows' caches as one view up to
+    /// the longest, masked past each row's own length, with RoPE at each row's own position.
+    /// Returns logits [B, V] (f32); every row then holds one more position.
+    pub fn decode_step(&self, ids: &[i64], kv: &mut BatchKv, f: Fwd) -> Tensor {
+        assert_eq!(
+            ids.len(),
+            kv.rows(),
+            "decode_step: {} tokens for {} cached rows",
+            ids.len(),
+            kv.rows()
+        );
         let b = ids.len() as i64;
-        for c in caches.iter_mut() {
-            if c.layers.len() != self.layers.len() {
-                *c = KvCache::new(self.layers.len());
-            }
-        }
-        let lens: Vec<i64> = caches.iter().map(KvCache::seq_len).collect();
+        kv.reserve_step();
+        let lens = kv.lens();
         let lmax = lens.iter().copied().max().unwrap_or(0);
-        let pos = Tensor::from_slice(&lens).to_device(self.device);
+        let pos = Tensor::from_slice(lens).to_device(self.device);
         // Key j of row i is valid when j <= len_i (its past plus the new token at slot len_i).
         let kj = Tensor::arange(lmax + 1, (Kind::Int64, self.device)).unsqueeze(0);
         let mask = kj.le_tensor(&pos.unsqueeze(1)).view([b, 1, 1, lmax + 1]);
@@ -560,7 +564,7 @@ impl Qwen3 {
         for l in 0..self.layers.len() {
             let layer = &self.layers[l];
             let h = rms_norm(&xs, &layer.input_layernorm, eps);
-            let h = self.attention_rows(&layer.self_attn, &h, &pos, &mask, lmax, caches, l, f);
+            let h = self.attention_rows(&layer.self_attn, &h, &pos, &mask, kv, l, f);
             xs += h;
             let h = rms_norm(&xs, &layer.post_attention_layernorm, eps);
             let m = &layer.mlp;
@@ -570,6 +574,7 @@ impl Qwen3 {
             );
             xs += h;
         }
+        kv.advance();
         rms_norm(&xs, &self.norm, self.cfg.rms_norm_eps)
             .matmul(&self.lm_weight().tr())
             .to_kind(Kind::Float)
@@ -583,8 +588,7 @@ impl Qwen3 {
         xs: &Tensor,
         pos: &Tensor,
         mask: &Tensor,
-        lmax: i64,
-        caches: &mut [KvCache],
+        kv: &mut BatchKv,
         l: usize,
         f: Fwd,
     ) -> Tensor {
@@ -604,35 +608,21 @@ impl Qwen3 {
         let k = self
             .rope
             .apply_rows(&rms_norm(&k, &a.k_norm, eps).transpose(1, 2), pos);
-        // Per row: append the new key/value to its cache, then pad to lmax + 1 for the batch.
-        let mut ks = Vec::with_capacity(b as usize);
-        let mut vs = Vec::with_capacity(b as usize);
-        for (i, c) in caches.iter_mut().enumerate() {
-            let i = i as i64;
-            let (kr, vr) = c.layers[l].append(&k.narrow(0, i, 1), &v.narrow(0, i, 1));
-            let pad = lmax + 1 - kr.size()[2];
-            if pad > 0 {
-                ks.push(kr.constant_pad_nd([0, 0, 0, pad]));
-                vs.push(vr.constant_pad_nd([0, 0, 0, pad]));
-            } else {
-                ks.push(kr);
-                vs.push(vr);
-            }
-        }
-        let k = Tensor::cat(&ks, 0);
-        let v = Tensor::cat(&vs, 0);
+        let (k, v) = kv.write(l, &k, &v);
+        // Grouped-query attention without expanding the cache: the query heads that share a
+        // key/value head (head h reads kv head h / g) attend as g query positions of it.
+        let g = nh / nkv;
         let y = Tensor::scaled_dot_product_attention(
-            &q,
+            &q.reshape([b, nkv, g, d]),
             &k,
             &v,
             Some(mask.shallow_clone()),
             0.0,
             false,
             None,
-            true,
+            false,
         );
-        a.o_proj
-            .forward(&y.transpose(1, 2).reshape([b, 1, nh * d]), f)
+        a.o_proj.forward(&y.reshape([b, 1, nh * d]), f)
     }
 
     /// Save the base weights (HF names) and config.json into `dir`.

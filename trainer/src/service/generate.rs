@@ -1,7 +1,8 @@
 //! Generation for the embedded policy server: one worker thread owns every in-flight sequence
-//! (its KV cache, sampler and stop state) and advances all of them a token per round in one
-//! batched forward (`Qwen3::decode_step`: batched projections and MLPs, per-row RoPE positions,
-//! masked attention over each row's own cache), taking the policy lock per round so a train
+//! (its row of the batch KV cache, sampler and stop state) and advances all of them a token per
+//! round in one batched forward (`Qwen3::decode_step`: batched projections and MLPs, per-row
+//! RoPE positions, keys and values written in place into the batch cache, masked attention over
+//! each row's own positions), taking the policy lock per round so a train
 //! step can slip in between tokens. A sample ends at the model's position limit whatever
 //! `max_tokens` says, and a forward pass that fails (a libtorch panic, caught) fails only the
 //! requests it served. Logprobs are the
@@ -17,7 +18,7 @@ use tch::{Kind, Tensor};
 use tokio::sync::{mpsc, oneshot};
 
 use super::Policy;
-use crate::model::{Fwd, KvCache};
+use crate::model::{BatchKv, Fwd, KvCache};
 
 /// Sampling and stopping for one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,7 +56,6 @@ pub struct GenJob {
 struct Seq {
     job: usize,
     sample: usize,
-    cache: KvCache,
     next: Vec<f32>,
     ids: Vec<u32>,
     logprobs: Vec<f32>,
@@ -167,6 +167,8 @@ pub fn run_worker(
     let mut jobs: std::collections::HashMap<usize, Pending> = std::collections::HashMap::new();
     let mut next_job = 0usize;
     let mut seqs: Vec<Seq> = Vec::new();
+    // Row i of the batch cache is seqs[i]'s (both remove by swapping in the last).
+    let mut kv = BatchKv::default();
     let mut seed_counter: u64 = 0x5eed;
     loop {
         // Admit new work: block when idle, otherwise take what is queued.
@@ -224,7 +226,6 @@ pub fn run_worker(
                 };
                 let id = next_job;
                 next_job += 1;
-                let mut base = Some(cache);
                 for s in 0..n {
                     let seed = job.params.seed.map_or_else(
                         || {
@@ -235,17 +236,14 @@ pub fn run_worker(
                         },
                         |sd| sd.wrapping_add(s as u64),
                     );
-                    // Samples of one request share the prompt's prefill: the last takes it, the
-                    // others get copies.
-                    let cache = if s + 1 == n {
-                        base.take().unwrap_or_default()
-                    } else {
-                        base.as_ref().map(KvCache::deep_copy).unwrap_or_default()
-                    };
+                    // Samples of one request share the prompt's prefill: each gets a row of the
+                    // batch cache holding a copy of it (a prefill of at least one token always
+                    // gives a row; were rows and sequences ever to disagree, the next decode
+                    // step refuses and fails the round).
+                    let _ = kv.push(&cache);
                     seqs.push(Seq {
                         job: id,
                         sample: s,
-                        cache,
                         next: next.clone(),
                         ids: Vec::new(),
                         logprobs: Vec::new(),
@@ -266,121 +264,127 @@ pub fn run_worker(
         }
         stats.running.store(seqs.len(), Relaxed);
 
-        // One token for every running sequence: sample from its last logits, then advance all
-        // that continue in one batched forward.
-        {
-            let mut cont: Vec<usize> = Vec::new();
-            let mut toks: Vec<i64> = Vec::new();
-            for (i, s) in seqs.iter_mut().enumerate() {
-                let Some(job) = jobs.get(&s.job) else {
-                    s.done = Some(Done::Abort);
-                    continue;
-                };
-                if job.reply.is_closed() {
-                    s.done = Some(Done::Abort);
-                    continue;
-                }
-                let prm = &job.params;
-                let (tok, lp) = sample_token(&s.next, prm.temperature, prm.top_p, &mut s.rng);
-                s.ids.push(tok);
-                s.logprobs.push(lp);
-                stats.generated_tokens.fetch_add(1, Relaxed);
-                if !prm.ignore_eos && eos.contains(&tok) {
-                    s.done = Some(Done::Finished("stop", Some(serde_json::json!(tok))));
-                } else if let Some(stop) = stop_hit(&tokenizer, &s.ids, &prm.stop) {
-                    s.done = Some(Done::Finished("stop", Some(serde_json::json!(stop))));
-                } else if s.ids.len() >= prm.max_tokens || s.ids.len() >= s.room {
-                    s.done = Some(Done::Finished("length", None));
-                } else {
-                    cont.push(i);
-                    toks.push(i64::from(tok));
-                }
+        // One token for every running sequence: sample from its last logits; hand back what
+        // ended; then advance all that continue in one batched forward.
+        for s in &mut seqs {
+            let Some(job) = jobs.get(&s.job) else {
+                s.done = Some(Done::Abort);
+                continue;
+            };
+            if job.reply.is_closed() {
+                s.done = Some(Done::Abort);
+                continue;
             }
-            if !cont.is_empty() {
-                let mut caches: Vec<KvCache> = cont
-                    .iter()
-                    .map(|&i| std::mem::take(&mut seqs[i].cache))
-                    .collect();
-                let rows = match policy.lock() {
-                    Ok(p) => guarded("decode step", || {
-                        tch::no_grad(|| {
-                            let rows = p.trainer.model.decode_step(&toks, &mut caches, Fwd::POLICY);
-                            let v = rows.size()[1] as usize;
-                            (v, Vec::<f32>::try_from(rows.view([-1])).unwrap_or_default())
-                        })
-                    }),
-                    Err(_) => Err(POISONED.to_string()),
-                };
-                match rows {
-                    Ok((v, flat)) => {
-                        for (j, (&i, c)) in cont.iter().zip(caches).enumerate() {
-                            seqs[i].cache = c;
-                            seqs[i].next = flat
-                                .get(j * v..(j + 1) * v)
-                                .map(<[f32]>::to_vec)
-                                .unwrap_or_default();
-                        }
-                    }
-                    // The caches may be half-appended: every sequence of the round ends.
-                    Err(e) => {
-                        for &i in &cont {
-                            seqs[i].done = Some(Done::Failed(e.clone()));
-                        }
-                    }
-                }
+            let prm = &job.params;
+            let (tok, lp) = sample_token(&s.next, prm.temperature, prm.top_p, &mut s.rng);
+            s.ids.push(tok);
+            s.logprobs.push(lp);
+            stats.generated_tokens.fetch_add(1, Relaxed);
+            if !prm.ignore_eos && eos.contains(&tok) {
+                s.done = Some(Done::Finished("stop", Some(serde_json::json!(tok))));
+            } else if let Some(stop) = stop_hit(&tokenizer, &s.ids, &prm.stop) {
+                s.done = Some(Done::Finished("stop", Some(serde_json::json!(stop))));
+            } else if s.ids.len() >= prm.max_tokens || s.ids.len() >= s.room {
+                s.done = Some(Done::Finished("length", None));
             }
         }
+        hand_back(&mut seqs, &mut kv, &mut jobs, &tokenizer);
+        if seqs.is_empty() {
+            continue;
+        }
+        let toks: Vec<i64> = seqs
+            .iter()
+            .map(|s| s.ids.last().map_or(0, |&t| i64::from(t)))
+            .collect();
+        let rows = match policy.lock() {
+            Ok(p) => guarded("decode step", || {
+                tch::no_grad(|| {
+                    let rows = p.trainer.model.decode_step(&toks, &mut kv, Fwd::POLICY);
+                    let v = rows.size()[1] as usize;
+                    (v, Vec::<f32>::try_from(rows.view([-1])).unwrap_or_default())
+                })
+            }),
+            Err(_) => Err(POISONED.to_string()),
+        };
+        match rows {
+            Ok((v, flat)) => {
+                for (j, s) in seqs.iter_mut().enumerate() {
+                    s.next = flat
+                        .get(j * v..(j + 1) * v)
+                        .map(<[f32]>::to_vec)
+                        .unwrap_or_default();
+                }
+            }
+            // The batch cache may be half-written: every sequence of the round ends.
+            Err(e) => {
+                for s in &mut seqs {
+                    s.done = Some(Done::Failed(e.clone()));
+                }
+                hand_back(&mut seqs, &mut kv, &mut jobs, &tokenizer);
+                kv.clear();
+            }
+        }
+        stats.running.store(seqs.len(), Relaxed);
+    }
+}
 
-        // Hand back finished requests.
-        let mut i = 0;
-        while i < seqs.len() {
-            if seqs[i].done.is_none() {
-                i += 1;
+/// Remove every ended sequence (and its row of the batch cache) and answer the requests whose
+/// samples are all done, or that failed.
+fn hand_back(
+    seqs: &mut Vec<Seq>,
+    kv: &mut BatchKv,
+    jobs: &mut std::collections::HashMap<usize, Pending>,
+    tokenizer: &tokenizers::Tokenizer,
+) {
+    let mut i = 0;
+    while i < seqs.len() {
+        if seqs[i].done.is_none() {
+            i += 1;
+            continue;
+        }
+        let s = seqs.swap_remove(i);
+        kv.swap_remove(i);
+        let Some(done) = s.done else {
+            continue;
+        };
+        let (reason, stop) = match done {
+            Done::Finished(reason, stop) => (reason, stop),
+            Done::Abort => {
+                jobs.remove(&s.job);
                 continue;
             }
-            let s = seqs.swap_remove(i);
-            let Some(done) = s.done else {
-                continue;
-            };
-            let (reason, stop) = match done {
-                Done::Finished(reason, stop) => (reason, stop),
-                Done::Abort => {
-                    jobs.remove(&s.job);
-                    continue;
+            Done::Failed(e) => {
+                if let Some(job) = jobs.remove(&s.job) {
+                    let _ = job.reply.send(Err(e));
                 }
-                Done::Failed(e) => {
-                    if let Some(job) = jobs.remove(&s.job) {
-                        let _ = job.reply.send(Err(e));
-                    }
-                    continue;
-                }
-            };
-            let Some(job) = jobs.get_mut(&s.job) else {
                 continue;
-            };
-            let mut text = tokenizer
-                .decode(&s.ids, job.params.skip_special_tokens)
-                .unwrap_or_default();
-            if !job.params.include_stop_str_in_output
-                && let Some(st) = stop.as_ref().and_then(|v| v.as_str())
-                && let Some(at) = text.find(st)
-            {
-                text.truncate(at);
             }
-            job.samples[s.sample] = Some(Sample {
-                token_ids: s.ids,
-                logprobs: s.logprobs,
-                text,
-                finish_reason: reason,
-                stop_reason: stop,
-            });
-            if job.samples.iter().all(Option::is_some)
-                && let Some(done) = jobs.remove(&s.job)
-            {
-                let _ = done
-                    .reply
-                    .send(Ok(done.samples.into_iter().flatten().collect()));
-            }
+        };
+        let Some(job) = jobs.get_mut(&s.job) else {
+            continue;
+        };
+        let mut text = tokenizer
+            .decode(&s.ids, job.params.skip_special_tokens)
+            .unwrap_or_default();
+        if !job.params.include_stop_str_in_output
+            && let Some(st) = stop.as_ref().and_then(|v| v.as_str())
+            && let Some(at) = text.find(st)
+        {
+            text.truncate(at);
+        }
+        job.samples[s.sample] = Some(Sample {
+            token_ids: s.ids,
+            logprobs: s.logprobs,
+            text,
+            finish_reason: reason,
+            stop_reason: stop,
+        });
+        if job.samples.iter().all(Option::is_some)
+            && let Some(done) = jobs.remove(&s.job)
+        {
+            let _ = done
+                .reply
+                .send(Ok(done.samples.into_iter().flatten().collect()));
         }
     }
 }

@@ -58,6 +58,7 @@ async fn serve(dir: &Path) -> (String, std::sync::Arc<AppState>) {
             checkpoint_dir: None,
             checkpoint_every: 0,
             max_body_bytes: 4096 << 20,
+            prefix_cache_tokens: 1 << 17,
             max_model_len: loaded.max_model_len,
             api_token: None,
         },

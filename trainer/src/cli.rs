@@ -223,6 +223,11 @@ pub struct ServeArgs {
     /// Largest accepted request body in MiB.
     #[arg(long, env = "TRAINER_MAX_BODY_MB", default_value_t = 4096)]
     pub max_body_mb: usize,
+    /// Tokens of finished sequences' keys and values kept so that a request extending one (a
+    /// rollout's next turn: its context plus the tool's output) computes only its new tokens
+    /// (vLLM's automatic prefix caching; 0 turns it off). The smoke model holds 4 KiB a token.
+    #[arg(long, env = "TRAINER_PREFIX_CACHE_TOKENS", default_value_t = 131_072)]
+    pub prefix_cache_tokens: usize,
     #[arg(long, env = "TRAINER_SEED", default_value_t = 17)]
     pub seed: i64,
     /// cpu, cuda or auto.

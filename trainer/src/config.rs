@@ -61,6 +61,7 @@ pub struct ServeSettings {
     pub checkpoint_dir: Option<PathBuf>,
     pub checkpoint_every: u64,
     pub max_body_bytes: usize,
+    pub prefix_cache_tokens: usize,
     /// The bearer token every route but `/health` requires (`TRAINER_API_TOKEN`); needed to
     /// bind to anything but loopback.
     pub api_token: Option<ApiToken>,
@@ -325,6 +326,7 @@ impl ServeSettings {
             checkpoint_dir: a.checkpoint_dir,
             checkpoint_every: a.checkpoint_every,
             max_body_bytes: a.max_body_mb << 20,
+            prefix_cache_tokens: a.prefix_cache_tokens,
             api_token,
             publish,
         })

@@ -26,6 +26,7 @@ suite!(
     checkpoint_restart_next_step_equals_a_run_that_never_stopped,
     a_policy_server_receives_published_full_weights_and_the_restored_policy,
     settings_are_applied_echoed_and_checked_on_every_step,
+    a_request_extending_a_finished_one_reuses_its_keys_and_values,
 );
 
 /// Routes that replace the weights of the process they reach (vLLM's adapter load and disk

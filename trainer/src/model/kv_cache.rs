@@ -47,6 +47,22 @@ impl KvCache {
     pub fn seq_len(&self) -> i64 {
         self.layers.first().map_or(0, LayerKv::seq_len)
     }
+
+    /// The first `len` positions (views: the cache is not copied; appending to the prefix
+    /// allocates anew and leaves this cache unchanged).
+    pub fn prefix(&self, len: i64) -> Self {
+        let cut = |t: &Option<Tensor>| t.as_ref().map(|t| t.narrow(2, 0, len.min(t.size()[2])));
+        Self {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| LayerKv {
+                    k: cut(&l.k),
+                    v: cut(&l.v),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The KV cache of a decoding batch: per layer one key and one value tensor [rows, kv_heads,
@@ -98,6 +114,23 @@ impl BatchKv {
         }
         self.lens.push(len);
         Some(rows as usize)
+    }
+
+    /// A copy of row `i`'s cached positions as a one-sequence cache.
+    pub fn row_cache(&self, i: usize) -> KvCache {
+        let n = self.lens.get(i).copied().unwrap_or(0);
+        let row = |t: &Tensor| Some(t.narrow(0, i as i64, 1).narrow(2, 0, n).copy());
+        KvCache {
+            layers: self
+                .k
+                .iter()
+                .zip(&self.v)
+                .map(|(k, v)| LayerKv {
+                    k: row(k),
+                    v: row(v),
+                })
+                .collect(),
+        }
     }
 
     /// Remove row `i`: the last row moves into its place.

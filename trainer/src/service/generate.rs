@@ -56,6 +56,11 @@ pub struct GenJob {
 struct Seq {
     job: usize,
     sample: usize,
+    /// The request's prompt (shared by its samples): with `ids`, what the row's cache holds.
+    prompt: Arc<Vec<u32>>,
+    /// The weights its cache was computed under (`Policy::weights_epoch`); 0 once a round ran
+    /// under other weights (a train step between tokens): such a cache is never kept.
+    epoch: u64,
     next: Vec<f32>,
     ids: Vec<u32>,
     logprobs: Vec<f32>,
@@ -88,6 +93,90 @@ pub struct GenStats {
     pub waiting: std::sync::atomic::AtomicUsize,
     pub generated_tokens: std::sync::atomic::AtomicU64,
     pub prompt_tokens: std::sync::atomic::AtomicU64,
+    /// Prompt tokens whose keys and values came from the prefix cache.
+    pub prefix_hit_tokens: std::sync::atomic::AtomicU64,
+}
+
+/// Finished sequences' keys and values, kept for requests that extend them: a rollout's next
+/// turn resends its whole context plus the tool's output, and only the new tokens need a
+/// forward (vLLM's automatic prefix caching, kept per sequence rather than per block). An entry
+/// serves only the weights that computed it (`Policy::weights_epoch`: a train step retires
+/// every entry); the least recently used go first when the token budget is full.
+struct PrefixStore {
+    budget: usize,
+    clock: u64,
+    entries: Vec<PrefixEntry>,
+}
+
+struct PrefixEntry {
+    /// The tokens whose keys and values `cache` holds, in order.
+    tokens: Vec<u32>,
+    cache: KvCache,
+    epoch: u64,
+    used_at: u64,
+}
+
+/// The shortest prefix worth reusing (shorter ones are computed anew).
+const MIN_PREFIX: usize = 16;
+
+impl PrefixStore {
+    fn new(budget: usize) -> Self {
+        Self {
+            budget,
+            clock: 0,
+            entries: Vec::new(),
+        }
+    }
+
+    fn used(&self) -> usize {
+        self.entries.iter().map(|e| e.tokens.len()).sum()
+    }
+
+    /// The longest cached prefix of `prompt` computed under `epoch`, leaving at least the
+    /// prompt's last token to compute (its logits start the sample): the tokens reused and a
+    /// cache holding them. Entries of other weights are dropped.
+    fn lookup(&mut self, prompt: &[u32], epoch: u64) -> Option<(usize, KvCache)> {
+        self.entries.retain(|e| e.epoch == epoch);
+        let most = prompt.len().checked_sub(1)?;
+        let (i, n) = self
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let common = e.tokens.iter().zip(prompt).take_while(|(a, b)| a == b);
+                (i, common.count().min(most))
+            })
+            .filter(|&(_, n)| n >= MIN_PREFIX)
+            .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))?;
+        self.clock += 1;
+        self.entries[i].used_at = self.clock;
+        Some((n, self.entries[i].cache.prefix(n as i64)))
+    }
+
+    /// Keep `cache` (the keys and values of `tokens`) for later requests under `epoch`; an
+    /// entry it extends is dropped, and the least recently used make room.
+    fn insert(&mut self, tokens: Vec<u32>, cache: KvCache, epoch: u64) {
+        let n = tokens.len();
+        if n < MIN_PREFIX || n > self.budget || cache.seq_len() != n as i64 {
+            return;
+        }
+        self.entries
+            .retain(|e| e.epoch == epoch && !tokens.starts_with(&e.tokens));
+        let mut used = self.used();
+        while used + n > self.budget {
+            let Some(lru) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used_at) else {
+                break;
+            };
+            used -= self.entries.swap_remove(lru).tokens.len();
+        }
+        self.clock += 1;
+        self.entries.push(PrefixEntry {
+            tokens,
+            cache,
+            epoch,
+            used_at: self.clock,
+        });
+    }
 }
 
 /// Raw log-softmax value of `tok` and a sample under temperature / top-p.
@@ -161,6 +250,7 @@ pub fn run_worker(
     eos: Vec<u32>,
     stats: Arc<GenStats>,
     mut rx: mpsc::Receiver<GenJob>,
+    prefix_cache_tokens: usize,
 ) {
     use std::sync::atomic::Ordering::Relaxed;
     // Requests in flight by id; a request leaves when its last sample ends or it is abandoned.
@@ -169,6 +259,7 @@ pub fn run_worker(
     let mut seqs: Vec<Seq> = Vec::new();
     // Row i of the batch cache is seqs[i]'s (both remove by swapping in the last).
     let mut kv = BatchKv::default();
+    let mut store = PrefixStore::new(prefix_cache_tokens);
     let mut seed_counter: u64 = 0x5eed;
     loop {
         // Admit new work: block when idle, otherwise take what is queued.
@@ -203,10 +294,15 @@ pub fn run_worker(
                 stats
                     .prompt_tokens
                     .fetch_add(job.prompt.len() as u64, Relaxed);
-                let prompt: Vec<i64> = job.prompt.iter().map(|&t| i64::from(t)).collect();
+                let epoch = p.weights_epoch;
+                let (reused, cached) = store
+                    .lookup(&job.prompt, epoch)
+                    .unwrap_or_else(|| (0, KvCache::new(p.trainer.model.layers.len())));
+                stats.prefix_hit_tokens.fetch_add(reused as u64, Relaxed);
+                let prompt: Vec<i64> = job.prompt[reused..].iter().map(|&t| i64::from(t)).collect();
                 let prefill = guarded("prefill", || {
                     tch::no_grad(|| {
-                        let mut cache = KvCache::new(p.trainer.model.layers.len());
+                        let mut cache = cached;
                         let ids = Tensor::from_slice(&prompt)
                             .view([1, -1])
                             .to_device(p.trainer.model.device);
@@ -226,6 +322,7 @@ pub fn run_worker(
                 };
                 let id = next_job;
                 next_job += 1;
+                let shared = Arc::new(job.prompt.clone());
                 for s in 0..n {
                     let seed = job.params.seed.map_or_else(
                         || {
@@ -244,6 +341,8 @@ pub fn run_worker(
                     seqs.push(Seq {
                         job: id,
                         sample: s,
+                        prompt: shared.clone(),
+                        epoch,
                         next: next.clone(),
                         ids: Vec::new(),
                         logprobs: Vec::new(),
@@ -288,7 +387,7 @@ pub fn run_worker(
                 s.done = Some(Done::Finished("length", None));
             }
         }
-        hand_back(&mut seqs, &mut kv, &mut jobs, &tokenizer);
+        hand_back(&mut seqs, &mut kv, &mut jobs, &tokenizer, &mut store);
         if seqs.is_empty() {
             continue;
         }
@@ -298,6 +397,12 @@ pub fn run_worker(
             .collect();
         let rows = match policy.lock() {
             Ok(p) => guarded("decode step", || {
+                // A row whose cache began under other weights now mixes two: never kept.
+                for s in &mut seqs {
+                    if s.epoch != p.weights_epoch {
+                        s.epoch = 0;
+                    }
+                }
                 tch::no_grad(|| {
                     let rows = p.trainer.model.decode_step(&toks, &mut kv, Fwd::POLICY);
                     let v = rows.size()[1] as usize;
@@ -320,7 +425,7 @@ pub fn run_worker(
                 for s in &mut seqs {
                     s.done = Some(Done::Failed(e.clone()));
                 }
-                hand_back(&mut seqs, &mut kv, &mut jobs, &tokenizer);
+                hand_back(&mut seqs, &mut kv, &mut jobs, &tokenizer, &mut store);
                 kv.clear();
             }
         }
@@ -335,12 +440,26 @@ fn hand_back(
     kv: &mut BatchKv,
     jobs: &mut std::collections::HashMap<usize, Pending>,
     tokenizer: &tokenizers::Tokenizer,
+    store: &mut PrefixStore,
 ) {
     let mut i = 0;
     while i < seqs.len() {
         if seqs[i].done.is_none() {
             i += 1;
             continue;
+        }
+        // A finished sample's row holds its prompt and every token but the last (never fed):
+        // kept for a request that continues it.
+        if let Some(Done::Finished(..)) = &seqs[i].done
+            && seqs[i].epoch != 0
+            && store.budget > 0
+        {
+            let s = &seqs[i];
+            let mut tokens = Vec::with_capacity(s.prompt.len() + s.ids.len());
+            tokens.extend_from_slice(&s.prompt);
+            tokens.extend_from_slice(&s.ids[..s.ids.len().saturating_sub(1)]);
+            let cache = kv.row_cache(i);
+            store.insert(tokens, cache, s.epoch);
         }
         let s = seqs.swap_remove(i);
         kv.swap_remove(i);

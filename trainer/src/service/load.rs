@@ -216,6 +216,7 @@ pub fn build_policy(opts: &LoadOptions, checkpoint: Option<&Path>) -> Result<Pol
         base: dir.display().to_string(),
         seed: opts.seed,
         settings: opts.settings.clone(),
+        weights_epoch: super::next_weights_epoch(),
     })
 }
 

@@ -76,9 +76,25 @@ pub struct Policy {
     /// The optimisation settings `trainer` was built with (`wire::TrainSettings::hash` is what
     /// train steps are checked against).
     pub settings: TrainSettings,
+    /// Which weights these are: unique per built policy and renewed by every change of its
+    /// weights (`weights_changed`), so the generation worker's prefix cache never serves keys
+    /// and values computed under other weights.
+    pub weights_epoch: u64,
+}
+
+/// A fresh value for `Policy::weights_epoch` (process-wide, never repeated).
+pub fn next_weights_epoch() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Policy {
+    /// Record that the weights changed (or may have): a train step, an adapter load, a weight
+    /// update.
+    pub fn weights_changed(&mut self) {
+        self.weights_epoch = next_weights_epoch();
+    }
+
     /// Refuse `what` (a route that replaces this process's weights in place) on a group of
     /// several ranks: only rank 0 would change, and the ranks would train different models.
     /// Restores and settings reach every rank; these routes do not.
@@ -115,6 +131,9 @@ pub struct ServeConfig {
     pub checkpoint_every: u64,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Tokens of finished sequences' keys and values kept for requests that extend them (the
+    /// generation worker's prefix cache; 0 turns it off).
+    pub prefix_cache_tokens: usize,
     /// Model context length reported to clients (generation is also held to the model's own
     /// position limit).
     pub max_model_len: usize,
@@ -284,11 +303,12 @@ impl AppState {
         let worker_alive = Arc::new(AtomicBool::new(true));
         {
             let (p, t, s) = (policy.clone(), tokenizer.clone(), stats.clone());
+            let prefix_tokens = cfg.prefix_cache_tokens;
             let alive = worker_alive.clone();
             let started = std::thread::Builder::new()
                 .name("generate".into())
                 .spawn(move || {
-                    generate::run_worker(p, t, eos, s, rx);
+                    generate::run_worker(p, t, eos, s, rx, prefix_tokens);
                     alive.store(false, Ordering::SeqCst);
                 });
             if let Err(e) = started {
@@ -577,6 +597,9 @@ async fn train_step(
         tokio::task::spawn_blocking(move || -> ApiResult<StepOutcome> {
             let (metrics, refl_metrics, version, publish_dir, hash) = {
                 let mut p = state.policy.lock().map_err(|_| ApiError::poisoned())?;
+                // Whatever the step does (a failed one is undone), cached keys and values of
+                // the weights before it are not reused after it.
+                p.weights_changed();
                 let before = p.version;
                 let grouped = p.trainer.collective().is_some_and(|g| g.world() > 1);
                 let done = guarded_step(&mut p, ROLLBACK_MAX_BYTES, |p| {
@@ -1028,11 +1051,15 @@ async fn metrics(State(s): State<Arc<AppState>>) -> String {
          # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting {}\n\
          # TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total {}\n\
          # TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total {}\n\
+         # TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total {}\n\
+         # TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total {}\n\
          # TYPE trainer_policy_version gauge\ntrainer_policy_version {version}\n",
         st.running.load(Ordering::Relaxed),
         st.waiting.load(Ordering::Relaxed),
         st.generated_tokens.load(Ordering::Relaxed),
         st.prompt_tokens.load(Ordering::Relaxed),
+        st.prompt_tokens.load(Ordering::Relaxed),
+        st.prefix_hit_tokens.load(Ordering::Relaxed),
     )
 }
 
@@ -1136,6 +1163,7 @@ mod tests {
             base: "test".into(),
             seed: 1,
             settings: TrainSettings::default(),
+            weights_epoch: next_weights_epoch(),
         }
     }
 

@@ -457,6 +457,7 @@ async fn load_lora(
             ));
         }
         let cfg = staged.attach(&mut p.trainer.model);
+        p.weights_changed();
         // The optimizer held the previous adapter's tensors: start it afresh on the new ones.
         let params = p.trainer.model.trainable();
         p.trainer.opt = crate::optim::AdamW::new(params, p.trainer.cfg.optim.clone());

@@ -124,6 +124,7 @@ async fn update(
             ));
         }
         p.trainer.model = fresh;
+        p.weights_changed();
         // The optimizer held the previous tensors: start it afresh on the new ones.
         let params = p.trainer.model.trainable();
         p.trainer.opt = crate::optim::AdamW::new(params, p.trainer.cfg.optim.clone());

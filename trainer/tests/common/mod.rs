@@ -92,6 +92,7 @@ pub fn serve_on(
             checkpoint_dir,
             checkpoint_every: 0,
             max_body_bytes: 64 << 20,
+            prefix_cache_tokens: 1 << 17,
             max_model_len: loaded.max_model_len,
             api_token,
         },

@@ -1114,3 +1114,97 @@ pub async fn settings_are_applied_echoed_and_checked_on_every_step(launch: Launc
     assert_eq!(code, 200, "{r}");
     assert_ne!(forward_logprobs(url, &xs[0]).await, before);
 }
+
+/// `vllm:prefix_cache_hits_total` from `/metrics`.
+async fn prefix_hits(url: &str) -> u64 {
+    let text = trainer::publish::http_client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("vllm:prefix_cache_hits_total "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Greedy `max_tokens` tokens after `prompt` (end-of-sequence ignored): ids and logprobs.
+async fn greedy(url: &str, prompt: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<f32>) {
+    let (code, r) = post_json(
+        &format!("{url}/v1/completions"),
+        serde_json::json!({"model": "policy", "prompt": prompt, "max_tokens": max_tokens,
+                           "temperature": 0.0, "ignore_eos": true, "return_token_ids": true,
+                           "logprobs": 0}),
+    )
+    .await;
+    assert_eq!(code, 200, "{r}");
+    let c = &r["choices"][0];
+    let ids: Vec<u32> = serde_json::from_value(c["token_ids"].clone()).unwrap();
+    let lps: Vec<f32> = serde_json::from_value(c["logprobs"]["token_logprobs"].clone()).unwrap();
+    (ids, lps)
+}
+
+/// The sampled tokens' logprobs equal the served policy's forward pass over the whole
+/// sequence (read through `prompt_logprobs`, which never uses the prefix cache).
+async fn assert_forward(url: &str, prompt: &[u32], ids: &[u32], lps: &[f32]) {
+    let mut all = prompt.to_vec();
+    all.extend(ids);
+    let want = forward_logprobs(url, &all).await;
+    for (i, lp) in lps.iter().enumerate() {
+        let w = want[prompt.len() + i];
+        assert!(
+            (lp - w).abs() < 1e-4,
+            "token {i}: served {lp} vs forward {w}"
+        );
+    }
+}
+
+/// A rollout's next turn (its context, the tokens generated, a tool's output) reuses the keys
+/// and values of the finished turn: the prefix cache counts exactly the tokens it held (the
+/// prompt and every generated token but the last, never fed) and the new turn's tokens and
+/// logprobs are the forward pass's. After a train step the entry is not reused (other weights)
+/// and the answer follows the new weights.
+pub async fn a_request_extending_a_finished_one_reuses_its_keys_and_values(launch: Launch) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path());
+    let s = start(
+        launch,
+        &dir,
+        Opts {
+            lora: true,
+            ..Opts::default()
+        },
+    )
+    .await;
+    let context: Vec<u32> = (0..40).map(|k| (k * 37 % 250 + 5) as u32).collect();
+    let h0 = prefix_hits(&s.url).await;
+    let (ids1, lps1) = greedy(&s.url, &context, 12).await;
+    assert_eq!(prefix_hits(&s.url).await, h0, "nothing to reuse yet");
+    let mut turn2 = context.clone();
+    turn2.extend(&ids1);
+    turn2.extend((0..20).map(|k| (k * 13 % 250 + 5) as u32));
+    let h1 = prefix_hits(&s.url).await;
+    let (ids2, lps2) = greedy(&s.url, &turn2, 12).await;
+    assert_eq!(
+        prefix_hits(&s.url).await - h1,
+        (context.len() + ids1.len() - 1) as u64,
+        "the finished turn's context and tokens were reused"
+    );
+    assert_forward(&s.url, &context, &ids1, &lps1).await;
+    assert_forward(&s.url, &turn2, &ids2, &lps2).await;
+
+    // New weights: the entries of the old ones are not reused.
+    let xs = seqs(2, 24);
+    let b = batch(&s.url, &xs, &[1.0, -1.0]).await;
+    assert_eq!(post_batch(&s.url, &b).await.status(), 200);
+    let h2 = prefix_hits(&s.url).await;
+    let (ids3, lps3) = greedy(&s.url, &turn2, 12).await;
+    assert_eq!(prefix_hits(&s.url).await, h2, "no reuse across weights");
+    assert_forward(&s.url, &turn2, &ids3, &lps3).await;
+    assert_ne!(lps3, lps2, "the step changed the policy");
+}

@@ -118,6 +118,8 @@ struct PrefixEntry {
 
 /// The shortest prefix worth reusing (shorter ones are computed anew).
 const MIN_PREFIX: usize = 16;
+/// The most entries kept (a lookup compares the prompt with each under the policy lock).
+const MAX_ENTRIES: usize = 256;
 
 impl PrefixStore {
     fn new(budget: usize) -> Self {
@@ -163,7 +165,7 @@ impl PrefixStore {
         self.entries
             .retain(|e| e.epoch == epoch && !tokens.starts_with(&e.tokens));
         let mut used = self.used();
-        while used + n > self.budget {
+        while used + n > self.budget || self.entries.len() >= MAX_ENTRIES {
             let Some(lru) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used_at) else {
                 break;
             };
@@ -518,4 +520,54 @@ fn stop_hit(tok: &tokenizers::Tokenizer, ids: &[u32], stops: &[String]) -> Optio
     let window = (longest + 8).min(ids.len());
     let tail = tok.decode(&ids[ids.len() - window..], false).ok()?;
     stops.iter().find(|s| tail.contains(s.as_str())).cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-layer cache of `n` positions (values do not matter to the store).
+    fn cache(n: i64) -> KvCache {
+        let mut c = KvCache::new(1);
+        let t = Tensor::zeros([1, 1, n, 2], (Kind::Float, tch::Device::Cpu));
+        let _ = c.layers[0].append(&t, &t);
+        c
+    }
+
+    fn toks(from: u32, n: u32) -> Vec<u32> {
+        (from..from + n).collect()
+    }
+
+    #[test]
+    fn the_prefix_store_reuses_the_longest_prefix_of_the_same_weights_within_its_budget() {
+        let mut st = PrefixStore::new(100);
+        st.insert(toks(0, 40), cache(40), 1);
+        // Too short to keep; a cache of another length than its tokens is not kept either.
+        st.insert(toks(500, 10), cache(10), 1);
+        st.insert(toks(600, 30), cache(29), 1);
+        assert_eq!(st.entries.len(), 1);
+        // The longest common prefix, leaving the prompt's last token to compute.
+        let mut p = toks(0, 30);
+        p.push(999);
+        let (n, c) = st.lookup(&p, 1).unwrap();
+        assert_eq!((n, c.seq_len()), (30, 30));
+        assert_eq!(st.lookup(&toks(0, 40), 1).unwrap().0, 39);
+        assert!(st.lookup(&toks(0, 12), 1).is_none(), "under MIN_PREFIX");
+        assert!(st.lookup(&toks(1, 40), 1).is_none(), "no common prefix");
+        // An extension replaces the entry it extends.
+        st.insert(toks(0, 60), cache(60), 1);
+        assert_eq!(st.entries.len(), 1);
+        assert_eq!(st.lookup(&toks(0, 70), 1).unwrap().0, 60);
+        // The budget (100 tokens) evicts the least recently used: the 60-token entry goes.
+        st.insert(toks(200, 50), cache(50), 1);
+        assert_eq!(st.used(), 50);
+        assert!(st.lookup(&toks(0, 70), 1).is_none());
+        // Other weights: nothing is reused, and the stale entries are dropped.
+        assert!(st.lookup(&toks(200, 60), 2).is_none());
+        assert!(st.entries.is_empty());
+        // A budget of 0 keeps nothing.
+        let mut off = PrefixStore::new(0);
+        off.insert(toks(0, 40), cache(40), 1);
+        assert!(off.entries.is_empty());
+    }
 }

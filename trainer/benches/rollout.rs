@@ -11,7 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use trainer::service::{AppState, ServeConfig, load};
+mod common;
+use common::serve;
 
 fn model_dir(tmp: &Path) -> PathBuf {
     let corpus = tmp.join("corpus.jsonl");
@@ -43,40 +44,6 @@ fn model_dir(tmp: &Path) -> PathBuf {
     let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/small.json");
     trainer::smallmodel::init_model(&cfg, &tok, &out, 3).unwrap();
     out
-}
-
-async fn serve(dir: &Path, prefix_cache_tokens: usize) -> (String, std::sync::Arc<AppState>) {
-    let loaded = load::load(&load::LoadOptions::from_config(
-        dir.to_path_buf(),
-        &trainer::train::TrainConfig::default(),
-        None,
-        tch::Device::Cpu,
-        1,
-    ))
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = AppState::new(
-        loaded.policy,
-        loaded.tokenizer,
-        loaded.chat_template,
-        loaded.eos,
-        ServeConfig {
-            bind: addr,
-            served_name: "policy".into(),
-            checkpoint_dir: None,
-            checkpoint_every: 0,
-            max_body_bytes: 64 << 20,
-            prefix_cache_tokens,
-            max_model_len: loaded.max_model_len,
-            api_token: None,
-        },
-        None,
-    );
-    let app = trainer::service::router(state.clone());
-    let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    std::mem::forget(task);
-    (format!("http://{addr}"), state)
 }
 
 const TASKS: usize = 8;

@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use trainer::model::{Fwd, KvCache};
-use trainer::service::{AppState, ServeConfig, load};
+use trainer::service::AppState;
+
+mod common;
+use common::serve;
 
 fn model_dir(tmp: &Path, name: &str, cfg: serde_json::Value, vocab: usize) -> PathBuf {
     let corpus = tmp.join(format!("{name}-corpus.jsonl"));
@@ -27,46 +30,6 @@ fn model_dir(tmp: &Path, name: &str, cfg: serde_json::Value, vocab: usize) -> Pa
     let out = tmp.join(name);
     trainer::smallmodel::init_model(&c, &tok, &out, 3).unwrap();
     out
-}
-
-async fn serve(dir: &Path) -> (String, std::sync::Arc<AppState>) {
-    let train = trainer::train::TrainConfig {
-        loss: trainer::loss::PolicyLossConfig {
-            kl_coef: 0.0,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let loaded = load::load(&load::LoadOptions::from_config(
-        dir.to_path_buf(),
-        &train,
-        None,
-        tch::Device::Cpu,
-        1,
-    ))
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = AppState::new(
-        loaded.policy,
-        loaded.tokenizer,
-        loaded.chat_template,
-        loaded.eos,
-        ServeConfig {
-            bind: addr,
-            served_name: "policy".into(),
-            checkpoint_dir: None,
-            checkpoint_every: 0,
-            max_body_bytes: 4096 << 20,
-            prefix_cache_tokens: 1 << 17,
-            max_model_len: loaded.max_model_len,
-            api_token: None,
-        },
-        None,
-    );
-    let app = trainer::service::router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}"), state)
 }
 
 fn reference_tokens_per_s(state: &AppState, prompt: &[i64], max_tokens: usize) -> f64 {
@@ -143,7 +106,7 @@ fn main() {
     rt.block_on(async {
         for (name, cfg, vocab) in [("tiny", tiny, 512), ("small", small, 4096)] {
             let dir = model_dir(tmp.path(), name, cfg, vocab);
-            let (url, state) = serve(&dir).await;
+            let (url, state) = serve(&dir, 1 << 17).await;
             let prompt: Vec<u32> = state.tokenizer.encode("gene TN5 binds receptor R5 in study 5; kinase", false).unwrap().get_ids().to_vec();
             let p64: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
             let params = state.policy.lock().unwrap().trainer.model.trainable().iter().map(|(_, t)| t.numel()).sum::<usize>();
@@ -158,7 +121,7 @@ fn main() {
         }
         // Batch handoff: 256 x 16k tokens, encode + send + decode/validate (dry run).
         let dir = tmp.path().join("tiny");
-        let (url, _state) = serve(&dir).await;
+        let (url, _state) = serve(&dir, 1 << 17).await;
         let n = 16_384;
         let batch = wire::Batch { policy_version: 0, rl: true, seqs: (0..256).map(|i| wire::WireSequence {
             tokens: (0..n).map(|k| ((i * 7 + k) % 500) as u32).collect(),

@@ -16,7 +16,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::Server;
+use common::{Server, post_json};
 use trainer::model::Fwd;
 use trainer::service::load;
 
@@ -89,17 +89,6 @@ async fn start_with(
     api_token: Option<trainer::service::ApiToken>,
 ) -> Server {
     common::serve_in_process(options(dir, lora.as_ref()), ckpt, None, api_token).await
-}
-
-async fn post_json(url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-    let r = trainer::publish::http_client()
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let code = r.status().as_u16();
-    (code, r.json().await.unwrap_or(serde_json::Value::Null))
 }
 
 async fn get(url: &str) -> (u16, String) {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, model_dir};
+use common::{free_port, model_dir, plain};
 
 fn serve(model: &Path, ckpt: &Path, port: u16, nproc: usize, log: &Path) -> Child {
     serve_with(model, ckpt, port, nproc, log, &[])
@@ -133,24 +133,6 @@ fn weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
     m.into_iter()
         .map(|(k, t)| (k, Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()))
         .collect()
-}
-
-/// `text` without ANSI colour sequences.
-fn plain(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The pid the launcher logged for `rank`.

@@ -10,24 +10,7 @@ mod serve_suite;
 
 use serve_suite::Launch;
 
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            serve_suite::$name(Launch::Ranks(2)).await;
-        }
-    )*};
-}
-
-suite!(
-    generation_through_the_orchestrator_client_matches_the_forward_pass,
-    train_steps_over_http_follow_the_advantage_sign_and_refuse_concurrency,
-    publishing_records_exact_calls_and_keeps_the_previous_version_on_failure,
-    checkpoint_restart_next_step_equals_a_run_that_never_stopped,
-    a_policy_server_receives_published_full_weights_and_the_restored_policy,
-    settings_are_applied_echoed_and_checked_on_every_step,
-    a_request_extending_a_finished_one_reuses_its_keys_and_values,
-);
+serve_suite::suite_tests!(Launch::Ranks(2));
 
 /// Routes that replace the weights of the process they reach (vLLM's adapter load and disk
 /// weight update) would change rank 0 alone and leave the ranks training different models:

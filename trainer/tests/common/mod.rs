@@ -124,3 +124,33 @@ pub fn seq(tokens: Vec<i64>, adv: Vec<f32>) -> trainer::train::Sequence {
         tokens,
     }
 }
+
+/// POST `body` as JSON to `url`: the status and the JSON reply (null when it is not JSON).
+pub async fn post_json(url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let r = trainer::publish::http_client()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// `text` without ANSI colour sequences (the ranks' logs).
+pub fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

@@ -21,9 +21,33 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 
-use super::common::{free_port, model_dir, serve_in_process, tiny_config};
+pub use super::common::post_json;
+use super::common::{free_port, model_dir, plain, serve_in_process, tiny_config};
 use trainer::publish::{PublishConfig, PublishTarget, Publisher, ServerKind};
 use trainer::service::{AppState, load};
+
+/// The suite's tests as `#[tokio::test]`s against `$launch` (invoked at a test crate's root,
+/// where `serve_suite` is declared).
+macro_rules! suite_tests {
+    ($launch:expr) => {
+        $crate::serve_suite::suite_tests!(@each $launch;
+            generation_through_the_orchestrator_client_matches_the_forward_pass,
+            train_steps_over_http_follow_the_advantage_sign_and_refuse_concurrency,
+            publishing_records_exact_calls_and_keeps_the_previous_version_on_failure,
+            checkpoint_restart_next_step_equals_a_run_that_never_stopped,
+            a_policy_server_receives_published_full_weights_and_the_restored_policy,
+            settings_are_applied_echoed_and_checked_on_every_step,
+            a_request_extending_a_finished_one_reuses_its_keys_and_values,
+        );
+    };
+    (@each $launch:expr; $($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            $crate::serve_suite::$name($launch).await;
+        }
+    )*};
+}
+pub(crate) use suite_tests;
 
 /// How a server under test runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,24 +241,6 @@ pub async fn start(launch: Launch, dir: &Path, o: Opts) -> Running {
     }
 }
 
-/// `text` without ANSI colour sequences.
-fn plain(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 async fn wait_healthy(r: &Running) {
     let t0 = Instant::now();
     loop {
@@ -255,17 +261,6 @@ async fn wait_healthy(r: &Running) {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-pub async fn post_json(url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-    let r = trainer::publish::http_client()
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let code = r.status().as_u16();
-    (code, r.json().await.unwrap_or(serde_json::Value::Null))
 }
 
 async fn get_json(url: &str) -> serde_json::Value {

@@ -1,0 +1,48 @@
+//! What the trainer's benches share: `trainer serve` in-process on a loopback port.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use trainer::service::{AppState, ServeConfig, load};
+
+/// `trainer serve` of the model in `dir` (no KL, seed 1) on an ephemeral loopback port, on the
+/// current runtime, with `prefix_cache_tokens` of prefix cache: its URL and state.
+pub async fn serve(dir: &Path, prefix_cache_tokens: usize) -> (String, Arc<AppState>) {
+    let train = trainer::train::TrainConfig {
+        loss: trainer::loss::PolicyLossConfig {
+            kl_coef: 0.0,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let loaded = load::load(&load::LoadOptions::from_config(
+        dir.to_path_buf(),
+        &train,
+        None,
+        tch::Device::Cpu,
+        1,
+    ))
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = AppState::new(
+        loaded.policy,
+        loaded.tokenizer,
+        loaded.chat_template,
+        loaded.eos,
+        ServeConfig {
+            bind: addr,
+            served_name: "policy".into(),
+            checkpoint_dir: None,
+            checkpoint_every: 0,
+            max_body_bytes: 4096 << 20,
+            prefix_cache_tokens,
+            max_model_len: loaded.max_model_len,
+            api_token: None,
+        },
+        None,
+    );
+    let app = trainer::service::router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), state)
+}

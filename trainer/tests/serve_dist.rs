@@ -338,3 +338,78 @@ async fn zero_2_ranks_checkpoint_in_shards_and_resume_on_one_or_two_ranks_identi
         stop(child);
     }
 }
+
+/// Two nodes of one rank each, as a multi-node job runs them (one launcher per node with
+/// `--nnodes 2 --node-rank 0|1` and the same MASTER_ADDR / MASTER_PORT), here both on this
+/// machine over loopback: node 0's rank serves HTTP and hosts the store, node 1's rank (global
+/// rank 1) follows it. The job trains like one process on the same batches, and when node 0
+/// goes away node 1's rank notices within its store poll and its launcher exits naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_of_one_rank_train_like_one_process_and_stop_together() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = model_dir(tmp.path());
+    let (p_one, p_node0, p_node1, master) = (free_port(), free_port(), free_port(), free_port());
+    let log = |n: &str| tmp.path().join(format!("{n}.log"));
+    let one = serve(&model, &tmp.path().join("ck-one"), p_one, 1, &log("one"));
+    let node = |rank: usize, port: u16| {
+        Command::new(env!("CARGO_BIN_EXE_trainer"))
+            .args(["serve", "--device", "cpu", "--threads", "1", "--lr", "1e-3"])
+            .arg("--model")
+            .arg(&model)
+            .arg("--checkpoint-dir")
+            .arg(tmp.path().join("ck-nodes"))
+            .arg("--bind")
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["--nproc-per-node", "1", "--nnodes", "2", "--node-rank"])
+            .arg(rank.to_string())
+            .args(["--dist-timeout-secs", "30"])
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", master.to_string())
+            .env("RUST_LOG", "trainer=info")
+            .env_remove("WORLD_SIZE")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log(&format!("node{rank}"))).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let node0 = node(0, p_node0);
+    let mut node1 = node(1, p_node1);
+    let (u1, u2) = (
+        format!("http://127.0.0.1:{p_one}"),
+        format!("http://127.0.0.1:{p_node0}"),
+    );
+    wait_healthy(&u1, &log("one")).await;
+    wait_healthy(&u2, &log("node0")).await;
+    let text = plain(&std::fs::read_to_string(log("node1")).unwrap());
+    assert!(
+        text.contains("rank started") && text.contains("rank=1 "),
+        "node 1 started global rank 1: {text}"
+    );
+    for seed in 0..2 {
+        let b = batch(seed);
+        let (a, c) = (step(&u1, &b).await, step(&u2, &b).await);
+        for k in ["loss", "grad_norm", "kl", "tokens"] {
+            close(k, &a["metrics"][k], &c["metrics"][k]);
+        }
+    }
+    stop(node0);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = node1.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(45),
+            "node 1 did not stop after node 0 went away:\n{}",
+            plain(&std::fs::read_to_string(log("node1")).unwrap())
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(!status.success());
+    let text = plain(&std::fs::read_to_string(log("node1")).unwrap());
+    assert!(
+        text.contains("rank 1"),
+        "node 1's launcher names its rank: {text}"
+    );
+    stop(one);
+}

@@ -73,6 +73,15 @@ impl KvCache {
 /// each time) up to what the batch needs and are kept for the next sequences (on CPU with the
 /// smoke model, 64 rows of 4,096 positions take 1 GiB); a finished sequence's row is refilled
 /// by the last row (`swap_remove`, like `Vec::swap_remove`), so rows stay dense.
+/// Where one decode step of a [`BatchKv`] writes and reads: each row's index and next
+/// position, and the positions attention spans (the longest row's plus the new one).
+#[derive(Debug)]
+pub struct StepSlots {
+    pub rows: Tensor,
+    pub pos: Tensor,
+    pub span: i64,
+}
+
 #[derive(Debug, Default)]
 pub struct BatchKv {
     k: Vec<Tensor>,
@@ -149,11 +158,6 @@ impl BatchKv {
         self.lens.swap_remove(i);
     }
 
-    /// Drop every row (the allocation stays for the next sequences).
-    pub fn clear(&mut self) {
-        self.lens.clear();
-    }
-
     /// Room for `rows` rows of `positions` positions, allocated like `like` ([1, kv_heads, T,
     /// d]) for `layers` layers; existing rows are copied into a grown allocation.
     fn reserve_like(&mut self, like: &Tensor, layers: usize, rows: i64, positions: i64) {
@@ -199,30 +203,38 @@ impl BatchKv {
         self.v = v;
     }
 
-    /// Before a decode step: room for one more position in every row.
-    pub(crate) fn reserve_step(&mut self) {
-        let Some(like) = self.k.first().map(|t| t.narrow(0, 0, 1)) else {
-            return;
-        };
-        let need = self.lens.iter().copied().max().unwrap_or(0) + 1;
-        let layers = self.k.len();
-        self.reserve_like(&like, layers, self.lens.len() as i64, need);
+    /// Before a decode step: room for one more position in every row, and where the step
+    /// writes and reads (built once for all layers).
+    pub(crate) fn begin_step(&mut self, device: tch::Device) -> StepSlots {
+        if let Some(like) = self.k.first().map(|t| t.narrow(0, 0, 1)) {
+            let need = self.lens.iter().copied().max().unwrap_or(0) + 1;
+            let layers = self.k.len();
+            self.reserve_like(&like, layers, self.lens.len() as i64, need);
+        }
+        StepSlots {
+            rows: Tensor::arange(self.lens.len() as i64, (Kind::Int64, device)),
+            pos: Tensor::from_slice(&self.lens).to_device(device),
+            span: self.lens.iter().copied().max().unwrap_or(0) + 1,
+        }
     }
 
     /// Write layer `l`'s new keys and values ([rows, kv_heads, 1, d]) at each row's next
-    /// position, and return views of the first `max len + 1` positions of every row.
-    pub(crate) fn write(&mut self, l: usize, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+    /// position (`at`, from `begin_step`), and return views of the first `at.span` positions of
+    /// every row.
+    pub(crate) fn write(
+        &mut self,
+        l: usize,
+        k: &Tensor,
+        v: &Tensor,
+        at: &StepSlots,
+    ) -> (Tensor, Tensor) {
         let b = self.lens.len() as i64;
-        let dev = self.k[l].device();
-        let rows = Tensor::arange(b, (Kind::Int64, dev));
-        let pos = Tensor::from_slice(&self.lens).to_device(dev);
-        let idx = [Some(rows), None, Some(pos)];
+        let idx = [Some(&at.rows), None, Some(&at.pos)];
         let _ = self.k[l].index_put_(&idx, &k.squeeze_dim(2), false);
         let _ = self.v[l].index_put_(&idx, &v.squeeze_dim(2), false);
-        let span = self.lens.iter().copied().max().unwrap_or(0) + 1;
         (
-            self.k[l].narrow(0, 0, b).narrow(2, 0, span),
-            self.v[l].narrow(0, 0, b).narrow(2, 0, span),
+            self.k[l].narrow(0, 0, b).narrow(2, 0, at.span),
+            self.v[l].narrow(0, 0, b).narrow(2, 0, at.span),
         )
     }
 

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use tch::{Device, Kind, Tensor};
 
 use super::config::Qwen3Config;
-use super::kv_cache::{BatchKv, KvCache, LayerKv};
+use super::kv_cache::{BatchKv, KvCache, LayerKv, StepSlots};
 use super::linear::{Fwd, Lora, LoraConfig, LoraTarget, Proj};
 use super::rope::Rope;
 use crate::error::{Result, TrainerError};
@@ -551,20 +551,17 @@ impl Qwen3 {
             kv.rows()
         );
         let b = ids.len() as i64;
-        kv.reserve_step();
-        let lens = kv.lens();
-        let lmax = lens.iter().copied().max().unwrap_or(0);
-        let pos = Tensor::from_slice(lens).to_device(self.device);
+        let at = kv.begin_step(self.device);
         // Key j of row i is valid when j <= len_i (its past plus the new token at slot len_i).
-        let kj = Tensor::arange(lmax + 1, (Kind::Int64, self.device)).unsqueeze(0);
-        let mask = kj.le_tensor(&pos.unsqueeze(1)).view([b, 1, 1, lmax + 1]);
+        let kj = Tensor::arange(at.span, (Kind::Int64, self.device)).unsqueeze(0);
+        let mask = kj.le_tensor(&at.pos.unsqueeze(1)).view([b, 1, 1, at.span]);
         let ids_t = Tensor::from_slice(ids).view([b, 1]).to_device(self.device);
         let mut xs = self.embed(&ids_t);
         let eps = self.cfg.rms_norm_eps;
         for l in 0..self.layers.len() {
             let layer = &self.layers[l];
             let h = rms_norm(&xs, &layer.input_layernorm, eps);
-            let h = self.attention_rows(&layer.self_attn, &h, &pos, &mask, kv, l, f);
+            let h = self.attention_rows(&layer.self_attn, &h, &at, &mask, kv, l, f);
             xs += h;
             let h = rms_norm(&xs, &layer.post_attention_layernorm, eps);
             let m = &layer.mlp;
@@ -586,7 +583,7 @@ impl Qwen3 {
         &self,
         a: &Attention,
         xs: &Tensor,
-        pos: &Tensor,
+        at: &StepSlots,
         mask: &Tensor,
         kv: &mut BatchKv,
         l: usize,
@@ -604,11 +601,11 @@ impl Qwen3 {
         let v = a.v_proj.forward(xs, f).view([b, 1, nkv, d]).transpose(1, 2);
         let q = self
             .rope
-            .apply_rows(&rms_norm(&q, &a.q_norm, eps).transpose(1, 2), pos);
+            .apply_rows(&rms_norm(&q, &a.q_norm, eps).transpose(1, 2), &at.pos);
         let k = self
             .rope
-            .apply_rows(&rms_norm(&k, &a.k_norm, eps).transpose(1, 2), pos);
-        let (k, v) = kv.write(l, &k, &v);
+            .apply_rows(&rms_norm(&k, &a.k_norm, eps).transpose(1, 2), &at.pos);
+        let (k, v) = kv.write(l, &k, &v, at);
         // Grouped-query attention without expanding the cache: the query heads that share a
         // key/value head (head h reads kv head h / g) attend as g query positions of it.
         let g = nh / nkv;

@@ -390,6 +390,7 @@ pub fn run_worker(
             }
         }
         hand_back(&mut seqs, &mut kv, &mut jobs, &tokenizer, &mut store);
+        stats.running.store(seqs.len(), Relaxed);
         if seqs.is_empty() {
             continue;
         }
@@ -427,11 +428,11 @@ pub fn run_worker(
                 for s in &mut seqs {
                     s.done = Some(Done::Failed(e.clone()));
                 }
+                // Every row leaves with its sequence: the batch cache is empty again.
                 hand_back(&mut seqs, &mut kv, &mut jobs, &tokenizer, &mut store);
-                kv.clear();
+                stats.running.store(0, Relaxed);
             }
         }
-        stats.running.store(seqs.len(), Relaxed);
     }
 }
 

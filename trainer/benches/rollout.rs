@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 mod common;
-use common::serve;
+use common::{complete, serve};
 
 fn model_dir(tmp: &Path) -> PathBuf {
     let corpus = tmp.join("corpus.jsonl");
@@ -63,15 +63,7 @@ async fn conversation(http: reqwest::Client, url: String, task: usize, seed: usi
         let body = serde_json::json!({"model": "policy", "prompt": ctx, "max_tokens": GEN,
             "temperature": 1.0, "seed": seed * 10 + turn, "ignore_eos": true,
             "return_token_ids": true, "logprobs": 0});
-        let v: serde_json::Value = http
-            .post(format!("{url}/v1/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = complete(&http, &url, &body).await;
         let ids: Vec<u32> = serde_json::from_value(v["choices"][0]["token_ids"].clone())
             .unwrap_or_else(|e| panic!("{e}: {v}"));
         generated += ids.len();

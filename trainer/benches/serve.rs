@@ -13,7 +13,7 @@ use trainer::model::{Fwd, KvCache};
 use trainer::service::AppState;
 
 mod common;
-use common::serve;
+use common::{complete, serve};
 
 fn model_dir(tmp: &Path, name: &str, cfg: serde_json::Value, vocab: usize) -> PathBuf {
     let corpus = tmp.join(format!("{name}-corpus.jsonl"));
@@ -64,15 +64,7 @@ async fn throughput(url: &str, conc: usize, prompt: &[u32], max_tokens: usize) -
         let body = serde_json::json!({"model": "policy", "prompt": prompt, "max_tokens": max_tokens,
             "temperature": 1.0, "seed": i, "ignore_eos": true, "return_token_ids": true, "logprobs": 0});
         tasks.push(tokio::spawn(async move {
-            let v: serde_json::Value = http
-                .post(format!("{url}/v1/completions"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v = complete(&http, &url, &body).await;
             v["choices"][0]["token_ids"].as_array().map_or(0, Vec::len)
         }));
     }

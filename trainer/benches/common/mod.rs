@@ -1,4 +1,5 @@
-//! What the trainer's benches share: `trainer serve` in-process on a loopback port.
+//! What the trainer's benches share: `trainer serve` in-process on a loopback port, and a
+//! completion request to it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -45,4 +46,20 @@ pub async fn serve(dir: &Path, prefix_cache_tokens: usize) -> (String, Arc<AppSt
     let app = trainer::service::router(state.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (format!("http://{addr}"), state)
+}
+
+/// POST a `/v1/completions` request `body` to the server at `url`: its JSON reply.
+pub async fn complete(
+    http: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    http.post(format!("{url}/v1/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }

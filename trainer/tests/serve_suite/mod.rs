@@ -384,16 +384,7 @@ pub async fn generation_through_the_orchestrator_client_matches_the_forward_pass
     for ch in &c.choices {
         assert!(!ch.token_ids.is_empty() && ch.token_ids.len() <= 24);
         assert_eq!(ch.logprobs.len(), ch.token_ids.len());
-        let mut all = prompt.clone();
-        all.extend(&ch.token_ids);
-        let want = forward_logprobs(&s.url, &all).await;
-        for (i, lp) in ch.logprobs.iter().enumerate() {
-            let w = want[prompt.len() + i];
-            assert!(
-                (lp - w).abs() < 1e-4,
-                "token {i}: served {lp} vs forward {w}"
-            );
-        }
+        assert_forward(&s.url, &prompt, &ch.token_ids, &ch.logprobs).await;
     }
     // Seeded requests are reproducible whatever runs beside them.
     let (again, _) = client.complete("s2", &req).await.unwrap();

@@ -691,3 +691,39 @@ async fn a_second_orchestrator_on_a_run_is_refused_naming_the_holder(pool: PgPoo
     }
     assert!(ok, "a dropped lease is released when its connection closes");
 }
+
+/// Two orchestrators sharing an experiment's runs: a run the other holds is reported held (not
+/// an error), a run the other completed meanwhile is reported completed, and a free run is taken.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn orchestrators_sharing_an_experiment_take_only_free_unfinished_runs(pool: PgPool) {
+    use orchestrator::infra::db::lease::acquire;
+    use orchestrator::pipeline::run::{Claim, RunStatus, claim, mark};
+    let run_id = run(&pool, "full-s17").await;
+    let other = acquire(&pool, run_id, "orchestrator pid 1 on host-a")
+        .await
+        .unwrap();
+    match claim(&pool, run_id).await.unwrap() {
+        Claim::Held(e) => assert!(e.to_string().contains("pid 1 on host-a"), "{e}"),
+        c => panic!("a held run was {c:?}"),
+    }
+    mark(&pool, run_id, RunStatus::Completed, None)
+        .await
+        .unwrap();
+    other.release().await;
+    assert!(matches!(
+        claim(&pool, run_id).await.unwrap(),
+        Claim::Completed
+    ));
+    // The completed run's lease was given back: the next claimant is not refused.
+    acquire(&pool, run_id, "pid 3")
+        .await
+        .unwrap()
+        .release()
+        .await;
+    let free = run(&pool, "full-s18").await;
+    let Claim::Mine(lease) = claim(&pool, free).await.unwrap() else {
+        panic!("a free run was not taken");
+    };
+    assert!(matches!(claim(&pool, free).await.unwrap(), Claim::Held(_)));
+    lease.release().await;
+}

@@ -199,8 +199,13 @@ async fn the_rollout_engine_parses_by_the_configured_scaffold() {
             );
             assert_eq!(r.trajectory.parsed["scaffold"], "drtulu");
         }
+        let answer = r.parsed.answer.clone().expect("the rollout answered");
         let (_, summary) = summarize(vec![Ok(r)]);
         failures.insert(scaffold.as_str(), summary.parse_failures);
+        // `rollout/answer_chars` (the report's answer length) counts the parsed answer.
+        assert_eq!(summary.answers, 1);
+        assert_eq!(summary.answer_chars, answer.chars().count());
+        assert!(summary.answer_chars > 0);
     }
     assert_eq!(
         failures["drtulu"], 0,

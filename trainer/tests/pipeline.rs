@@ -787,6 +787,7 @@ async fn full_recipe_pipeline(
         &common,
         run,
         orchestrator::domain::config::Recipe::Full,
+        cfg.experiment.seed,
     )
     .await
     .unwrap()

@@ -2,14 +2,16 @@
 //! recipe's pipeline in turn. Ctrl-C stops starting rollouts, trains what is already judged and
 //! leaves the run `paused`; a second Ctrl-C exits at once. `--resume` takes a run id or an
 //! experiment id and continues every run of it that is not completed, on the configuration the
-//! run was started with (database URL and endpoints may be overridden).
+//! run was started with (database URL and endpoints may be overridden). Several orchestrators
+//! may share an experiment: each runs the runs that no other holds (`--resume EXPERIMENT` with
+//! other `--policy-url` / `--trainer-url` starts a second one beside the first).
 
 use std::process::ExitCode;
 
 use super::{cancel_on_ctrl_c, load_config, out};
 use crate::cli::ConfigArgs;
 use crate::infra::db;
-use crate::pipeline::run::{RunStatus, find_resumable, mark, register_experiment};
+use crate::pipeline::run::{Claim, RunStatus, claim, find_resumable, mark, register_experiment};
 use crate::pipeline::{setup, tracking};
 
 pub(super) async fn run_experiment(
@@ -57,23 +59,43 @@ pub(super) async fn run_experiment(
         true,
     );
     let mut failed = false;
+    let shared = runs.len() > 1;
     for run in runs {
         if cancel.is_cancelled() {
             break;
         }
         let (run_id, name) = (run.id, run.name);
         let mut judge_down = false;
-        // One orchestrator per run: a second one is refused here, naming the holder.
-        let lease = db::lease::acquire(&pool, run_id, &db::lease::this_process()).await?;
-        mark(&pool, run_id, RunStatus::Running, None).await?;
-        let pipeline = match setup::pipeline(&cfg, &pool, &common, run_id, run.recipe).await {
-            Ok(p) => std::sync::Arc::new(p),
-            Err(e) => {
-                let msg = crate::domain::util::error_chain(&e);
-                mark(&pool, run_id, RunStatus::Failed, Some(&msg)).await?;
-                return Err(anyhow::anyhow!(msg).context(format!("run {name} ({run_id})")));
+        // One orchestrator per run. Of an experiment's several runs, those another orchestrator
+        // holds or has completed meanwhile are left to it (two orchestrators with their own
+        // servers share the runs of `--resume EXPERIMENT`); a single run held is refused,
+        // naming the holder.
+        let lease = match claim(&pool, run_id).await? {
+            Claim::Mine(lease) => lease,
+            Claim::Held(e) if shared => {
+                out(format!(
+                    "run {name} ({run_id}): left to another orchestrator: {e}"
+                ));
+                continue;
+            }
+            Claim::Held(e) => return Err(e.into()),
+            Claim::Completed => {
+                out(format!(
+                    "run {name} ({run_id}): completed by another orchestrator"
+                ));
+                continue;
             }
         };
+        mark(&pool, run_id, RunStatus::Running, None).await?;
+        let pipeline =
+            match setup::pipeline(&cfg, &pool, &common, run_id, run.recipe, run.seed).await {
+                Ok(p) => std::sync::Arc::new(p),
+                Err(e) => {
+                    let msg = crate::domain::util::error_chain(&e);
+                    mark(&pool, run_id, RunStatus::Failed, Some(&msg)).await?;
+                    return Err(anyhow::anyhow!(msg).context(format!("run {name} ({run_id})")));
+                }
+            };
         let pb = crate::telemetry::progress(u64::from(cfg.experiment.steps), &name);
         let trackers = tracking::follow(&pool, &cfg, run_id, &name, run.recipe.as_str());
         let result = pipeline.run(cancel.clone(), pb.clone()).await;

@@ -44,6 +44,11 @@ struct RunData {
     steps_total: u64,
     rewards: [Series; 4],
     times: [Series; 5],
+    /// Per step: trajectories, parse failures, tool calls per stage, mean answer characters.
+    trajectories: Series,
+    parse_failures: Series,
+    tool_calls: [Series; 4],
+    answer_chars: Series,
     evals: Vec<db::evaluations::EvalRow>,
 }
 
@@ -403,6 +408,170 @@ Training reward = mean reward of the step that produced the version (the trainin
     Ok(())
 }
 
+/// A held-out evaluation: (policy version, score, exact-match rate).
+pub type HeldOut = (i32, Option<f64>, Option<f64>);
+
+/// One run reduced to what the by-recipe table compares across seeds.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SeedRun {
+    pub recipe: String,
+    pub seed: i64,
+    /// Held-out evaluations by version.
+    pub held_out: Vec<HeldOut>,
+    /// Reward per stage (plan, research, review, answer), mean over the last three steps.
+    pub stage_reward: [f64; 4],
+    /// Parse failures per trajectory, over all steps.
+    pub parse_rate: f64,
+    /// Tool calls per trajectory by stage (plan, research, review, answer), over all steps.
+    pub tool_calls: [f64; 4],
+    /// Mean characters of an answer, over the steps' means.
+    pub answer_chars: f64,
+}
+
+impl SeedRun {
+    fn of(d: &RunData) -> Self {
+        let total = |s: &Series| s.iter().map(|p| p.1).sum::<f64>();
+        let trajectories = total(&d.trajectories).max(1.0);
+        let mut held_out: Vec<HeldOut> = d
+            .evals
+            .iter()
+            .filter(|e| e.subset == super::evaluate::HELD_OUT)
+            .map(|e| (e.policy_version, e.score, e.exact))
+            .collect();
+        held_out.sort_by_key(|p| p.0);
+        Self {
+            recipe: d.row.recipe.clone(),
+            seed: d.row.seed,
+            held_out,
+            stage_reward: std::array::from_fn(|k| head_tail(&d.rewards[k]).1),
+            parse_rate: total(&d.parse_failures) / trajectories,
+            tool_calls: std::array::from_fn(|k| total(&d.tool_calls[k]) / trajectories),
+            answer_chars: mean(&d.answer_chars),
+        }
+    }
+}
+
+/// Mean and sample standard deviation (n - 1); no spread from one value.
+fn spread(xs: &[f64]) -> (f64, Option<f64>) {
+    let n = xs.len() as f64;
+    let m = xs.iter().sum::<f64>() / n.max(1.0);
+    let sd = (xs.len() > 1)
+        .then(|| (xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt());
+    (m, sd)
+}
+
+fn pm(xs: &[f64], digits: usize) -> String {
+    match spread(xs) {
+        (m, _) if xs.is_empty() || m.is_nan() => "—".to_string(),
+        (m, Some(sd)) => format!("{m:.digits$} ± {sd:.digits$}"),
+        (m, None) => format!("{m:.digits$}"),
+    }
+}
+
+/// The recipes compared over their seeds (markdown; empty for a single run; a recipe run on one
+/// seed shows its values without a spread): held-out score and exact-match rate per policy version as mean ± sample
+/// standard deviation over seeds (versions every seed of the recipe reached), the change from
+/// the first to the last version, the ordering by that change, and beside it what explains it:
+/// reward per stage (last three steps), parse failures and tool calls per stage per trajectory,
+/// answer length.
+pub fn by_recipe(runs: &[SeedRun]) -> String {
+    let mut recipes: Vec<&str> = Vec::new();
+    for r in runs {
+        if !recipes.contains(&r.recipe.as_str()) {
+            recipes.push(&r.recipe);
+        }
+    }
+    let group =
+        |name: &str| -> Vec<&SeedRun> { runs.iter().filter(|r| r.recipe == name).collect() };
+    if runs.len() < 2 {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\n## Recipes over seeds (mean ± sample sd over seeds; one seed: its value)\n\n\
+         Held-out score (exact-match rate) by policy version, over the versions every seed of the \
+         recipe reached; change = last version − first, per seed.\n\n\
+         | recipe | seeds | held-out score by version | exact by version | change |\n|---|---|---|---|---|\n",
+    );
+    let mut order: Vec<(&str, f64, Option<f64>)> = Vec::new();
+    for name in &recipes {
+        let g = group(name);
+        let mut versions: Vec<i32> = g[0].held_out.iter().map(|p| p.0).collect();
+        versions.retain(|v| g.iter().all(|r| r.held_out.iter().any(|p| p.0 == *v)));
+        let at = |v: i32, pick: fn(&HeldOut) -> Option<f64>| -> Vec<f64> {
+            g.iter()
+                .filter_map(|r| r.held_out.iter().find(|p| p.0 == v).and_then(pick))
+                .collect()
+        };
+        let scores: Vec<String> = versions
+            .iter()
+            .map(|&v| format!("v{v} {}", pm(&at(v, |p| p.1), 4)))
+            .collect();
+        let exact: Vec<String> = versions
+            .iter()
+            .map(|&v| format!("v{v} {}", pm(&at(v, |p| p.2), 3)))
+            .collect();
+        let change: Vec<f64> = match (versions.first(), versions.last()) {
+            (Some(&a), Some(&b)) if a != b => g
+                .iter()
+                .filter_map(|r| {
+                    let f = |v: i32| r.held_out.iter().find(|p| p.0 == v).and_then(|p| p.1);
+                    Some(f(b)? - f(a)?)
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        if !change.is_empty() {
+            let (m, sd) = spread(&change);
+            order.push((name, m, sd));
+        }
+        let seeds: Vec<String> = g.iter().map(|r| r.seed.to_string()).collect();
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {} | {} |",
+            seeds.join(", "),
+            scores.join("; "),
+            exact.join("; "),
+            pm(&change, 4)
+        );
+    }
+    order.sort_by(|a, b| b.1.total_cmp(&a.1));
+    if !order.is_empty() {
+        let parts: Vec<String> = order
+            .iter()
+            .map(|(n, m, sd)| match sd {
+                Some(sd) => format!("{n} ({m:+.4} ± {sd:.4})"),
+                None => format!("{n} ({m:+.4})"),
+            })
+            .collect();
+        let _ = writeln!(
+            md,
+            "\nOrdering by held-out change: {}. (The paper's ordering: full above meta-policy and \
+             ss-grpo, both above baseline-rl; a gap smaller than the spreads is not an ordering.)",
+            parts.join(" > ")
+        );
+    }
+    md.push_str(
+        "\n| recipe | reward plan | research | review | answer (last 3 steps) | parse failures / trajectory | tool calls / trajectory: plan | research | review | answer | answer chars |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for name in &recipes {
+        let g = group(name);
+        let col = |f: &dyn Fn(&SeedRun) -> f64, digits: usize| {
+            pm(&g.iter().map(|r| f(r)).collect::<Vec<_>>(), digits)
+        };
+        let rewards: Vec<String> = (0..4).map(|k| col(&|r| r.stage_reward[k], 4)).collect();
+        let tools: Vec<String> = (0..4).map(|k| col(&|r| r.tool_calls[k], 2)).collect();
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {} | {} |",
+            rewards.join(" | "),
+            col(&|r| r.parse_rate, 3),
+            tools.join(" | "),
+            col(&|r| r.answer_chars, 0)
+        );
+    }
+    md
+}
+
 /// Write the report for a run or an experiment into `out/<id>/report.md`.
 pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, ReportError> {
     let runs = match db::runs::get_run(pool, target).await? {
@@ -434,8 +603,16 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
         for (k, t) in TIMES.iter().enumerate() {
             times[k] = series(pool, row.id, t).await?;
         }
+        let mut tool_calls: [Series; 4] = Default::default();
+        for (k, st) in STAGES.iter().enumerate() {
+            tool_calls[k] = series(pool, row.id, &format!("rollout/tool_calls/{st}")).await?;
+        }
         let evals = db::evaluations::for_run(pool, row.id).await?;
         data.push(RunData {
+            trajectories: series(pool, row.id, "rollout/trajectories").await?,
+            parse_failures: series(pool, row.id, "rollout/parse_failures").await?,
+            answer_chars: series(pool, row.id, "rollout/answer_chars").await?,
+            tool_calls,
             row,
             judge,
             steps_total,
@@ -490,6 +667,8 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
         &side,
     )?;
     let _ = writeln!(md, "\n![recipes]({f}) ([svg](recipes_answer_reward.svg))\n");
+    let seeded: Vec<SeedRun> = data.iter().map(SeedRun::of).collect();
+    md.push_str(&by_recipe(&seeded));
     evaluation_section(&mut md, &dir, &data)?;
     gold_section(pool, &mut md, &dir, &data).await?;
     let _ = writeln!(
@@ -593,4 +772,83 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
         message: e.to_string(),
     })?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SeedRun, by_recipe};
+
+    fn run(recipe: &str, seed: i64, held_out: &[(i32, f64, f64)], parse: f64) -> SeedRun {
+        SeedRun {
+            recipe: recipe.into(),
+            seed,
+            held_out: held_out
+                .iter()
+                .map(|&(v, s, e)| (v, Some(s), Some(e)))
+                .collect(),
+            stage_reward: [0.0, 0.1, 0.2, seed as f64 / 100.0],
+            parse_rate: parse,
+            tool_calls: [0.0, 2.0, 0.5, 0.0],
+            answer_chars: 100.0,
+        }
+    }
+
+    #[test]
+    fn recipes_are_compared_over_their_seeds_with_spread_and_ordering() {
+        let runs = [
+            run("baseline-rl", 17, &[(0, 0.1, 0.0), (12, 0.1, 0.0)], 0.5),
+            run("full", 17, &[(0, 0.1, 0.0), (12, 0.3, 0.25)], 0.25),
+            run("baseline-rl", 18, &[(0, 0.1, 0.0), (12, 0.0, 0.0)], 0.7),
+            run("full", 18, &[(0, 0.1, 0.0), (12, 0.2, 0.0)], 0.35),
+        ];
+        let md = by_recipe(&runs);
+        assert!(
+            md.contains("| full | 17, 18 | v0 0.1000 ± 0.0000; v12 0.2500 ± 0.0707 | v0 0.000 ± 0.000; v12 0.125 ± 0.177 | 0.1500 ± 0.0707 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| baseline-rl | 17, 18 | v0 0.1000 ± 0.0000; v12 0.0500 ± 0.0707 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("Ordering by held-out change: full (+0.1500 ± 0.0707) > baseline-rl (-0.0500 ± 0.0707)."),
+            "{md}"
+        );
+        // Per-recipe explanation: parse failures 0.5 / 0.7 -> 0.600 ± 0.141; answer reward of
+        // seeds 17 / 18 -> 0.1750 ± 0.0071.
+        assert!(
+            md.contains("| baseline-rl | 0.0000 ± 0.0000 | 0.1000 ± 0.0000 | 0.2000 ± 0.0000 | 0.1750 ± 0.0071 | 0.600 ± 0.141 | 0.00 ± 0.00 | 2.00 ± 0.00 | 0.50 ± 0.00 | 0.00 ± 0.00 | 100 ± 0 |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn versions_not_reached_by_every_seed_are_left_out_and_one_run_has_no_table() {
+        // Seed 18 of full stopped before v12: only v0 is compared, so full has no change.
+        let runs = [
+            run("full", 17, &[(0, 0.1, 0.0), (12, 0.3, 0.0)], 0.0),
+            run("full", 18, &[(0, 0.1, 0.0)], 0.0),
+        ];
+        let md = by_recipe(&runs);
+        assert!(
+            md.contains("| full | 17, 18 | v0 0.1000 ± 0.0000 | v0 0.000 ± 0.000 | — |"),
+            "{md}"
+        );
+        assert!(!md.contains("Ordering"), "{md}");
+        assert_eq!(by_recipe(&runs[..1]), "");
+        // One seed per recipe: values without a spread, still ordered.
+        let one = [
+            run("baseline-rl", 17, &[(0, 0.1, 0.0), (12, 0.1, 0.0)], 0.5),
+            run("full", 17, &[(0, 0.1, 0.0), (12, 0.3, 0.25)], 0.25),
+        ];
+        let md = by_recipe(&one);
+        assert!(
+            md.contains("| full | 17 | v0 0.1000; v12 0.3000 | v0 0.000; v12 0.250 | 0.2000 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("Ordering by held-out change: full (+0.2000) > baseline-rl (+0.0000)."),
+            "{md}"
+        );
+    }
 }

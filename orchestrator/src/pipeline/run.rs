@@ -16,6 +16,8 @@ pub enum RunError {
     NothingToResume { id: Uuid, url: String },
     #[error("the run's stored configuration no longer parses")]
     StoredConfig(#[source] serde_json::Error),
+    #[error(transparent)]
+    Lease(#[from] db::lease::LeaseError),
 }
 
 /// A run's lifecycle status, as stored in `runs.status`.
@@ -41,63 +43,77 @@ impl RunStatus {
     }
 }
 
-/// One run of an experiment to carry out: its id, recipe and display name.
+/// One run of an experiment to carry out: its id, recipe, training seed and display name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannedRun {
     pub id: Uuid,
     pub recipe: Recipe,
+    pub seed: u64,
     pub name: String,
 }
 
-/// Store an experiment named `name` (from preset `preset`) and one run per `(name, recipe)`,
-/// each with the configuration snapshot and seed of `cfg`. Returns the experiment id and the
+/// Store an experiment named `name` (from preset `preset`) and one run per `(name, recipe,
+/// seed)`, each with the configuration snapshot of `cfg`. Returns the experiment id and the
 /// run ids in order.
 async fn create(
     pool: &PgPool,
     cfg: &Config,
     name: &str,
     preset: &str,
-    runs: &[(&str, &str)],
+    runs: &[(String, &str, u64)],
 ) -> Result<(Uuid, Vec<Uuid>), DbError> {
     let snapshot = cfg.snapshot();
     let exp = db::runs::create_experiment(pool, name, preset, &snapshot).await?;
     let mut ids = Vec::with_capacity(runs.len());
-    for (run_name, recipe) in runs {
-        let id = db::runs::create_run(
-            pool,
-            exp,
-            run_name,
-            recipe,
-            &snapshot,
-            cfg.experiment.seed as i64,
-        )
-        .await?;
+    for (run_name, recipe, seed) in runs {
+        let id = db::runs::create_run(pool, exp, run_name, recipe, &snapshot, *seed as i64).await?;
         ids.push(id);
     }
     Ok((exp, ids))
 }
 
-/// Register a new experiment from preset `preset` with one run per configured recipe (named
-/// after the recipe). Returns the experiment id and the runs to carry out, in recipe order.
+/// The runs of an experiment, seed-major (every recipe on the first seed, then on the next, so
+/// an experiment cut short still compares the recipes on the seeds it finished): `(recipe,
+/// seed, name)`, named after the recipe, with `-s<seed>` when there are several seeds.
+pub fn plan(cfg: &Config) -> Vec<(Recipe, u64, String)> {
+    let seeds = cfg.experiment.run_seeds();
+    let several = seeds.len() > 1;
+    seeds
+        .iter()
+        .flat_map(|&seed| {
+            cfg.experiment.recipes.iter().map(move |&r| {
+                let name = if several {
+                    format!("{}-s{seed}", r.as_str())
+                } else {
+                    r.as_str().to_string()
+                };
+                (r, seed, name)
+            })
+        })
+        .collect()
+}
+
+/// Register a new experiment from preset `preset` with one run per configured recipe and seed
+/// ([`plan`]). Returns the experiment id and the runs to carry out, in that order.
 pub async fn register_experiment(
     pool: &PgPool,
     cfg: &Config,
     preset: &str,
 ) -> Result<(Uuid, Vec<PlannedRun>), DbError> {
-    let names: Vec<(&str, &str)> = cfg
-        .experiment
-        .recipes
+    let planned = plan(cfg);
+    let rows: Vec<(String, &str, u64)> = planned
         .iter()
-        .map(|r| (r.as_str(), r.as_str()))
+        .map(|(r, seed, name)| (name.clone(), r.as_str(), *seed))
         .collect();
-    let (exp, ids) = create(pool, cfg, &cfg.experiment.name, preset, &names).await?;
+    let (exp, ids) = create(pool, cfg, &cfg.experiment.name, preset, &rows).await?;
     let runs = ids
         .into_iter()
-        .zip(&cfg.experiment.recipes)
-        .map(|(id, recipe)| PlannedRun {
+        .zip(planned)
+        .map(|(id, (recipe, seed, name))| PlannedRun {
             id,
-            recipe: *recipe,
-            name: recipe.as_str().to_string(),
+            recipe,
+            seed,
+            name,
         })
         .collect();
     Ok((exp, runs))
@@ -105,12 +121,13 @@ pub async fn register_experiment(
 
 /// The `--resume` merge policy: a resumed run continues on the configuration it was started
 /// with (`stored`), except where it must reach the world of today (`current`): the database,
-/// the policy servers, the trainer and the judge servers, and the trackers when any is given;
-/// `--steps`, when given, extends it.
+/// the policy servers, the trainer's URL and the judge servers, and the trackers when any is
+/// given; `--steps`, when given, extends it. The trainer's settings stay the stored ones: a
+/// resume under another preset must not change a run's learning rate halfway.
 pub fn merge_resumed(mut stored: Config, current: &Config, steps: Option<u32>) -> Config {
     stored.database = current.database.clone();
     stored.policy.urls = current.policy.urls.clone();
-    stored.trainer = current.trainer.clone();
+    stored.trainer.url = current.trainer.url.clone();
     stored.judge.urls = current.judge.urls.clone();
     // Trackers given now replace the stored ones (whose MLflow URL is stored redacted).
     if current.tracking.enabled() {
@@ -155,10 +172,41 @@ pub async fn find_resumable(
             id: r.id,
             // Runs made by `orchestrator rollout` have no recipe.
             recipe: Recipe::parse(&r.recipe).unwrap_or(Recipe::Full),
+            seed: r.seed as u64,
             name: r.name,
         })
         .collect();
     Ok((cfg, runs))
+}
+
+/// What [`claim`] found.
+#[derive(Debug)]
+pub enum Claim {
+    /// The run is this process's to run until the lease is released.
+    Mine(db::lease::RunLease),
+    /// Another orchestrator holds the run (the lease error names it).
+    Held(db::lease::LeaseError),
+    /// The run was completed (by another orchestrator) since the runs were listed.
+    Completed,
+}
+
+/// Take the lease of a planned run for this process. Several orchestrators (each with its own
+/// policy servers and trainer) can share one experiment's runs this way: each runs the runs no
+/// other holds and that are not completed yet.
+pub async fn claim(pool: &PgPool, run_id: Uuid) -> Result<Claim, RunError> {
+    let lease = match db::lease::acquire(pool, run_id, &db::lease::this_process()).await {
+        Ok(l) => l,
+        Err(e @ db::lease::LeaseError::Held { .. }) => return Ok(Claim::Held(e)),
+        Err(e) => return Err(e.into()),
+    };
+    let done = db::runs::get_run(pool, run_id)
+        .await?
+        .is_some_and(|r| r.status == RunStatus::Completed.as_str());
+    if done {
+        lease.release().await;
+        return Ok(Claim::Completed);
+    }
+    Ok(Claim::Mine(lease))
 }
 
 /// Set a run's status (and its error message, for [`RunStatus::Failed`]).
@@ -183,7 +231,14 @@ pub async fn start_rollout_run(
     preset: &str,
     task_ids: &[Uuid],
 ) -> Result<Uuid, DbError> {
-    let (_, ids) = create(pool, cfg, "rollout", preset, &[("rollout", "rollout")]).await?;
+    let (_, ids) = create(
+        pool,
+        cfg,
+        "rollout",
+        preset,
+        &[("rollout".to_string(), "rollout", cfg.experiment.seed)],
+    )
+    .await?;
     let run_id = ids[0];
     mark(pool, run_id, RunStatus::Running, None).await?;
     db::runs::begin_step(pool, run_id, ROLLOUT_STEP, 0, task_ids).await?;
@@ -205,4 +260,52 @@ pub async fn finish_rollout_run(
     db::runs::set_step_status(pool, run_id, ROLLOUT_STEP, status.as_str()).await?;
     mark(pool, run_id, status, None).await?;
     Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan;
+    use crate::domain::config::{Config, Overrides, Recipe};
+
+    #[test]
+    fn a_resume_reaches_todays_trainer_but_keeps_the_runs_settings() {
+        let stored = Config::load("ablation-mini", &Overrides::default()).unwrap();
+        let mut current = Config::load("smoke", &Overrides::default()).unwrap();
+        current.trainer.url = "http://127.0.0.1:8200".into();
+        current.policy.urls = vec!["http://127.0.0.1:8201".into()];
+        assert_ne!(current.trainer.settings, stored.trainer.settings);
+        let merged = super::merge_resumed(stored.clone(), &current, Some(20));
+        assert_eq!(merged.trainer.url, "http://127.0.0.1:8200");
+        assert_eq!(merged.policy.urls, current.policy.urls);
+        assert_eq!(merged.trainer.settings, stored.trainer.settings);
+        assert_eq!(merged.trainer.settings.lr, 5e-5);
+        assert_eq!(merged.experiment.steps, 20);
+        assert_eq!(merged.experiment.seeds, stored.experiment.seeds);
+    }
+
+    #[test]
+    fn runs_are_planned_seed_major_and_named_by_seed_when_several() {
+        let cfg = Config::load("ablation-mini", &Overrides::default()).unwrap();
+        let smoke = Config::load("smoke", &Overrides::default()).unwrap();
+        // Seed-major: every recipe on 17, then on 18.
+        let planned = plan(&cfg);
+        let names: Vec<&str> = planned.iter().map(|p| p.2.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "baseline-rl-s17",
+                "ss-grpo-s17",
+                "meta-policy-s17",
+                "full-s17",
+                "baseline-rl-s18",
+                "ss-grpo-s18",
+                "meta-policy-s18",
+                "full-s18"
+            ]
+        );
+        assert!(planned[..4].iter().all(|p| p.1 == 17) && planned[4..].iter().all(|p| p.1 == 18));
+        // One seed keeps the recipe's plain name.
+        let one = plan(&smoke);
+        assert_eq!(one, vec![(Recipe::Full, 17, "full".to_string())]);
+    }
 }

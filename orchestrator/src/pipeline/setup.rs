@@ -271,13 +271,15 @@ pub async fn probe_judge(cfg: &Config) -> Result<(), PipelineError> {
     Ok(())
 }
 
-/// The pipeline of one run.
+/// The pipeline of one run, trained on seed `seed` (its rollout sampling, task schedule and
+/// reflection picks; the evaluation picks in `common` stay on `experiment.seed`).
 pub async fn pipeline(
     cfg: &Config,
     pool: &PgPool,
     common: &Common,
     run_id: Uuid,
     recipe: Recipe,
+    seed: u64,
 ) -> Result<Pipeline, PipelineError> {
     let http = crate::infra::llm::build_http(Duration::from_secs(10)).map_err(setup)?;
     let client = LlmClient::from_config(
@@ -317,7 +319,7 @@ pub async fn pipeline(
             reflector: crate::pipeline::reflection::Reflector {
                 pool: pool.clone(),
                 run_id,
-                seed: cfg.experiment.seed,
+                seed,
                 client: client.clone(),
                 codec: common.codec.clone(),
                 judge: judge.clone(),
@@ -344,13 +346,13 @@ pub async fn pipeline(
         memory,
         tasks_per_step: cfg.rollout.tasks_per_step as usize,
         n: cfg.rollout.n,
-        seed: cfg.experiment.seed,
+        seed,
         rollout: RolloutCtx {
             client,
             codec: common.codec.clone(),
             tools: common.tools.clone(),
             cfg: cfg.rollout.clone(),
-            seed: Some(cfg.experiment.seed),
+            seed: Some(seed),
             scaffold: cfg.data.scaffold,
         },
         admission,
@@ -444,7 +446,20 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
     let d = &cfg.data;
     let t = &cfg.trainer.settings;
     let r = &cfg.rollout;
-    let names: Vec<&str> = recipes.iter().map(|r| r.as_str()).collect();
+    let mut names: Vec<&str> = Vec::new();
+    for r in recipes {
+        if !names.contains(&r.as_str()) {
+            names.push(r.as_str());
+        }
+    }
+    let seeds = if cfg.experiment.seeds.is_empty() {
+        format!("seed {}", cfg.experiment.seed)
+    } else {
+        format!(
+            "seeds {:?} each (evaluation picks on seed {})",
+            cfg.experiment.seeds, cfg.experiment.seed
+        )
+    };
     let tools = if d.index.as_os_str().is_empty() {
         "web: google_search (Serper), snippet_search (Semantic Scholar), browse_webpage".to_string()
     } else {
@@ -472,11 +487,10 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
     };
     let mut lines = vec![
         format!(
-            "experiment {}: {} x {} steps, seed {}",
+            "experiment {}: {} x {} steps, {seeds}",
             cfg.experiment.name,
             names.join(", "),
             cfg.experiment.steps,
-            cfg.experiment.seed
         ),
         format!(
             "  scaffold {}; {} tasks x {} rollouts per step; <= {} tool calls; {} response tokens{}; temperature {}",

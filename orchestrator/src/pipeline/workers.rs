@@ -101,6 +101,10 @@ impl Pipeline {
                     "rollout/parse_failures".to_string(),
                     summary.parse_failures as f64,
                 ),
+                (
+                    "rollout/answer_chars".to_string(),
+                    summary.answer_chars as f64 / summary.answers.max(1) as f64,
+                ),
                 ("rollout/policy_version".to_string(), f64::from(version)),
             ];
             m.extend(memory_metrics);

@@ -24,6 +24,13 @@ pub const PRESETS: &[(&str, &str)] = &[
         )),
     ),
     (
+        "ablation-mini",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/experiments/ablation-mini.toml"
+        )),
+    ),
+    (
         "ablation-600",
         include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -389,7 +396,26 @@ pub struct ExperimentConfig {
     pub description: String,
     pub recipes: Vec<Recipe>,
     pub steps: u32,
+    /// The experiment's seed: the held-out and evaluation picks (the same for every run of the
+    /// experiment) and, when `seeds` is empty, each run's training seed.
     pub seed: u64,
+    /// Training seeds: each recipe runs once per seed (rollout sampling, the task schedule and
+    /// the reflection picks), all from the same starting policy and on the same held-out pick,
+    /// so a recipe's scores come with their seed-to-seed spread. Empty: one run per recipe on
+    /// `seed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seeds: Vec<u64>,
+}
+
+impl ExperimentConfig {
+    /// The training seed of each run of a recipe: `seeds`, or `[seed]` when it is empty.
+    pub fn run_seeds(&self) -> Vec<u64> {
+        if self.seeds.is_empty() {
+            vec![self.seed]
+        } else {
+            self.seeds.clone()
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

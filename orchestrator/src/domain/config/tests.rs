@@ -39,6 +39,30 @@ fn ablation_has_the_four_recipes() {
 }
 
 #[test]
+fn ablation_mini_runs_every_recipe_on_each_seed_from_the_smoke_world() {
+    let cfg = Config::load("ablation-mini", &Overrides::default()).unwrap();
+    let smoke = Config::load("smoke", &Overrides::default()).unwrap();
+    assert_eq!(cfg.experiment.recipes.len(), 4);
+    assert_eq!(cfg.experiment.run_seeds(), vec![17, 18]);
+    assert_eq!(smoke.experiment.run_seeds(), vec![17]);
+    // The same world, servers, warm start and held-out pick as smoke.
+    assert_eq!(cfg.data, smoke.data);
+    assert_eq!(cfg.eval, smoke.eval);
+    assert_eq!(cfg.experiment.seed, smoke.experiment.seed);
+    assert_eq!(cfg.trainer.settings.lr, 5e-5);
+    assert_eq!(cfg.rollout.temperature, 0.7);
+    let ov = Overrides {
+        sets: vec!["experiment.seeds=[3, 4, 3]".into()],
+        ..Default::default()
+    };
+    let err = Config::load("smoke", &ov).unwrap_err().to_string();
+    assert!(
+        err.contains("experiment.seeds") && err.contains("repeats 3"),
+        "{err}"
+    );
+}
+
+#[test]
 fn precedence_preset_file_flags() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("o.toml");

@@ -24,6 +24,21 @@ impl Config {
             e.steps,
             "1..=1000000",
         )?;
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(dup) = e.seeds.iter().find(|s| !seen.insert(**s)) {
+            check(
+                false,
+                "experiment.seeds",
+                format!("{:?} (repeats {dup})", e.seeds),
+                "distinct seeds (or []: one run per recipe on experiment.seed)",
+            )?;
+        }
+        check(
+            e.seeds.len() <= 64,
+            "experiment.seeds",
+            format!("{} seeds", e.seeds.len()),
+            "at most 64",
+        )?;
         if let Some(m) = self.rollout.max_prompt_tokens {
             check(
                 (16..=1_048_576).contains(&m),

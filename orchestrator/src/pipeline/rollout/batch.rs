@@ -116,6 +116,10 @@ pub fn summarize(results: Vec<Result<Rollout, RolloutError>>) -> (Vec<Rollout>, 
                 if r.parsed.failed() {
                     summary.parse_failures += 1;
                 }
+                if let Some(a) = &r.parsed.answer {
+                    summary.answers += 1;
+                    summary.answer_chars += a.chars().count();
+                }
                 summary.model_tokens += r.trajectory.num_model_tokens();
                 ok.push(r);
             }
@@ -142,6 +146,9 @@ pub struct RolloutSummary {
     /// Trajectories with malformed tags or without a recognised plan or answer.
     pub parse_failures: usize,
     pub model_tokens: usize,
+    /// Trajectories with an answer, and the characters of those answers together.
+    pub answers: usize,
+    pub answer_chars: usize,
     pub seconds: f64,
 }
 

@@ -266,13 +266,44 @@ async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool
                 .await
                 .unwrap();
         }
+        orchestrator::pipeline::run::mark(
+            &pool,
+            run,
+            orchestrator::pipeline::run::RunStatus::Completed,
+            None,
+        )
+        .await
+        .unwrap();
         runs.push(run);
     }
+    // A second seed of `full` that was paused before it trained: left out of the comparison
+    // over seeds (it would cut `full`'s versions to v0).
+    let paused = db::runs::create_run(&pool, exp, "full-s2", "full", &cfg, 2)
+        .await
+        .unwrap();
+    orchestrator::pipeline::run::mark(
+        &pool,
+        paused,
+        orchestrator::pipeline::run::RunStatus::Paused,
+        None,
+    )
+    .await
+    .unwrap();
     let out = tempfile::tempdir().unwrap();
     let path = orchestrator::pipeline::report::write(&pool, exp, out.path())
         .await
         .unwrap();
     let md = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        md.contains(
+            "| full | 1 | v0 0.3000; v2 0.4250; v4 0.5500 | v0 0.500; v2 0.500; v4 0.500 | 0.2500 |"
+        ),
+        "completed runs compared over seeds: {md}"
+    );
+    assert!(
+        md.contains("| baseline-rl | 1 | v0 0.1000; v2 0.2250; v4 0.3500 |"),
+        "{md}"
+    );
     assert!(md.contains("## Evaluation on fixed subsets"), "{md}");
     assert!(
         md.contains("| `held-out` v0 → v4: 0.3000 → 0.5500 |"),

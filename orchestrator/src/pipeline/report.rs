@@ -430,7 +430,8 @@ pub struct SeedRun {
 
 impl SeedRun {
     fn of(d: &RunData) -> Self {
-        let total = |s: &Series| s.iter().map(|p| p.1).sum::<f64>();
+        // `+ 0.0`: a float sum of nothing is -0.0.
+        let total = |s: &Series| s.iter().map(|p| p.1).sum::<f64>() + 0.0;
         let trajectories = total(&d.trajectories).max(1.0);
         let mut held_out: Vec<HeldOut> = d
             .evals
@@ -487,7 +488,7 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
         return String::new();
     }
     let mut md = String::from(
-        "\n## Recipes over seeds (mean ± sample sd over seeds; one seed: its value)\n\n\
+        "\n## Recipes over seeds (completed runs; mean ± sample sd over seeds; one seed: its value)\n\n\
          Held-out score (exact-match rate) by policy version, over the versions every seed of the \
          recipe reached; change = last version − first, per seed.\n\n\
          | recipe | seeds | held-out score by version | exact by version | change |\n|---|---|---|---|---|\n",
@@ -667,7 +668,13 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
         &side,
     )?;
     let _ = writeln!(md, "\n![recipes]({f}) ([svg](recipes_answer_reward.svg))\n");
-    let seeded: Vec<SeedRun> = data.iter().map(SeedRun::of).collect();
+    // A paused or failed run stopped at another version than its recipe's other seeds: only
+    // completed runs are compared over seeds.
+    let seeded: Vec<SeedRun> = data
+        .iter()
+        .filter(|d| d.row.status == super::run::RunStatus::Completed.as_str())
+        .map(SeedRun::of)
+        .collect();
     md.push_str(&by_recipe(&seeded));
     evaluation_section(&mut md, &dir, &data)?;
     gold_section(pool, &mut md, &dir, &data).await?;

@@ -544,11 +544,20 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
                 None => format!("{n} ({m:+.4})"),
             })
             .collect();
+        // Equal changes are a tie, not an order.
+        let mut joined = parts[0].clone();
+        for (k, p) in parts.iter().enumerate().skip(1) {
+            joined.push_str(if order[k].1 < order[k - 1].1 {
+                " > "
+            } else {
+                " = "
+            });
+            joined.push_str(p);
+        }
         let _ = writeln!(
             md,
-            "\nOrdering by held-out change: {}. (The paper's ordering: full above meta-policy and \
-             ss-grpo, both above baseline-rl; a gap smaller than the spreads is not an ordering.)",
-            parts.join(" > ")
+            "\nOrdering by held-out change: {joined}. (The paper's ordering: full above meta-policy and \
+             ss-grpo, both above baseline-rl; a gap smaller than the spreads is not an ordering.)"
         );
     }
     md.push_str(
@@ -856,6 +865,15 @@ mod tests {
         assert!(
             md.contains("Ordering by held-out change: full (+0.2000) > baseline-rl (+0.0000)."),
             "{md}"
+        );
+        let tied = [
+            one[0].clone(),
+            run("full", 17, &[(0, 0.1, 0.0), (12, 0.1, 0.0)], 0.5),
+        ];
+        assert!(
+            by_recipe(&tied).contains("change: baseline-rl (+0.0000) = full (+0.0000)."),
+            "{}",
+            by_recipe(&tied)
         );
     }
 }

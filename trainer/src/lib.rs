@@ -4,6 +4,7 @@
 //! planning, the experiment's settings mapped onto it, exports that transformers, PEFT and vLLM
 //! load, and small-model tooling (tokenizer training, random-init model dirs).
 
+pub mod alloc;
 pub mod bench;
 pub mod chat;
 pub mod checkpoint;

@@ -18,6 +18,8 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    let heap = trainer::alloc::keep_freed_memory();
+    tracing::debug!(?heap, "glibc heap thresholds");
     match Task::from_cli(Cli::parse()).and_then(run) {
         Ok(msg) => {
             #[allow(clippy::print_stdout)]

@@ -26,7 +26,7 @@ pub struct TrainConfig {
     pub optim: AdamWConfig,
     /// Padded tokens per micro-batch (rows × longest row).
     pub micro_batch_tokens: i64,
-    /// Positions per chunk of the logits head.
+    /// Positions (of all the micro-batch's rows together) per chunk of the logits head.
     pub logit_chunk: i64,
     /// Recompute each layer in backward instead of keeping its activations.
     pub grad_checkpoint: bool,
@@ -1048,8 +1048,8 @@ impl Trainer {
         })
     }
 
-    /// Loss of one chunk from its target log-probs `logp` [B, c] (a leaf; backward is the
-    /// caller's), accumulating metrics.
+    /// Loss of one chunk from its target log-probs `logp` [c], the micro-batch's positions
+    /// s..s+c in row-major order (a leaf; backward is the caller's), accumulating metrics.
     fn chunk_loss(
         &self,
         logp: &Tensor,
@@ -1059,25 +1059,32 @@ impl Trainer {
         mode: Mode,
         sums: &mut Sums,
     ) -> Tensor {
-        let mask = m.mask.narrow(1, s, c);
-        let w = m.weights.narrow(1, s, c);
+        let mask = m.mask.reshape([-1]).narrow(0, s, c);
+        let w = m.weights.reshape([-1]).narrow(0, s, c);
         let n = mask.sum(Kind::Float).double_value(&[]);
         sums.tokens += n;
         let per_token = if mode.rl() {
             let own = logp.detach();
             let old = match &m.old {
                 None => own,
-                Some((vals, None)) => vals.narrow(1, s, c),
+                Some((vals, None)) => vals.reshape([-1]).narrow(0, s, c),
                 Some((vals, Some(usable))) => vals
-                    .narrow(1, s, c)
-                    .where_self(&usable.narrow(1, s, c), &own),
+                    .reshape([-1])
+                    .narrow(0, s, c)
+                    .where_self(&usable.reshape([-1]).narrow(0, s, c), &own),
             };
-            let reference = m.reference.as_ref().map(|r| r.narrow(1, s, c));
-            let behaviour = m.behaviour.as_ref().map(|b| b.narrow(1, s, c));
+            let reference = m
+                .reference
+                .as_ref()
+                .map(|r| r.reshape([-1]).narrow(0, s, c));
+            let behaviour = m
+                .behaviour
+                .as_ref()
+                .map(|b| b.reshape([-1]).narrow(0, s, c));
             let terms = loss::policy_terms(
                 logp,
                 &old,
-                &m.adv.narrow(1, s, c),
+                &m.adv.reshape([-1]).narrow(0, s, c),
                 reference.as_ref(),
                 behaviour.as_ref(),
                 &self.cfg.loss,
@@ -1104,31 +1111,37 @@ impl Trainer {
         l
     }
 
-    /// Head: final norm, then a fused linear + log-softmax + loss per chunk of positions. The
-    /// softmax of a chunk serves the entropy metric and the analytic gradient
-    /// dℓ/dlogits = g·(onehot − softmax), so no [T, V] tensor outlives its chunk and autograd
-    /// never stores logits. Gradients reach x (and the norm and lm weights) in one backward.
+    /// Head: final norm, then a fused linear + log-softmax + loss per chunk of `logit_chunk`
+    /// positions of the micro-batch (rows flattened, so a chunk's [c, V] size does not grow
+    /// with the batch). The softmax of a chunk serves the entropy metric and the analytic
+    /// gradient dℓ/dlogits = g·(onehot − p), applied without forming it: dℓ/dh = g·(W[y] − p·W)
+    /// and dℓ/dW = Σ g·h at the targets' rows − pᵀ·(g·h), so no [c, V] pass beyond the
+    /// log-softmax and its exp, which reuses the logits' storage. No [T, V] tensor outlives its
+    /// chunk and autograd never stores logits. Gradients reach x (and the norm and lm weights)
+    /// in one backward.
     fn head_backward(&self, x: &Tensor, m: &Micro, mode: Mode, sums: &mut Sums) {
         let h = crate::model::qwen3::rms_norm(x, &self.model.norm, self.model.cfg.rms_norm_eps);
         let w = self.model.lm_weight();
-        let (hd, wd) = (h.detach(), w.detach());
-        let t = hd.size()[1];
+        let size = h.size();
+        let hidden = size[2];
+        let (hd, wd) = (h.detach().reshape([-1, hidden]), w.detach());
+        let targets = m.targets.reshape([-1]);
+        let mask = m.mask.reshape([-1]);
+        let n = hd.size()[0];
         let chunk = self.cfg.logit_chunk.max(1);
         let mut grad_h = Vec::new();
         let mut grad_w: Option<Tensor> = None;
         let mut s = 0;
-        while s < t {
-            let c = chunk.min(t - s);
-            let hc = hd.narrow(1, s, c);
-            let targets = m.targets.narrow(1, s, c).unsqueeze(-1);
+        while s < n {
+            let c = chunk.min(n - s);
+            let hc = hd.narrow(0, s, c);
+            let tc = targets.narrow(0, s, c);
             // One fused log-softmax kernel (faster on CPU than logsumexp's separate passes).
-            let (logp_all, logp) = tch::no_grad(|| {
-                let logp_all = hc
-                    .matmul(&wd.tr())
-                    .to_kind(Kind::Float)
-                    .log_softmax(-1, Kind::Float);
-                let logp = logp_all.gather(-1, &targets, false).squeeze_dim(-1);
-                (logp_all, logp)
+            let (logits, logp_all, logp) = tch::no_grad(|| {
+                let logits = hc.mm(&wd.tr());
+                let logp_all = logits.log_softmax(-1, Kind::Float);
+                let logp = logp_all.gather(1, &tc.unsqueeze(1), false).squeeze_dim(1);
+                (logits, logp_all, logp)
             });
             let leaf = logp.set_requires_grad(true);
             let l = self.chunk_loss(&leaf, m, s, c, mode, sums);
@@ -1137,31 +1150,38 @@ impl Trainer {
             }
             let gl = leaf.grad();
             tch::no_grad(|| {
-                let mut p = logp_all.exp();
-                let ent = -(&p * &logp_all).sum_dim_intlist(-1, false, Kind::Float);
-                let mask = m.mask.narrow(1, s, c);
-                sums.entropy += (ent * &mask).sum(Kind::Float).double_value(&[]);
-                drop(logp_all);
-                if !gl.defined() {
+                let mut p = if logits.kind() == Kind::Float {
+                    logp_all.exp_out(&logits)
+                } else {
+                    logp_all.exp()
+                };
+                if gl.defined() {
+                    let kind = hc.kind();
+                    let g = gl.unsqueeze(1).to_kind(kind);
+                    let pk = p.to_kind(kind);
+                    grad_h.push((wd.index_select(0, &tc) - pk.mm(&wd)) * &g);
+                    if w.requires_grad() {
+                        let gh = &hc * &g;
+                        let mut gw = pk.tr().mm(&(-&gh));
+                        let _ = gw.index_add_(0, &tc, &gh);
+                        grad_w = Some(match grad_w.take() {
+                            Some(acc) => acc + gw,
+                            None => gw,
+                        });
+                    }
+                } else {
                     grad_h.push(hc.zeros_like());
-                    return;
                 }
-                let gl = gl.unsqueeze(-1);
-                let _ = p.f_mul_(&(-&gl));
-                let _ = p.f_scatter_add_(-1, &targets, &gl);
-                let g = p.to_kind(hc.kind());
-                grad_h.push(g.matmul(&wd));
-                if w.requires_grad() {
-                    let gw = g.flatten(0, 1).tr().matmul(&hc.flatten(0, 1));
-                    grad_w = Some(match grad_w.take() {
-                        Some(acc) => acc + gw,
-                        None => gw,
-                    });
-                }
+                // Entropy −Σ p·log p, the product written over p.
+                let _ = p.f_mul_(&logp_all);
+                let ent = -p.sum_dim_intlist(-1, false, Kind::Float);
+                sums.entropy += (ent * mask.narrow(0, s, c))
+                    .sum(Kind::Float)
+                    .double_value(&[]);
             });
             s += c;
         }
-        let grad_h = Tensor::cat(&grad_h, 1);
+        let grad_h = Tensor::cat(&grad_h, 0).view(size.as_slice());
         let mut root = if h.requires_grad() {
             Some((&h * grad_h).sum(Kind::Float))
         } else {

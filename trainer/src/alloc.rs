@@ -1,0 +1,71 @@
+//! The process's heap policy on glibc: keep freed memory for reuse rather than handing every
+//! large block back to the kernel.
+//!
+//! glibc serves a block above its mmap threshold (128 KiB, rising with use to at most 32 MiB)
+//! with a fresh mmap and returns it to the kernel when freed, and trims the heap's free top
+//! above 128 KiB. A training step allocates the same large tensors every time (the logits
+//! head's [chunk, V] buffers, each layer's activations and gradients), so on CPU it page-faults
+//! and zero-fills that memory again on every step: 4-7% of a `trainer bench` step's samples
+//! under `perf` were the kernel's page-fault and page-clearing paths (BENCHMARKS.md, issue
+//! 22/25 session 20). Raising both thresholds makes freed blocks reusable; the resident size
+//! then stays at the step's peak, which a trainer reaches again on the next step anyway.
+//!
+//! Set once at start by the binary. A user who configures glibc's allocator through the
+//! environment (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, `GLIBC_TUNABLES`) keeps
+//! that configuration. Not glibc (musl, macOS): nothing is changed.
+
+/// Blocks up to this size come from (and return to) the heap: 1 GiB.
+pub const MMAP_THRESHOLD: i32 = 1 << 30;
+/// Free memory at the heap's top kept before trimming: 1 GiB.
+pub const TRIM_THRESHOLD: i32 = 1 << 30;
+
+/// The environment variables through which glibc's allocator is configured by hand.
+const USER_SETTINGS: [&str; 3] = [
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "GLIBC_TUNABLES",
+];
+
+/// What `keep_freed_memory` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeapPolicy {
+    /// Both thresholds raised.
+    Kept,
+    /// The named variable configures the allocator; left as it is.
+    UserConfigured(&'static str),
+    /// Not glibc, or glibc refused a value.
+    Unchanged,
+}
+
+/// Raise glibc's mmap and trim thresholds (see the module comment) unless the environment
+/// configures the allocator already.
+pub fn keep_freed_memory() -> HeapPolicy {
+    if let Some(var) = USER_SETTINGS
+        .into_iter()
+        .find(|v| std::env::var_os(v).is_some())
+    {
+        return HeapPolicy::UserConfigured(var);
+    }
+    set_thresholds()
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn set_thresholds() -> HeapPolicy {
+    // SAFETY: mallopt only stores the two parameters in glibc's allocator state (under its
+    // lock); the values are within the ranges glibc accepts and no pointer is involved.
+    #[allow(unsafe_code)]
+    let ok = unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+            && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    };
+    if ok {
+        HeapPolicy::Kept
+    } else {
+        HeapPolicy::Unchanged
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn set_thresholds() -> HeapPolicy {
+    HeapPolicy::Unchanged
+}

@@ -98,6 +98,31 @@ struct Slot {
     decay: bool,
 }
 
+/// PyTorch's AdamW moments for one fp32 gradient `g` (already clipped) at 1-based `step` and
+/// learning rate `lr`: the new first and second moments and the divisor `d` for which the
+/// update is `p ← p + m / d`, i.e. `d = −(√v / √(1−β₂ᵗ) + ε) · (1−β₁ᵗ) / lr`. `m` and `v` are
+/// not written (an optimizer snapshot may share them): three new tensors, six passes over the
+/// elements (the update written as separate tensor expressions took eleven new tensors).
+pub(crate) fn adamw_moments(
+    g: &Tensor,
+    m: &Tensor,
+    v: &Tensor,
+    cfg: &AdamWConfig,
+    step: u64,
+    lr: f64,
+) -> (Tensor, Tensor, Tensor) {
+    let (b1, b2) = cfg.betas;
+    let bc1 = 1.0 - b1.powi(step as i32);
+    let bc2 = 1.0 - b2.powi(step as i32);
+    let m = m.lerp(g, 1.0 - b1);
+    let v = v.lerp(&(g * g), 1.0 - b2);
+    let mut d = v.sqrt();
+    let _ = d.f_div_scalar_(bc2.sqrt());
+    let _ = d.f_add_scalar_(cfg.eps);
+    let _ = d.f_mul_scalar_(-bc1 / lr);
+    (m, v, d)
+}
+
 /// Whether parameters of `kind` keep an fp32 master copy.
 pub fn needs_master(kind: Kind) -> bool {
     matches!(kind, Kind::BFloat16 | Kind::Half)
@@ -206,38 +231,42 @@ impl AdamW {
             1.0
         };
         let lr = self.cfg.lr * self.cfg.schedule.factor(self.step);
-        let (b1, b2) = self.cfg.betas;
-        let bc1 = 1.0 - b1.powi(self.step as i32);
-        let bc2 = 1.0 - b2.powi(self.step as i32);
-        let (eps, wd) = (self.cfg.eps, self.cfg.weight_decay);
+        let decay = 1.0 - lr * self.cfg.weight_decay;
+        let cfg = &self.cfg;
+        let step = self.step;
         tch::no_grad(|| {
             for s in self.slots.values_mut() {
                 let g = s.param.grad();
                 if !g.defined() {
                     continue;
                 }
-                let g = g.to_kind(Kind::Float) * clip;
-                // New moment tensors, never an in-place write: `state` shares the old ones.
-                s.m = &s.m * b1 + &g * (1.0 - b1);
-                s.v = &s.v * b2 + &g * &g * (1.0 - b2);
-                let denom = s.v.sqrt() / bc2.sqrt() + eps;
-                let update = (&s.m / denom) * (lr / bc1);
-                let p32 = match &s.master {
-                    Some(master) => master.shallow_clone(),
-                    None => s.param.to_kind(Kind::Float),
-                };
-                // Out of place: `p32` may be the master that `state` shares.
-                let p32 = if s.decay && wd > 0.0 {
-                    &p32 * (1.0 - lr * wd)
-                } else {
-                    p32
-                };
-                let new32 = p32 - update;
-                // The parameter gets the master rounded once (round to nearest even).
-                let _ = s.param.f_copy_(&new32);
-                if s.master.is_some() {
-                    // A new tensor, never an in-place write: `state` shares the old master.
-                    s.master = Some(new32);
+                let g = g.to_kind(Kind::Float);
+                let g = if clip != 1.0 { g * clip } else { g };
+                let (m, v, d) = adamw_moments(&g, &s.m, &s.v, cfg, step, lr);
+                s.m = m;
+                s.v = v;
+                let decays = s.decay && cfg.weight_decay > 0.0;
+                match &s.master {
+                    Some(master) => {
+                        // Out of place: `state` shares the old master.
+                        let new32 = if decays {
+                            (master * decay).addcdiv_(&s.m, &d)
+                        } else {
+                            master.addcdiv(&s.m, &d)
+                        };
+                        // The parameter gets the master rounded once (round to nearest even).
+                        let _ = s.param.f_copy_(&new32);
+                        s.master = Some(new32);
+                    }
+                    None => {
+                        // An fp32 parameter is its own master; a snapshot copies parameters,
+                        // so the update is written in place.
+                        let mut p = s.param.shallow_clone();
+                        if decays {
+                            let _ = p.f_mul_scalar_(decay);
+                        }
+                        let _ = p.f_addcdiv_(&s.m, &d);
+                    }
                 }
             }
         });

@@ -241,20 +241,17 @@ impl ZeroShard {
                 1.0
             };
             let lr = cfg.lr * cfg.schedule.factor(step);
-            let (b1, b2) = cfg.betas;
-            let bc1 = 1.0 - b1.powi(step as i32);
-            let bc2 = 1.0 - b2.powi(step as i32);
-            let g = g * clip;
-            self.m = &self.m * b1 + &g * (1.0 - b1);
-            self.v = &self.v * b2 + &g * &g * (1.0 - b2);
-            let denom = self.v.sqrt() / bc2.sqrt() + cfg.eps;
-            let update = (&self.m / denom) * (lr / bc1);
-            let p32 = if cfg.weight_decay > 0.0 {
-                &self.master * ((&self.decay * (-lr * cfg.weight_decay)) + 1.0)
+            let g = if clip != 1.0 { g * clip } else { g };
+            let (m, v, d) = crate::optim::adamw_moments(&g, &self.m, &self.v, cfg, step, lr);
+            self.m = m;
+            self.v = v;
+            // Out of place: a state snapshot shares the old master.
+            self.master = if cfg.weight_decay > 0.0 {
+                (&self.master * ((&self.decay * (-lr * cfg.weight_decay)) + 1.0))
+                    .addcdiv_(&self.m, &d)
             } else {
-                self.master.shallow_clone()
+                self.master.addcdiv(&self.m, &d)
             };
-            self.master = p32 - update;
             let mut full = Tensor::zeros([chunk * world as i64], (Kind::Float, g.device()));
             coll.all_gather(&mut full, &self.master)?.wait()?;
             stats.collectives += 1;

@@ -32,14 +32,16 @@ for r in $(seq 1 "$ROUNDS"); do
   runs+=("ref $("$ROOT/.venv/bin/python" scripts/parity/bench_step.py "${common[@]}" $gc)")
   runs+=("refheap $(env "${heap[@]}" "$ROOT/.venv/bin/python" scripts/parity/bench_step.py "${common[@]}" $gc)")
 done
-python3 - "$CONFIG" "$SEQS" "$LEN" "$LORA" "$ROUNDS" "${runs[@]}" <<'PY'
+python3 - "$CONFIG" "$SEQS" "$LEN" "$LORA" "$ROUNDS" "${gc:-none}" "${runs[@]}" <<'PY'
 import json, statistics, sys
-cfg, seqs, n, lora, rounds = sys.argv[1:6]
+cfg, seqs, n, lora, rounds, gc = sys.argv[1:7]
 rows = {}
-for line in sys.argv[6:]:
+for line in sys.argv[7:]:
     name, _, js = line.strip().partition(" ")
     rows.setdefault(name, []).append(json.loads(js))
 mode = f"LoRA r={lora}" if lora != "0" else "full fine-tune"
+if gc != "none":
+    mode += ", gradient checkpointing"
 print(f"config {cfg}, {seqs} x {n} tokens, {mode}, {rounds} alternating rounds (median, min-max s/step)")
 med = {}
 for name, label in [("ours", "ours (tch)"), ("ref", "PyTorch + transformers"),

@@ -550,8 +550,13 @@ fn bench_trainer(lora: bool) -> Trainer {
     .unwrap()
 }
 
+/// The timing batch: `DP_TIMING_SEQS` sequences (default 16) of 64-223 tokens.
 fn bench_batch() -> Vec<Sequence> {
-    (0..16)
+    let n: usize = std::env::var("DP_TIMING_SEQS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    (0..n)
         .map(|i| {
             let len = 64 + (i * 37) % 160;
             Sequence {

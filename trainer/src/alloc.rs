@@ -20,7 +20,7 @@ pub const MMAP_THRESHOLD: i32 = 1 << 30;
 pub const TRIM_THRESHOLD: i32 = 1 << 30;
 
 /// The environment variables through which glibc's allocator is configured by hand.
-const USER_SETTINGS: [&str; 3] = [
+pub const USER_SETTINGS: [&str; 3] = [
     "MALLOC_MMAP_THRESHOLD_",
     "MALLOC_TRIM_THRESHOLD_",
     "GLIBC_TUNABLES",

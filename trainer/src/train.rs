@@ -55,7 +55,8 @@ pub const MAX_MINIBATCHES: usize = 64;
 /// What a step reports (the train-step reply's `metrics` and `reflection`).
 pub use wire::StepMetrics;
 
-/// Per-token targets and weights of one micro-batch, [B, T-1] each.
+/// One micro-batch: its input ids [B, T-1], and per position its target and weights,
+/// flattened row-major to [B·(T-1)] (the logits head takes its chunks from that order).
 struct Micro {
     ids: Tensor,
     targets: Tensor,
@@ -1036,15 +1037,16 @@ impl Trainer {
         } else {
             None
         };
+        let flat = |t: Tensor| t.reshape([-1]);
         Ok(Micro {
             ids: inputs,
-            targets,
-            mask: pad_2d(&mask, 0.0f32, dev),
-            weights: pad_2d(&weights, 0.0f32, dev),
-            adv: pad_2d(&adv, 0.0f32, dev),
-            behaviour: behaviour.map(|b| pad_2d(&b, 0.0f32, dev)),
-            reference,
-            old,
+            targets: flat(targets),
+            mask: flat(pad_2d(&mask, 0.0f32, dev)),
+            weights: flat(pad_2d(&weights, 0.0f32, dev)),
+            adv: flat(pad_2d(&adv, 0.0f32, dev)),
+            behaviour: behaviour.map(|b| flat(pad_2d(&b, 0.0f32, dev))),
+            reference: reference.map(flat),
+            old: old.map(|(vals, usable)| (flat(vals), usable.map(flat))),
         })
     }
 
@@ -1059,32 +1061,25 @@ impl Trainer {
         mode: Mode,
         sums: &mut Sums,
     ) -> Tensor {
-        let mask = m.mask.reshape([-1]).narrow(0, s, c);
-        let w = m.weights.reshape([-1]).narrow(0, s, c);
+        let mask = m.mask.narrow(0, s, c);
+        let w = m.weights.narrow(0, s, c);
         let n = mask.sum(Kind::Float).double_value(&[]);
         sums.tokens += n;
         let per_token = if mode.rl() {
             let own = logp.detach();
             let old = match &m.old {
                 None => own,
-                Some((vals, None)) => vals.reshape([-1]).narrow(0, s, c),
+                Some((vals, None)) => vals.narrow(0, s, c),
                 Some((vals, Some(usable))) => vals
-                    .reshape([-1])
                     .narrow(0, s, c)
-                    .where_self(&usable.reshape([-1]).narrow(0, s, c), &own),
+                    .where_self(&usable.narrow(0, s, c), &own),
             };
-            let reference = m
-                .reference
-                .as_ref()
-                .map(|r| r.reshape([-1]).narrow(0, s, c));
-            let behaviour = m
-                .behaviour
-                .as_ref()
-                .map(|b| b.reshape([-1]).narrow(0, s, c));
+            let reference = m.reference.as_ref().map(|r| r.narrow(0, s, c));
+            let behaviour = m.behaviour.as_ref().map(|b| b.narrow(0, s, c));
             let terms = loss::policy_terms(
                 logp,
                 &old,
-                &m.adv.reshape([-1]).narrow(0, s, c),
+                &m.adv.narrow(0, s, c),
                 reference.as_ref(),
                 behaviour.as_ref(),
                 &self.cfg.loss,
@@ -1125,8 +1120,6 @@ impl Trainer {
         let size = h.size();
         let hidden = size[2];
         let (hd, wd) = (h.detach().reshape([-1, hidden]), w.detach());
-        let targets = m.targets.reshape([-1]);
-        let mask = m.mask.reshape([-1]);
         let n = hd.size()[0];
         let chunk = self.cfg.logit_chunk.max(1);
         let mut grad_h = Vec::new();
@@ -1135,7 +1128,7 @@ impl Trainer {
         while s < n {
             let c = chunk.min(n - s);
             let hc = hd.narrow(0, s, c);
-            let tc = targets.narrow(0, s, c);
+            let tc = m.targets.narrow(0, s, c);
             // One fused log-softmax kernel (faster on CPU than logsumexp's separate passes).
             let (logits, logp_all, logp) = tch::no_grad(|| {
                 let logits = hc.mm(&wd.tr());
@@ -1175,7 +1168,7 @@ impl Trainer {
                 // Entropy −Σ p·log p, the product written over p.
                 let _ = p.f_mul_(&logp_all);
                 let ent = -p.sum_dim_intlist(-1, false, Kind::Float);
-                sums.entropy += (ent * mask.narrow(0, s, c))
+                sums.entropy += (ent * m.mask.narrow(0, s, c))
                     .sum(Kind::Float)
                     .double_value(&[]);
             });

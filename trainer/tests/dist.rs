@@ -550,13 +550,17 @@ fn bench_trainer(lora: bool) -> Trainer {
     .unwrap()
 }
 
-/// The timing batch: `DP_TIMING_SEQS` sequences (default 16) of 64-223 tokens.
-fn bench_batch() -> Vec<Sequence> {
-    let n: usize = std::env::var("DP_TIMING_SEQS")
+/// A count from the environment variable `name`, or `default` when unset or not a number.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(16);
-    (0..n)
+        .unwrap_or(default)
+}
+
+/// The timing batch: `DP_TIMING_SEQS` sequences (default 16) of 64-223 tokens.
+fn bench_batch() -> Vec<Sequence> {
+    (0..env_count("DP_TIMING_SEQS", 16))
         .map(|i| {
             let len = 64 + (i * 37) % 160;
             Sequence {
@@ -579,10 +583,7 @@ fn bench_batch() -> Vec<Sequence> {
 #[test]
 #[ignore = "timing; run explicitly"]
 fn data_parallel_timing() {
-    let rounds: usize = std::env::var("DP_TIMING_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
+    let rounds = env_count("DP_TIMING_ROUNDS", 1);
     // setting -> world -> seconds a step, one per round
     let mut secs: std::collections::BTreeMap<String, [Vec<f64>; 2]> = Default::default();
     for _ in 0..rounds {

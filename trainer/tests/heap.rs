@@ -6,12 +6,11 @@ use std::process::Command;
 
 fn heap_log(env: &[(&str, &str)]) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
-    cmd.arg("info").env("RUST_LOG", "trainer=debug");
-    for v in [
-        "MALLOC_MMAP_THRESHOLD_",
-        "MALLOC_TRIM_THRESHOLD_",
-        "GLIBC_TUNABLES",
-    ] {
+    // NO_COLOR: tracing-subscriber then writes the log without ANSI colour sequences.
+    cmd.arg("info")
+        .env("RUST_LOG", "trainer=debug")
+        .env("NO_COLOR", "1");
+    for v in trainer::alloc::USER_SETTINGS {
         cmd.env_remove(v);
     }
     for (k, v) in env {
@@ -19,29 +18,11 @@ fn heap_log(env: &[(&str, &str)]) -> String {
     }
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{out:?}");
-    let log = plain(&String::from_utf8_lossy(&out.stderr));
+    let log = String::from_utf8_lossy(&out.stderr);
     log.lines()
         .find(|l| l.contains("glibc heap thresholds"))
         .unwrap_or_else(|| panic!("no heap line in {log}"))
         .to_string()
-}
-
-/// The log without its ANSI colour sequences (ESC [ ... m).
-fn plain(s: &str) -> String {
-    let mut out = String::new();
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 #[test]

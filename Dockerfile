@@ -16,12 +16,18 @@ WORKDIR /
 ENTRYPOINT ["orchestrator"]
 
 FROM rust:1.95-bookworm AS trainer-build
+# TRAINER_FEATURES=nccl (compose's gpu-multi profile) builds the NCCL process groups and vLLM's
+# NCCL weight-transfer route, against the CUDA headers of scripts/requirements-cuda.txt.
+ARG TRAINER_FEATURES=""
 RUN apt-get update && apt-get install -y --no-install-recommends python3-venv && rm -rf /var/lib/apt/lists/*
-RUN python3 -m venv /opt/torch && /opt/torch/bin/pip install --no-cache-dir torch==2.11.0
+COPY scripts/requirements-cuda.txt /tmp/requirements-cuda.txt
+RUN python3 -m venv /opt/torch && /opt/torch/bin/pip install --no-cache-dir torch==2.11.0 \
+    && if [ -n "$TRAINER_FEATURES" ]; then \
+         /opt/torch/bin/pip install --no-cache-dir -r /tmp/requirements-cuda.txt; fi
 ENV LIBTORCH_USE_PYTORCH=1 PATH=/opt/torch/bin:$PATH
 WORKDIR /src
 COPY . .
-RUN cargo build --release -p trainer
+RUN cargo build --release -p trainer ${TRAINER_FEATURES:+--features "$TRAINER_FEATURES"}
 
 FROM debian:bookworm-slim AS trainer
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates python3 && rm -rf /var/lib/apt/lists/*

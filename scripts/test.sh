@@ -2,7 +2,8 @@
 # The whole test suite, exactly as CI runs it (.ci/run calls this and nothing else):
 # Postgres + migrations, the Python environment (parity fixtures and libtorch for the trainer),
 # chromium + playwright-core (dashboard browser tests),
-# fmt, clippy, and every workspace test (the trainer's on CPU).
+# fmt, clippy, and every workspace test (the trainer's on CPU), then the trainer's NCCL build
+# (clippy and trainer/tests/nccl.rs).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -24,11 +25,18 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+# The trainer's GPU build (NCCL groups, vLLM's NCCL weight route) compiles and links against the
+# CUDA torch wheel without a GPU; its tests below show what runs without one.
+cargo clippy -p trainer --all-targets --features nccl -- -D warnings
 echo "== cargo test"
 log="$(mktemp)"
 set +e
 cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+echo "== cargo test -p trainer --features nccl --test nccl"
+cargo test -p trainer --features nccl --test nccl 2>&1 | tee -a "$log"
+nccl_status=${PIPESTATUS[0]}
+[[ "$status" == 0 ]] && status=$nccl_status
 set -e
 passed=$(grep -oE 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
 failed=$(grep -oE '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')

@@ -372,3 +372,32 @@ fn the_multi_gpu_profile_runs_one_rank_per_gpu_and_publishes_to_each_policy_serv
             .contains("TRAINER_API_TOKEN=$$(cat /runs/.token)")
     );
 }
+
+/// A trainer service on NCCL (its own setting, or `auto` on CUDA) must be the image built with
+/// the `nccl` feature: the default build refuses NCCL groups at start.
+#[test]
+fn trainers_on_nccl_are_built_with_the_nccl_feature() {
+    let c = compose();
+    let mut on_nccl = 0;
+    for (name, svc) in c["services"].as_object().unwrap() {
+        let env = &svc["environment"];
+        let var = |k: &str| env.get(k).and_then(Value::as_str).map(resolve);
+        let backend = var("TRAINER_DIST_BACKEND").unwrap_or_else(|| "auto".into());
+        let cuda = var("TRAINER_DEVICE").is_some_and(|d| d.starts_with("cuda"));
+        let ranks: usize = var("TRAINER_NPROC_PER_NODE").map_or(1, |n| n.parse().unwrap());
+        if backend == "nccl" || (backend == "auto" && cuda && ranks > 1) {
+            on_nccl += 1;
+            let features = svc["build"]["args"]["TRAINER_FEATURES"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                features.split([',', ' ']).any(|f| f == "nccl"),
+                "{name} runs NCCL groups but builds with TRAINER_FEATURES={features:?}"
+            );
+        }
+    }
+    assert!(
+        on_nccl > 0,
+        "no trainer service runs NCCL (the gpu-multi profile does)"
+    );
+}

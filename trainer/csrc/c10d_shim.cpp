@@ -24,34 +24,8 @@
 
 namespace {
 
-char* dup(const std::string& s) {
-  char* out = static_cast<char*>(std::malloc(s.size() + 1));
-  if (out != nullptr) {
-    std::memcpy(out, s.c_str(), s.size() + 1);
-  }
-  return out;
-}
-
-// The first line of a c10 error (the rest is a C++ backtrace).
-std::string first_line(const char* what) {
-  std::string s(what == nullptr ? "" : what);
-  auto nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
-
-template <typename F>
-char* guard(F&& f) noexcept {
-  try {
-    f();
-    return nullptr;
-  } catch (const c10::Error& e) {
-    return dup(first_line(e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return dup(first_line(e.what()));
-  } catch (...) {
-    return dup("unknown C++ exception");
-  }
-}
+using rc10d::dup;
+using rc10d::guard;
 
 std::chrono::milliseconds ms(int64_t v) {
   return std::chrono::milliseconds(v);

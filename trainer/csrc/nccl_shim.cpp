@@ -1,15 +1,14 @@
-// NCCL process groups for the c10d shim (cargo feature `nccl`): built only against a CUDA
-// toolkit's headers and the NCCL headers of torch's own NCCL wheel (nvidia/nccl/include), which
-// this project's CI machines lack; see trainer/build.rs. The collectives themselves are the
+// NCCL process groups for the c10d shim (cargo feature `nccl`), built against the CUDA and NCCL
+// headers the CUDA torch wheel and scripts/requirements-cuda.txt bring (trainer/build.rs); CI
+// builds it and runs trainer/tests/nccl.rs without a GPU. The collectives themselves are the
 // generic c10d::Backend calls of c10d_shim.cpp.
 
 #include "c10d_shim.h"
 #include "c10d_types.hpp"
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <exception>
+#include <stdexcept>
 #include <string>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -22,7 +21,7 @@ extern "C" char* rc10d_nccl_new(
     int device,
     int64_t timeout_ms,
     rc10d_pg** out) {
-  try {
+  return rc10d::guard([&] {
     if (s == nullptr) {
       throw std::invalid_argument("no store");
     }
@@ -32,25 +31,7 @@ extern "C" char* rc10d_nccl_new(
     // Connect now, so a missing peer fails here rather than in the first collective.
     pg->eagerConnectSingleDevice(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
     *out = new rc10d_pg{c10::static_intrusive_pointer_cast<c10d::Backend>(std::move(pg))};
-    return nullptr;
-  } catch (const std::exception& e) {
-    std::string m(e.what());
-    auto nl = m.find('\n');
-    if (nl != std::string::npos) {
-      m = m.substr(0, nl);
-    }
-    char* r = static_cast<char*>(std::malloc(m.size() + 1));
-    if (r != nullptr) {
-      std::memcpy(r, m.c_str(), m.size() + 1);
-    }
-    return r;
-  } catch (...) {
-    char* r = static_cast<char*>(std::malloc(32));
-    if (r != nullptr) {
-      std::strcpy(r, "unknown C++ exception");
-    }
-    return r;
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -65,14 +46,6 @@ extern "C" char* rc10d_nccl_new(
 
 namespace {
 
-char* nccl_err(const std::string& m) {
-  char* r = static_cast<char*>(std::malloc(m.size() + 1));
-  if (r != nullptr) {
-    std::memcpy(r, m.c_str(), m.size() + 1);
-  }
-  return r;
-}
-
 void nccl_check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) {
     throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(r));
@@ -84,24 +57,10 @@ struct rc10d_raw_nccl {
   int device;
 };
 
-template <typename F>
-char* nccl_guard(F&& f) noexcept {
-  try {
-    f();
-    return nullptr;
-  } catch (const std::exception& e) {
-    std::string m(e.what());
-    auto nl = m.find('\n');
-    return nccl_err(nl == std::string::npos ? m : m.substr(0, nl));
-  } catch (...) {
-    return nccl_err("unknown C++ exception");
-  }
-}
-
 }  // namespace
 
 extern "C" char* rc10d_nccl_unique_id(unsigned char* out) {
-  return nccl_guard([&] {
+  return rc10d::guard([&] {
     ncclUniqueId id;
     nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     static_assert(sizeof(id.internal) == 128, "ncclUniqueId is 128 bytes");
@@ -115,7 +74,7 @@ extern "C" char* rc10d_nccl_comm_init(
     int rank,
     int device,
     void** out) {
-  return nccl_guard([&] {
+  return rc10d::guard([&] {
     c10::cuda::CUDAGuard g(static_cast<c10::DeviceIndex>(device));
     ncclUniqueId id;
     std::memcpy(id.internal, id_bytes, 128);
@@ -133,7 +92,7 @@ extern "C" char* rc10d_nccl_comm_init(
 }
 
 extern "C" char* rc10d_nccl_comm_broadcast(void* comm, void* tensor, int root) {
-  return nccl_guard([&] {
+  return rc10d::guard([&] {
     if (comm == nullptr || tensor == nullptr) {
       throw std::invalid_argument("null communicator or tensor");
     }

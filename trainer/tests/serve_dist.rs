@@ -396,87 +396,124 @@ fn node(
         .unwrap()
 }
 
-/// Node 0 and node 1 (global rank 1) of a two-node job started, against a single process on
-/// the same model: the job trains like the one process on the same batches (`trained` then
-/// sees the model directory), and when node 0 goes away node 1's rank notices within its store
-/// poll and its launcher exits naming it.
-async fn two_nodes_train_like_one_process_and_stop_together(
-    tmp: &Path,
-    start: impl Fn(&Path, usize, u16, &Path) -> Child,
-    trained: impl FnOnce(&Path),
-) {
-    let model = model_dir(tmp);
-    let (p_one, p_node0, p_node1) = (free_port(), free_port(), free_port());
-    let log = |n: &str| tmp.join(format!("{n}.log"));
-    let one = serve(&model, &tmp.join("ck-one"), p_one, 1, &log("one"));
-    let node0 = start(&model, 0, p_node0, &log("node0"));
-    let mut node1 = start(&model, 1, p_node1, &log("node1"));
-    let (u1, u2) = (
-        format!("http://127.0.0.1:{p_one}"),
-        format!("http://127.0.0.1:{p_node0}"),
-    );
-    wait_healthy(&u1, &log("one")).await;
-    wait_healthy(&u2, &log("node0")).await;
-    let text = plain(&std::fs::read_to_string(log("node1")).unwrap());
-    assert!(
-        text.contains("rank started") && text.contains("rank=1 "),
-        "node 1 started global rank 1: {text}"
-    );
-    for seed in 0..2 {
-        let b = batch(seed);
-        let (a, c) = (step(&u1, &b).await, step(&u2, &b).await);
-        for k in ["loss", "grad_norm", "kl", "tokens"] {
-            close(k, &a["metrics"][k], &c["metrics"][k]);
+/// A two-node job of one rank each beside a single process on the same model, both trained on
+/// the same two batches.
+struct TwoNodes {
+    one: Child,
+    node0: Child,
+    node1: Child,
+    node0_url: String,
+    model: PathBuf,
+    logs: PathBuf,
+}
+
+impl TwoNodes {
+    /// Start node 0, node 1 (global rank 1) and the single process; two steps on each, where
+    /// the job's loss, gradient norm, KL and token count must equal the one process's.
+    async fn trained(tmp: &Path, start: impl Fn(&Path, usize, u16, &Path) -> Child) -> Self {
+        let model = model_dir(tmp);
+        let (p_one, p_node0, p_node1) = (free_port(), free_port(), free_port());
+        let log = |n: &str| tmp.join(format!("{n}.log"));
+        let one = serve(&model, &tmp.join("ck-one"), p_one, 1, &log("one"));
+        let node0 = start(&model, 0, p_node0, &log("node0"));
+        let node1 = start(&model, 1, p_node1, &log("node1"));
+        let (u1, u2) = (
+            format!("http://127.0.0.1:{p_one}"),
+            format!("http://127.0.0.1:{p_node0}"),
+        );
+        wait_healthy(&u1, &log("one")).await;
+        wait_healthy(&u2, &log("node0")).await;
+        let text = plain(&std::fs::read_to_string(log("node1")).unwrap());
+        assert!(
+            text.contains("rank started") && text.contains("rank=1 "),
+            "node 1 started global rank 1: {text}"
+        );
+        for seed in 0..2 {
+            let b = batch(seed);
+            let (a, c) = (step(&u1, &b).await, step(&u2, &b).await);
+            for k in ["loss", "grad_norm", "kl", "tokens"] {
+                close(k, &a["metrics"][k], &c["metrics"][k]);
+            }
+        }
+        Self {
+            one,
+            node0,
+            node1,
+            node0_url: u2,
+            model,
+            logs: tmp.to_path_buf(),
         }
     }
-    trained(&model);
-    stop(node0);
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = node1.try_wait().unwrap() {
-            break s;
-        }
+
+    fn log(&self, node: usize) -> String {
+        plain(&std::fs::read_to_string(self.logs.join(format!("node{node}.log"))).unwrap())
+    }
+
+    /// Wait up to `limit` for node `n`'s launcher to exit; it must fail, naming rank `n`.
+    async fn exits_naming_its_rank(&mut self, n: usize, limit: Duration) {
+        let t0 = Instant::now();
+        let status = loop {
+            let child = if n == 0 {
+                &mut self.node0
+            } else {
+                &mut self.node1
+            };
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                t0.elapsed() < limit,
+                "node {n} did not stop within {limit:?}:\n{}",
+                self.log(n)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert!(!status.success());
+        let text = self.log(n);
         assert!(
-            t0.elapsed() < Duration::from_secs(45),
-            "node 1 did not stop after node 0 went away:\n{}",
-            plain(&std::fs::read_to_string(log("node1")).unwrap())
+            text.contains(&format!("rank {n}")),
+            "node {n}'s launcher names its rank: {text}"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert!(!status.success());
-    let text = plain(&std::fs::read_to_string(log("node1")).unwrap());
-    assert!(
-        text.contains("rank 1"),
-        "node 1's launcher names its rank: {text}"
-    );
-    stop(one);
+        eprintln!("node {n} stopped after {:?}", t0.elapsed());
+    }
+}
+
+impl Drop for TwoNodes {
+    fn drop(&mut self) {
+        for c in [&mut self.one, &mut self.node0, &mut self.node1] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// Two nodes of one rank each, as a multi-node job runs them (one launcher per node with
 /// `--nnodes 2 --node-rank 0|1` and the same MASTER_ADDR / MASTER_PORT), here both on this
-/// machine over loopback.
+/// machine over loopback: the job trains like one process, and when node 0 goes away node 1's
+/// rank notices within its store poll and its launcher exits naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_of_one_rank_train_like_one_process_and_stop_together() {
     let tmp = tempfile::tempdir().unwrap();
     let master = free_port();
     let ck = tmp.path().join("ck-nodes");
-    two_nodes_train_like_one_process_and_stop_together(
-        tmp.path(),
-        |model, rank, port, log| {
-            node(
-                Host::Here,
-                model,
-                &ck,
-                port,
-                rank,
-                ("127.0.0.1", master),
-                None,
-                log,
-            )
-        },
-        |_| {},
-    )
+    let mut job = TwoNodes::trained(tmp.path(), |model, rank, port, log| {
+        node(
+            Host::Here,
+            model,
+            &ck,
+            port,
+            rank,
+            ("127.0.0.1", master),
+            None,
+            log,
+        )
+    })
     .await;
+    Command::new("kill")
+        .args(["-TERM", &job.node0.id().to_string()])
+        .status()
+        .unwrap();
+    job.exits_naming_its_rank(1, Duration::from_secs(45)).await;
 }
 
 /// A second host on this machine: a network namespace joined to this one by a veth pair, so
@@ -550,6 +587,16 @@ impl SecondHost {
 }
 
 impl SecondHost {
+    /// Take the link down: from here on nothing crosses it and nothing answers.
+    fn partition(&self) {
+        let ok = Command::new("ip")
+            .args(["link", "set", &self.here_if, "down"])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "ip link set {} down", self.here_if);
+    }
+
     /// Bytes this end of the link has sent.
     fn tx_bytes(&self) -> u64 {
         let p = format!("/sys/class/net/{}/statistics/tx_bytes", self.here_if);
@@ -571,10 +618,12 @@ impl Drop for SecondHost {
 /// The two-node job across two network stacks: node 1 runs in its own network namespace, so
 /// its rendezvous with node 0's store and its gloo pairs go over the veth link between the
 /// namespaces' addresses, as between two hosts (GLOO_SOCKET_IFNAME names each node's
-/// interface, as a multi-node job on hosts with several interfaces must). Needs root for the
-/// namespace; elsewhere it says so and does nothing.
+/// interface, as a multi-node job on hosts with several interfaces must). Then the link goes
+/// down, a partition in which no peer closes a connection (nothing answers at all): the next
+/// step must fail within the collective timeout, naming the operation, and both nodes must
+/// stop on their own. Needs root for the namespace; elsewhere it says so and does nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_nodes_in_separate_network_namespaces_train_like_one_process() {
+async fn two_nodes_in_separate_network_namespaces_train_like_one_process_and_survive_a_partition() {
     let host = match SecondHost::new() {
         Ok(h) => h,
         Err(why) => {
@@ -589,40 +638,60 @@ async fn two_nodes_in_separate_network_namespaces_train_like_one_process() {
         ns: &host.ns,
         ifname: &host.there_if,
     };
-    two_nodes_train_like_one_process_and_stop_together(
-        tmp.path(),
-        |model, rank, port, log| {
-            let (h, ifname) = if rank == 0 {
-                (Host::Here, Some(host.here_if.as_str()))
-            } else {
-                (there, None)
-            };
-            node(
-                h,
-                model,
-                &ck,
-                port,
-                rank,
-                (&host.here_ip, master),
-                ifname,
-                log,
-            )
-        },
-        |model| {
-            // The gradients went over the link: at least one gradient's bytes left this end (two
-            // steps' all-reduces, each sending half the gradient twice).
-            let grad_bytes: usize = weights(model).iter().map(|(_, w)| 4 * w.len()).sum();
-            let sent = host.tx_bytes();
-            assert!(
-                sent >= grad_bytes as u64,
-                "{sent} bytes sent over {} for a {grad_bytes}-byte gradient",
-                host.here_if
-            );
-            eprintln!(
-                "{sent} bytes sent over {} ({grad_bytes}-byte gradient)",
-                host.here_if
-            );
-        },
-    )
+    let mut job = TwoNodes::trained(tmp.path(), |model, rank, port, log| {
+        let (h, ifname) = if rank == 0 {
+            (Host::Here, Some(host.here_if.as_str()))
+        } else {
+            (there, None)
+        };
+        node(
+            h,
+            model,
+            &ck,
+            port,
+            rank,
+            (&host.here_ip, master),
+            ifname,
+            log,
+        )
+    })
     .await;
+    // The gradients went over the link: at least one gradient's bytes left this end (two
+    // steps' all-reduces, each sending half the gradient twice).
+    let grad_bytes: usize = weights(&job.model).iter().map(|(_, w)| 4 * w.len()).sum();
+    let sent = host.tx_bytes();
+    assert!(
+        sent >= grad_bytes as u64,
+        "{sent} bytes sent over {} for a {grad_bytes}-byte gradient",
+        host.here_if
+    );
+    eprintln!(
+        "{sent} bytes sent over {} ({grad_bytes}-byte gradient)",
+        host.here_if
+    );
+
+    host.partition();
+    let t0 = Instant::now();
+    let (status, body) = post(&job.node0_url, "/v1/train_step", batch(2).encode().unwrap()).await;
+    let took = t0.elapsed();
+    eprintln!("step across the partition: {status} after {took:?}: {body}");
+    assert_eq!(status, 500, "{body}");
+    // --dist-timeout-secs 30, and some slack for this 2-core machine.
+    assert!(took < Duration::from_secs(50), "took {took:?}");
+    let why = body.to_string();
+    assert!(
+        why.contains("data-parallel train step") && why.contains("the group is stopping"),
+        "{why}"
+    );
+    job.exits_naming_its_rank(0, Duration::from_secs(30)).await;
+    // Node 1 hears nothing from node 0's store: it must give up within a poll and a timeout,
+    // saying why (its probe failed, or its watchdog ended a store call that would block).
+    job.exits_naming_its_rank(1, Duration::from_secs(60)).await;
+    let text = job.log(1);
+    assert!(
+        text.contains("rank 1: rank 0 stopped answering")
+            || text.contains("rank 1: waiting for rank 0's next command did not return")
+            || text.contains("rank 1: probing rank 0's store did not return"),
+        "node 1 says why it stopped: {text}"
+    );
 }

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The ablation-mini experiment on this machine (README, "Recipes over seeds"): two orchestrators
+# share one experiment, each with its own pair of one-thread servers (a policy server on PORT+1
+# and a trainer on PORT that publishes every version to it), so both cores stay busy; each
+# orchestrator takes the runs the other does not hold. Ends with `orchestrator report`.
+#
+#   usage: scripts/ablation-mini.sh
+#   ABLATION_RESUME  an experiment id: continue it (both orchestrators resume it)
+#   ABLATION_PAIRS   1 or 2 (default 2) server pairs and orchestrators
+#   ABLATION_ARGS    extra `orchestrator run` arguments for a new experiment (e.g. --set ...)
+#   ABLATION_DIR     where logs, checkpoints and published versions go (runs/ablation-mini)
+#   BIN              directory of the release binaries (default target/release; built if absent)
+# Needs the smoke warm start (runs/smoke/model-sft: scripts/init-smoke.sh, or
+# SMOKE_PREP_ONLY=1 scripts/smoke.sh) and Postgres at DATABASE_URL.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rubricem}"
+OUT="${ABLATION_DIR:-runs/ablation-mini}"
+PAIRS="${ABLATION_PAIRS:-2}"
+MODEL=runs/smoke/model-sft
+say() { echo "ablation-mini: $*" >&2; }
+if [[ "$PAIRS" != 1 && "$PAIRS" != 2 ]]; then
+  say "ABLATION_PAIRS = $PAIRS; allowed: 1, 2"
+  exit 2
+fi
+if [[ ! -f "$MODEL/model.safetensors" ]]; then
+  say "no warm start at $MODEL: run scripts/init-smoke.sh first"
+  exit 2
+fi
+source scripts/torch-env.sh
+BIN="${BIN:-target/release}"
+if [[ ! -x "$BIN/orchestrator" || ! -x "$BIN/trainer" ]]; then
+  cargo build --release -p orchestrator -p trainer
+fi
+"$BIN/orchestrator" migrate >/dev/null
+mkdir -p "$OUT"
+
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
+wait_up() { # url log
+  for _ in $(seq 1 240); do
+    curl -sf "$1/health" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  say "server at $1 did not start; see $2"
+  exit 1
+}
+# A policy server on PORT+1 and a trainer on PORT publishing to it, under $OUT/NAME.
+start_pair() { # port name
+  local port=$1 dir="$OUT/$2"
+  mkdir -p "$dir"
+  "$BIN/trainer" serve --model "$MODEL" --bind "127.0.0.1:$((port + 1))" --threads 1 \
+    --device cpu >"$dir/policy.log" 2>&1 &
+  PIDS+=($!)
+  wait_up "http://127.0.0.1:$((port + 1))" "$dir/policy.log"
+  "$BIN/trainer" serve --model "$MODEL" --bind "127.0.0.1:$port" --threads 1 --device cpu \
+    --checkpoint-dir "$dir/checkpoints" --publish-url "http://127.0.0.1:$((port + 1))" \
+    --publish-dir "$ROOT/$dir/published" >"$dir/trainer.log" 2>&1 &
+  PIDS+=($!)
+  wait_up "http://127.0.0.1:$port" "$dir/trainer.log"
+}
+# One orchestrator on the pair at PORT; its output in $OUT/NAME/run.log.
+orchestrate() { # port name [run args...]
+  local port=$1 name=$2
+  shift 2
+  "$BIN/orchestrator" run --experiment ablation-mini --policy-url "http://127.0.0.1:$((port + 1))" \
+    --trainer-url "http://127.0.0.1:$port" "$@" >"$OUT/$name/run.log" 2>&1 &
+  PIDS+=($!)
+  ORCH_PIDS+=($!)
+}
+
+ORCH_PIDS=()
+start_pair 8100 a
+if [[ -n "${ABLATION_RESUME:-}" ]]; then
+  EXP="$ABLATION_RESUME"
+  orchestrate 8100 a --resume "$EXP"
+else
+  # shellcheck disable=SC2086
+  orchestrate 8100 a ${ABLATION_ARGS:-}
+  EXP=""
+  for _ in $(seq 1 600); do
+    EXP=$(grep -ao 'registered as [0-9a-f-]*' "$OUT/a/run.log" 2>/dev/null | awk '{print $3}' | tail -1 || true)
+    [[ -n "$EXP" ]] && break
+    if ! kill -0 "${ORCH_PIDS[0]}" 2>/dev/null; then
+      say "the first orchestrator stopped before registering the experiment; see $OUT/a/run.log"
+      exit 1
+    fi
+    sleep 1
+  done
+  [[ -n "$EXP" ]] || { say "no experiment id in $OUT/a/run.log"; exit 1; }
+fi
+say "experiment $EXP (logs under $OUT)"
+if [[ "$PAIRS" == 2 ]]; then
+  start_pair 8200 b
+  orchestrate 8200 b --resume "$EXP"
+fi
+status=0
+for p in "${ORCH_PIDS[@]}"; do
+  wait "$p" || status=$?
+done
+"$BIN/orchestrator" report "$EXP" --out "$OUT/reports" || status=$?
+say "experiment $EXP: report in $OUT/reports (exit $status)"
+exit "$status"

@@ -17,6 +17,7 @@ mod ffi;
 pub mod data_parallel;
 pub mod launch;
 pub mod vllm;
+pub mod watchdog;
 pub mod zero;
 
 use std::collections::HashMap;

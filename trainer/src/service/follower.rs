@@ -3,17 +3,17 @@
 //! policy replacements rank 0 made through its API ([`Control`]: restore, settings), applied
 //! to this rank's copy the same way so every rank keeps identical weights and optimizer state.
 //! Idle time between steps is normal; a store that stops answering within the group's timeout
-//! means rank 0 is gone or out of reach, and the rank exits with that error, or its watchdog
-//! ends it where c10d's store client would block (the launcher then stops the job).
+//! means rank 0 is gone or out of reach, and the rank exits with that error, or the store
+//! [`watchdog`] ends it where c10d's store client would block (the launcher then stops the job).
 //!
 //! [`Trainer::run_received`]: crate::train::Trainer::run_received
 
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::Policy;
 use super::load::{self, LoadOptions};
 use crate::dist::data_parallel::{self, Control};
+use crate::dist::watchdog;
 use crate::error::{Result, TrainerError};
 
 /// How long one wait for the next command lasts before the store is probed.
@@ -23,16 +23,12 @@ const POLL: Duration = Duration::from_secs(5);
 pub fn follow(mut policy: Policy, mut opts: LoadOptions) -> Result<()> {
     let rank = policy.trainer.collective().map_or(0, |g| g.rank());
     tracing::info!(rank, "following rank 0");
-    let watchdog = Watchdog::start(rank);
     loop {
         let cmd = {
             let Some(g) = policy.trainer.collective() else {
                 return Err(TrainerError::Config("a follower needs its group".into()));
             };
-            let limit = POLL + g.timeout();
-            match watchdog.within("waiting for rank 0's next command", limit, || {
-                data_parallel::receive(g, POLL)
-            }) {
+            match data_parallel::receive(g, POLL) {
                 Ok(cmd) => cmd,
                 Err(wait) => {
                     // No command yet, or rank 0 (which hosts the store) is gone: a round trip
@@ -41,7 +37,8 @@ pub fn follow(mut policy: Policy, mut opts: LoadOptions) -> Result<()> {
                     // connection) it succeeds into the socket's buffer; the read back answers
                     // within the group's timeout, fails, or trips the watchdog.
                     let key = format!("alive/rank/{rank}");
-                    let probe = watchdog.within("probing rank 0's store", limit, || {
+                    let limit = g.timeout() + watchdog::GRACE;
+                    let probe = watchdog::within(rank, "probing rank 0's store", limit, || {
                         g.set(&key, b"1")
                             .and_then(|()| g.get(&key, g.timeout()).map(drop))
                     });
@@ -89,60 +86,6 @@ pub fn follow(mut policy: Policy, mut opts: LoadOptions) -> Result<()> {
                 r?;
             }
         }
-    }
-}
-
-/// Ends the process when a call to rank 0's store outlives its limit. c10d's TCPStore client
-/// can block in a read that has no timeout: when a timed-out wait is cancelled it reads the
-/// server's acknowledgement without one, and across a network partition (rank 0's host
-/// unreachable, no connection ever closed) that read lasts until the kernel gives up on the
-/// connection, about 15 minutes, or forever if nothing is left to send. The rank then exits
-/// with an error naming itself and the call, and the launcher stops the job, as for any
-/// rank that dies.
-struct Watchdog {
-    armed: Arc<Mutex<Option<(Instant, &'static str)>>>,
-}
-
-impl Watchdog {
-    /// The exit status of a rank the watchdog ends.
-    const EXIT: i32 = 3;
-
-    fn start(rank: usize) -> Self {
-        let armed: Arc<Mutex<Option<(Instant, &'static str)>>> = Arc::default();
-        let seen = Arc::clone(&armed);
-        let spawned = std::thread::Builder::new()
-            .name("store-watchdog".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(Duration::from_millis(500));
-                    let due = *seen.lock().unwrap_or_else(PoisonError::into_inner);
-                    if let Some((deadline, what)) = due
-                        && Instant::now() > deadline
-                    {
-                        let why = format!(
-                            "rank {rank}: {what} did not return by its deadline: rank 0's \
-                             store is out of reach (its host gone or the network partitioned)"
-                        );
-                        tracing::error!("{why}; exiting");
-                        eprintln!("{why}");
-                        std::process::exit(Self::EXIT);
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no store watchdog: a partition may block this rank");
-        }
-        Self { armed }
-    }
-
-    /// Run `f`, a call to the store named `what`; if it has not returned after `limit`, the
-    /// process exits.
-    fn within<T>(&self, what: &'static str, limit: Duration, f: impl FnOnce() -> T) -> T {
-        *self.armed.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some((Instant::now() + limit, what));
-        let out = f();
-        *self.armed.lock().unwrap_or_else(PoisonError::into_inner) = None;
-        out
     }
 }
 

@@ -38,28 +38,7 @@ mkdir -p "$OUT"
 
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
-wait_up() { # url log
-  for _ in $(seq 1 240); do
-    curl -sf "$1/health" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  say "server at $1 did not start; see $2"
-  exit 1
-}
-# A policy server on PORT+1 and a trainer on PORT publishing to it, under $OUT/NAME.
-start_pair() { # port name
-  local port=$1 dir="$OUT/$2"
-  mkdir -p "$dir"
-  "$BIN/trainer" serve --model "$MODEL" --bind "127.0.0.1:$((port + 1))" --threads 1 \
-    --device cpu >"$dir/policy.log" 2>&1 &
-  PIDS+=($!)
-  wait_up "http://127.0.0.1:$((port + 1))" "$dir/policy.log"
-  "$BIN/trainer" serve --model "$MODEL" --bind "127.0.0.1:$port" --threads 1 --device cpu \
-    --checkpoint-dir "$dir/checkpoints" --publish-url "http://127.0.0.1:$((port + 1))" \
-    --publish-dir "$ROOT/$dir/published" >"$dir/trainer.log" 2>&1 &
-  PIDS+=($!)
-  wait_up "http://127.0.0.1:$port" "$dir/trainer.log"
-}
+source scripts/servers.sh
 # One orchestrator on the pair at PORT; its output in $OUT/NAME/run.log.
 orchestrate() { # port name [run args...]
   local port=$1 name=$2
@@ -71,7 +50,7 @@ orchestrate() { # port name [run args...]
 }
 
 ORCH_PIDS=()
-start_pair 8100 a
+start_split_pair 8100 "$MODEL" "$OUT/a"
 if [[ -n "${ABLATION_RESUME:-}" ]]; then
   EXP="$ABLATION_RESUME"
   orchestrate 8100 a --resume "$EXP"
@@ -92,7 +71,7 @@ else
 fi
 say "experiment $EXP (logs under $OUT)"
 if [[ "$PAIRS" == 2 ]]; then
-  start_pair 8200 b
+  start_split_pair 8200 "$MODEL" "$OUT/b"
   orchestrate 8200 b --resume "$EXP"
 fi
 status=0

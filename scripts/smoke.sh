@@ -49,27 +49,13 @@ fi
 
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
-wait_up() { # url log
-  for _ in $(seq 1 120); do
-    curl -sf "$1/health" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  say "server at $1 did not start; see $2"
-  exit 1
-}
+source scripts/servers.sh
 TRAINER_URL="http://127.0.0.1:$PORT"
 case "$LAYOUT" in
   split)
     POLICY_URL="http://127.0.0.1:$((PORT + 1))"
     say "starting the policy server on $POLICY_URL and the trainer on $TRAINER_URL (one core each)"
-    "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$((PORT + 1))" --threads 1 \
-      --device cpu >"$DIR/policy.log" 2>&1 &
-    PIDS+=($!)
-    wait_up "$POLICY_URL" "$DIR/policy.log"
-    "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" \
-      --checkpoint-dir "$DIR/checkpoints" --threads 1 --device cpu \
-      --publish-url "$POLICY_URL" --publish-dir "$ROOT/$DIR/published" >"$DIR/trainer.log" 2>&1 &
-    PIDS+=($!)
+    start_split_pair "$PORT" "$DIR/model-sft" "$DIR"
     ;;
   shared)
     POLICY_URL="$TRAINER_URL"

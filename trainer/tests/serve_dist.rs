@@ -24,20 +24,31 @@ fn serve_with(
     log: &Path,
     extra: &[&str],
 ) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_trainer"))
-        .args(["serve", "--device", "cpu", "--threads", "1", "--lr", "1e-3"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
+    serve_args(&mut cmd, model, ckpt, port)
+        .arg("--nproc-per-node")
+        .arg(nproc.to_string())
+        .args(extra);
+    spawn_logged(&mut cmd, log)
+}
+
+/// `serve` on CPU, one thread, lr 1e-3, `model`, checkpoints in `ckpt`, HTTP on
+/// 127.0.0.1:`port`, trainer logs at info, outside any torchrun job.
+fn serve_args<'c>(cmd: &'c mut Command, model: &Path, ckpt: &Path, port: u16) -> &'c mut Command {
+    cmd.args(["serve", "--device", "cpu", "--threads", "1", "--lr", "1e-3"])
         .arg("--model")
         .arg(model)
         .arg("--checkpoint-dir")
         .arg(ckpt)
         .arg("--bind")
         .arg(format!("127.0.0.1:{port}"))
-        .arg("--nproc-per-node")
-        .arg(nproc.to_string())
-        .args(extra)
         .env("RUST_LOG", "trainer=info")
         .env_remove("WORLD_SIZE")
-        .stdout(Stdio::null())
+}
+
+/// Start `cmd` with its stderr in `log`.
+fn spawn_logged(cmd: &mut Command, log: &Path) -> Child {
+    cmd.stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap()
@@ -368,20 +379,12 @@ fn node(
             c
         }
     };
-    cmd.args(["serve", "--device", "cpu", "--threads", "1", "--lr", "1e-3"])
-        .arg("--model")
-        .arg(model)
-        .arg("--checkpoint-dir")
-        .arg(ckpt)
-        .arg("--bind")
-        .arg(format!("127.0.0.1:{port}"))
+    serve_args(&mut cmd, model, ckpt, port)
         .args(["--nproc-per-node", "1", "--nnodes", "2", "--node-rank"])
         .arg(rank.to_string())
         .args(["--dist-timeout-secs", "30"])
         .env("MASTER_ADDR", master.0)
         .env("MASTER_PORT", master.1.to_string())
-        .env("RUST_LOG", "trainer=info")
-        .env_remove("WORLD_SIZE")
         .env_remove("GLOO_SOCKET_IFNAME");
     let ifname = match host {
         Host::Netns { ifname, .. } => Some(ifname),
@@ -390,10 +393,7 @@ fn node(
     if let Some(i) = ifname {
         cmd.env("GLOO_SOCKET_IFNAME", i);
     }
-    cmd.stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap()
+    spawn_logged(&mut cmd, log)
 }
 
 /// A two-node job of one rank each beside a single process on the same model, both trained on

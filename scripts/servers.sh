@@ -1,0 +1,30 @@
+# Source me: starting `trainer serve` processes for scripts/smoke.sh and scripts/ablation-mini.sh.
+# Expects BIN (the binaries' directory) and ROOT (the repository root) to be set, and appends
+# every started pid to the array PIDS (the caller's EXIT trap stops them).
+
+# Wait until URL answers /health (up to 2 minutes), else say where its log is and exit.
+wait_up() { # url log
+  for _ in $(seq 1 240); do
+    curl -sf "$1/health" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  echo "server at $1 did not start; see $2" >&2
+  exit 1
+}
+
+# The split layout on one core each: a policy server on PORT+1 and a trainer on PORT that
+# checkpoints into DIR/checkpoints and publishes every version to the policy server (through
+# DIR/published); logs DIR/policy.log and DIR/trainer.log.
+start_split_pair() { # port model dir
+  local port=$1 model=$2 dir=$3
+  mkdir -p "$dir"
+  "$BIN/trainer" serve --model "$model" --bind "127.0.0.1:$((port + 1))" --threads 1 \
+    --device cpu >"$dir/policy.log" 2>&1 &
+  PIDS+=($!)
+  wait_up "http://127.0.0.1:$((port + 1))" "$dir/policy.log"
+  "$BIN/trainer" serve --model "$model" --bind "127.0.0.1:$port" --threads 1 --device cpu \
+    --checkpoint-dir "$dir/checkpoints" --publish-url "http://127.0.0.1:$((port + 1))" \
+    --publish-dir "$ROOT/$dir/published" >"$dir/trainer.log" 2>&1 &
+  PIDS+=($!)
+  wait_up "http://127.0.0.1:$port" "$dir/trainer.log"
+}

@@ -163,20 +163,11 @@ pub fn publish_control(coll: &dyn Collective, control: Control) -> Result<()> {
 }
 
 /// A follower: wait up to `timeout` for this rank's part of the group's next command, and
-/// consume it. After a timeout the same command is waited for again. Under the store
-/// [`watchdog`](super::watchdog): a store out of reach ends the process.
+/// consume it. After a timeout the same command is waited for again.
 pub fn receive(coll: &dyn Collective, timeout: Duration) -> Result<Command> {
     let key = step_key(coll.commands().load(Ordering::SeqCst), coll.rank());
-    let limit = timeout + super::watchdog::GRACE;
-    let bytes = super::watchdog::within(
-        coll.rank(),
-        "waiting for rank 0's next command",
-        limit,
-        || coll.get(&key, timeout),
-    )?;
-    super::watchdog::within(coll.rank(), "consuming rank 0's command", limit, || {
-        coll.delete(&key)
-    })?;
+    let bytes = coll.get(&key, timeout)?;
+    coll.delete(&key)?;
     coll.commands().fetch_add(1, Ordering::SeqCst);
     serde_json::from_slice(&bytes).map_err(|e| DistError::Invalid {
         rank: coll.rank(),

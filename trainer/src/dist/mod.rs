@@ -551,6 +551,24 @@ impl C10d {
         })
     }
 
+    /// A store call under the [`watchdog`]: its own `timeout`, plus the watchdog's grace for a
+    /// store client that would block past it.
+    fn store_call<T>(
+        &self,
+        op: &'static str,
+        key: &str,
+        timeout: Duration,
+        f: impl FnOnce() -> ffi::ShimResult<T>,
+    ) -> Result<T> {
+        watchdog::within(
+            self.rank,
+            format!("store {op} `{key}`"),
+            timeout + watchdog::GRACE,
+            f,
+        )
+        .map_err(|m| store_err(self.rank, op, key, &m))
+    }
+
     fn work(&self, op: &'static str, r: ffi::ShimResult<ffi::PendingWork>) -> Result<Work> {
         let p = r.map_err(|message| DistError::Collective {
             rank: self.rank,
@@ -633,19 +651,13 @@ impl Collective for C10d {
             .wait()
     }
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.ctl
-            .set(key, value)
-            .map_err(|m| store_err(self.rank, "set", key, &m))
+        self.store_call("set", key, self.timeout, || self.ctl.set(key, value))
     }
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.ctl
-            .get(key, timeout)
-            .map_err(|m| store_err(self.rank, "get", key, &m))
+        self.store_call("get", key, timeout, || self.ctl.get(key, timeout))
     }
     fn delete(&self, key: &str) -> Result<()> {
-        self.ctl
-            .delete(key)
-            .map_err(|m| store_err(self.rank, "delete", key, &m))
+        self.store_call("delete", key, self.timeout, || self.ctl.delete(key))
     }
     fn commands(&self) -> &AtomicU64 {
         &self.commands

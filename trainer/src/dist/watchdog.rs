@@ -2,9 +2,10 @@
 //! timeout. The store's client cancels a timed-out wait and then reads the server's
 //! acknowledgement with no timeout: across a network partition (the store's host out of reach,
 //! no connection ever closed) that read lasts until the kernel gives up on the connection, about
-//! 15 minutes, or forever when nothing is left to send. [`within`] runs such a call; if it has
-//! not returned by its deadline the process exits with an error naming the rank and the call,
-//! and the launcher stops the job as for any rank that dies.
+//! 15 minutes, or forever when nothing is left to send. [`within`] runs such a call (every store
+//! call of a [`C10d`](super::C10d) group goes through it); if it has not returned by its
+//! deadline the process exits with an error naming the rank and the call, and the launcher stops
+//! the job as for any rank that dies.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Once, PoisonError};
@@ -17,24 +18,36 @@ pub const EXIT: i32 = 3;
 /// once by a live store).
 pub const GRACE: Duration = Duration::from_secs(30);
 
-/// Calls being watched: (id, deadline, rank, what).
-static ARMED: Mutex<Vec<(u64, Instant, usize, &'static str)>> = Mutex::new(Vec::new());
+/// A call being watched.
+struct Armed {
+    id: u64,
+    deadline: Instant,
+    rank: usize,
+    what: String,
+}
+
+static ARMED: Mutex<Vec<Armed>> = Mutex::new(Vec::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
 static START: Once = Once::new();
 
 /// Run `f`, a store call of `rank` named `what`; if it has not returned after `limit`, the
 /// process exits with status [`EXIT`].
-pub fn within<T>(rank: usize, what: &'static str, limit: Duration, f: impl FnOnce() -> T) -> T {
+pub fn within<T>(rank: usize, what: String, limit: Duration, f: impl FnOnce() -> T) -> T {
     START.call_once(start);
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     let deadline = Instant::now() + limit;
-    lock().push((id, deadline, rank, what));
+    lock().push(Armed {
+        id,
+        deadline,
+        rank,
+        what,
+    });
     let out = f();
-    lock().retain(|&(i, ..)| i != id);
+    lock().retain(|a| a.id != id);
     out
 }
 
-fn lock() -> std::sync::MutexGuard<'static, Vec<(u64, Instant, usize, &'static str)>> {
+fn lock() -> std::sync::MutexGuard<'static, Vec<Armed>> {
     ARMED.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -45,11 +58,14 @@ fn start() {
             loop {
                 std::thread::sleep(Duration::from_millis(500));
                 let now = Instant::now();
-                let late = lock().iter().find(|&&(_, d, ..)| now > d).copied();
-                if let Some((_, _, rank, what)) = late {
+                let late = lock()
+                    .iter()
+                    .find(|a| now > a.deadline)
+                    .map(|a| (a.rank, a.what.clone()));
+                if let Some((rank, what)) = late {
                     let why = format!(
-                        "rank {rank}: {what} did not return by its deadline: rank 0's store is \
-                         out of reach (its host gone or the network partitioned)"
+                        "rank {rank}: {what} did not return by its deadline: the group's store \
+                         is out of reach (its host gone or the network partitioned)"
                     );
                     tracing::error!("{why}; exiting");
                     eprintln!("{why}");
@@ -68,7 +84,8 @@ mod tests {
 
     #[test]
     fn a_call_within_its_limit_returns_its_value_and_is_unwatched_after() {
-        assert_eq!(within(0, "a test call", Duration::from_secs(60), || 7), 7);
-        assert!(lock().iter().all(|&(_, _, _, w)| w != "a test call"));
+        let what = "a test call";
+        assert_eq!(within(0, what.into(), Duration::from_secs(60), || 7), 7);
+        assert!(lock().iter().all(|a| a.what != what));
     }
 }

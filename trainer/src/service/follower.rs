@@ -4,7 +4,8 @@
 //! to this rank's copy the same way so every rank keeps identical weights and optimizer state.
 //! Idle time between steps is normal; a store that stops answering within the group's timeout
 //! means rank 0 is gone or out of reach, and the rank exits with that error, or the store
-//! [`watchdog`] ends it where c10d's store client would block (the launcher then stops the job).
+//! watchdog (`dist::watchdog`, under every store call of the group) ends it where c10d's store
+//! client would block (the launcher then stops the job).
 //!
 //! [`Trainer::run_received`]: crate::train::Trainer::run_received
 
@@ -13,7 +14,6 @@ use std::time::Duration;
 use super::Policy;
 use super::load::{self, LoadOptions};
 use crate::dist::data_parallel::{self, Control};
-use crate::dist::watchdog;
 use crate::error::{Result, TrainerError};
 
 /// How long one wait for the next command lasts before the store is probed.
@@ -35,13 +35,11 @@ pub fn follow(mut policy: Policy, mut opts: LoadOptions) -> Result<()> {
                     // tells the two apart. A write alone does not: the store's client does not
                     // wait for its answer, so across a network partition (no peer closes the
                     // connection) it succeeds into the socket's buffer; the read back answers
-                    // within the group's timeout, fails, or trips the watchdog.
+                    // within the group's timeout, fails, or trips the store watchdog.
                     let key = format!("alive/rank/{rank}");
-                    let limit = g.timeout() + watchdog::GRACE;
-                    let probe = watchdog::within(rank, "probing rank 0's store", limit, || {
-                        g.set(&key, b"1")
-                            .and_then(|()| g.get(&key, g.timeout()).map(drop))
-                    });
+                    let probe = g
+                        .set(&key, b"1")
+                        .and_then(|()| g.get(&key, g.timeout()).map(drop));
                     if let Err(probe) = probe {
                         return Err(TrainerError::Config(format!(
                             "rank {rank}: rank 0 stopped answering ({wait}; {probe})"

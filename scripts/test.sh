@@ -27,8 +27,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 # The trainer's GPU build (NCCL groups, vLLM's NCCL weight route) compiles and links against the
 # CUDA torch wheel without a GPU; its tests below show what runs without one. A CPU-only torch
-# (another ORCH_VENV) has no libtorch_cuda to build it against: then it is skipped, loudly.
-TORCH_LIB="$(python -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+# (another ORCH_VENV) has no libtorch_cuda in TORCH_LIB (torch-env.sh) to build it against:
+# then it is skipped, loudly.
 if [[ -f "$TORCH_LIB/libtorch_cuda.so" ]]; then
   NCCL_BUILD=1
   cargo clippy -p trainer --all-targets --features nccl -- -D warnings

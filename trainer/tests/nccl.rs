@@ -8,6 +8,8 @@
 #![cfg(feature = "nccl")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Tensor};
@@ -16,11 +18,7 @@ use trainer::dist::{BackendKind, C10d, Collective, DistEnv, DistOptions, ReduceO
 
 /// A one-rank world on a free loopback port.
 fn one_rank() -> DistEnv {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     DistEnv {
         rank: 0,
         world: 1,

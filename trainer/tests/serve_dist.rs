@@ -276,7 +276,7 @@ async fn two_ranks_serve_train_restore_like_one_and_stop_together() {
 }
 
 /// Stop a launcher (or a single server) the way a supervisor does, and reap it.
-fn stop(mut child: Child) {
+fn stop(child: &mut Child) {
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -299,8 +299,8 @@ async fn zero_2_ranks_checkpoint_in_shards_and_resume_on_one_or_two_ranks_identi
     let url = |i: usize| format!("http://127.0.0.1:{}", ports[i]);
     let log = |i: usize| tmp.path().join(format!("{i}.log"));
     // 0: one process (reference), 1: two ranks with ZeRO-2.
-    let one = serve(&model, &tmp.path().join("ck-one"), ports[0], 1, &log(0));
-    let zero = serve_with(&model, &ck_zero, ports[1], 2, &log(1), &["--zero", "2"]);
+    let mut one = serve(&model, &tmp.path().join("ck-one"), ports[0], 1, &log(0));
+    let mut zero = serve_with(&model, &ck_zero, ports[1], 2, &log(1), &["--zero", "2"]);
     wait_healthy(&url(0), &log(0)).await;
     wait_healthy(&url(1), &log(1)).await;
     for seed in 0..2 {
@@ -329,14 +329,14 @@ async fn zero_2_ranks_checkpoint_in_shards_and_resume_on_one_or_two_ranks_identi
         step(&url(0), &batch(2)).await["metrics"]["loss"].clone(),
         step(&url(0), &batch(3)).await["metrics"]["loss"].clone(),
     ];
-    stop(zero);
-    stop(one);
+    stop(&mut zero);
+    stop(&mut one);
     // Resume the sharded checkpoint on one process (shards reassembled) and on two ZeRO ranks.
     for (i, nproc, extra) in [
         (2, 1, vec!["--resume"]),
         (3, 2, vec!["--resume", "--zero", "2"]),
     ] {
-        let child = serve_with(&model, &ck_zero, ports[i], nproc, &log(i), &extra);
+        let mut child = serve_with(&model, &ck_zero, ports[i], nproc, &log(i), &extra);
         wait_healthy(&url(i), &log(i)).await;
         for (seed, want) in [2, 3].into_iter().zip(&want) {
             let got = step(&url(i), &batch(seed)).await;
@@ -346,7 +346,7 @@ async fn zero_2_ranks_checkpoint_in_shards_and_resume_on_one_or_two_ranks_identi
                 &got["metrics"]["loss"],
             );
         }
-        stop(child);
+        stop(&mut child);
     }
 }
 
@@ -509,10 +509,7 @@ async fn two_nodes_of_one_rank_train_like_one_process_and_stop_together() {
         )
     })
     .await;
-    Command::new("kill")
-        .args(["-TERM", &job.node0.id().to_string()])
-        .status()
-        .unwrap();
+    stop(&mut job.node0);
     job.exits_naming_its_rank(1, Duration::from_secs(45)).await;
 }
 

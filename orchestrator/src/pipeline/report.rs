@@ -47,6 +47,9 @@ struct RunData {
     /// Per step: trajectories, parse failures, tool calls per stage, mean answer characters.
     trajectories: Series,
     parse_failures: Series,
+    /// Per step: trajectories judged, and of them those with a stage that took the answer score.
+    judged: Series,
+    broadcast: Series,
     tool_calls: [Series; 4],
     answer_chars: Series,
     evals: Vec<db::evaluations::EvalRow>,
@@ -426,6 +429,10 @@ pub struct SeedRun {
     pub tool_calls: [f64; 4],
     /// Mean characters of an answer, over the steps' means.
     pub answer_chars: f64,
+    /// Share of judged trajectories with a stage that had no rubric of its own and took the
+    /// answer score (method.md A.4.4's fallback), over all steps: 1.0 means SS-GRPO's stage
+    /// credit never saw a stage reward of its own there.
+    pub stage_fallback: f64,
 }
 
 impl SeedRun {
@@ -448,6 +455,7 @@ impl SeedRun {
             parse_rate: total(&d.parse_failures) / trajectories,
             tool_calls: std::array::from_fn(|k| total(&d.tool_calls[k]) / trajectories),
             answer_chars: mean(&d.answer_chars),
+            stage_fallback: total(&d.broadcast) / total(&d.judged).max(1.0),
         }
     }
 }
@@ -474,7 +482,7 @@ fn pm(xs: &[f64], digits: usize) -> String {
 /// standard deviation over seeds (versions every seed of the recipe reached), the change from
 /// the first to the last version, the ordering by that change, and beside it what explains it:
 /// reward per stage (last three steps), parse failures and tool calls per stage per trajectory,
-/// answer length.
+/// answer length, and the share of trajectories whose stage credit fell back to the answer score.
 pub fn by_recipe(runs: &[SeedRun]) -> String {
     let mut recipes: Vec<&str> = Vec::new();
     for r in runs {
@@ -561,7 +569,7 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
         );
     }
     md.push_str(
-        "\n| recipe | reward plan | research | review | answer (last 3 steps) | parse failures / trajectory | tool calls / trajectory: plan | research | review | answer | answer chars |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n| recipe | reward plan | research | review | answer (last 3 steps) | parse failures / trajectory | tool calls / trajectory: plan | research | review | answer | answer chars | stage scores from R4 (share of trajectories) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for name in &recipes {
         let g = group(name);
@@ -572,11 +580,12 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
         let tools: Vec<String> = (0..4).map(|k| col(&|r| r.tool_calls[k], 2)).collect();
         let _ = writeln!(
             md,
-            "| {name} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} |",
             rewards.join(" | "),
             col(&|r| r.parse_rate, 3),
             tools.join(" | "),
-            col(&|r| r.answer_chars, 0)
+            col(&|r| r.answer_chars, 0),
+            col(&|r| r.stage_fallback, 3)
         );
     }
     md
@@ -621,6 +630,8 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
         data.push(RunData {
             trajectories: series(pool, row.id, "rollout/trajectories").await?,
             parse_failures: series(pool, row.id, "rollout/parse_failures").await?,
+            judged: series(pool, row.id, "judge/trajectories").await?,
+            broadcast: series(pool, row.id, "judge/broadcast").await?,
             answer_chars: series(pool, row.id, "rollout/answer_chars").await?,
             tool_calls,
             row,
@@ -806,6 +817,7 @@ mod tests {
             parse_rate: parse,
             tool_calls: [0.0, 2.0, 0.5, 0.0],
             answer_chars: 100.0,
+            stage_fallback: parse / 2.0,
         }
     }
 
@@ -833,7 +845,7 @@ mod tests {
         // Per-recipe explanation: parse failures 0.5 / 0.7 -> 0.600 ± 0.141; answer reward of
         // seeds 17 / 18 -> 0.1750 ± 0.0071.
         assert!(
-            md.contains("| baseline-rl | 0.0000 ± 0.0000 | 0.1000 ± 0.0000 | 0.2000 ± 0.0000 | 0.1750 ± 0.0071 | 0.600 ± 0.141 | 0.00 ± 0.00 | 2.00 ± 0.00 | 0.50 ± 0.00 | 0.00 ± 0.00 | 100 ± 0 |"),
+            md.contains("| baseline-rl | 0.0000 ± 0.0000 | 0.1000 ± 0.0000 | 0.2000 ± 0.0000 | 0.1750 ± 0.0071 | 0.600 ± 0.141 | 0.00 ± 0.00 | 2.00 ± 0.00 | 0.50 ± 0.00 | 0.00 ± 0.00 | 100 ± 0 | 0.300 ± 0.071 |"),
             "{md}"
         );
     }

@@ -336,8 +336,17 @@ impl LexicalJudge {
         if strong.is_empty() || weak.is_empty() {
             return out; // all rollouts alike: no dimension separates them
         }
-        let covered: BTreeSet<String> = existing.iter().flat_map(key_terms).collect();
         for &stage in stages {
+            // Coverage is stage-local (method.md A.4.3: rubrics are stage-local, skip dimensions
+            // already covered): a term an Answer rubric holds is still a dimension of another
+            // stage ("the research retrieved the fact" is not "the answer states it"). A stage
+            // whose texts are the same in every rollout of the group still gets no rubric: no
+            // term separates them (BENCHMARKS.md, "Issue 25, session 22": the smoke world's plans).
+            let covered: BTreeSet<String> = existing
+                .iter()
+                .filter(|r| r.stage == stage)
+                .flat_map(key_terms)
+                .collect();
             let lowered: Vec<String> = rollouts
                 .iter()
                 .map(|t| t.stage_text[stage.index()].to_lowercase())
@@ -866,6 +875,51 @@ mod tests {
         for text in ["", "水", "🚀", "a", "中", "ｇｐｔ４模型"] {
             assert!(score(&zh, text) <= 2 && score(&en, text) <= 2);
         }
+    }
+
+    /// A term the Answer rubrics already hold still makes a Plan rubric when it separates the
+    /// group's plans (coverage is per stage); a Plan rubric on the term stops a second one.
+    #[test]
+    fn a_term_covered_by_an_answer_rubric_still_makes_a_plan_rubric() {
+        let view = |plan: &str, answer: &str| TraceView {
+            stage_text: [plan.into(), String::new(), String::new(), answer.into()],
+            answer: Some(answer.into()),
+            ..TraceView::default()
+        };
+        // Two plans read the question's entity (Orlavex) and their answers name the river; two
+        // misread it (Orlando) and answer something else.
+        let group = vec![
+            view(
+                "Find where Orlavex was founded, then its river.",
+                "Orlavex lies on the Taumere river.",
+            ),
+            view(
+                "Search Orlavex founding city and river.",
+                "The Taumere river runs by Orlavex.",
+            ),
+            view("Find where Orlando was founded.", "It lies on a lake."),
+            view("Search Orlando founding city.", "Unknown."),
+        ];
+        let mut answer = rubric("Names Orlavex and the Taumere", "");
+        answer.key_terms = vec!["orlavex".into(), "taumere".into()];
+        let judge = LexicalJudge::new("lexical");
+        let plan_terms = |existing: &[Rubric]| -> Vec<(String, bool)> {
+            judge
+                .generate_sync(&group, existing, &[Stage::Plan])
+                .per_stage[Stage::Plan.index()]
+            .iter()
+            .map(|r| (r.key_terms[0].clone(), r.negative))
+            .collect()
+        };
+        let got = plan_terms(std::slice::from_ref(&answer));
+        assert!(got.contains(&("orlavex".into(), false)), "{got:?}");
+        assert!(got.contains(&("orlando".into(), true)), "{got:?}");
+        // Once a Plan rubric holds the term, the plan stage does not get it again.
+        let mut plan = rubric("Plan reads Orlavex", "");
+        plan.stage = Stage::Plan;
+        plan.key_terms = vec!["orlavex".into()];
+        let got = plan_terms(&[answer, plan]);
+        assert!(!got.iter().any(|(t, _)| t == "orlavex"), "{got:?}");
     }
 
     /// Grounding finds words that recur across Chinese snippets, also where a snippet's pairs

@@ -222,6 +222,11 @@ fn opt(x: Option<f64>) -> String {
     x.map_or("–".into(), |v| format!("{v:.4}"))
 }
 
+/// Four decimals, or "–" for the mean of no steps (a run created or just started).
+fn fixed4(x: f64) -> String {
+    opt((!x.is_nan()).then_some(x))
+}
+
 /// Scores on the fixed evaluation subsets: per subset, a table of runs by policy version and a
 /// plot of the score over versions, recipes side by side.
 fn evaluation_section(md: &mut String, dir: &Path, data: &[RunData]) -> Result<(), ReportError> {
@@ -659,19 +664,17 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
     );
     for d in &data {
         let (a0, a1) = head_tail(&d.rewards[3]);
-        let last: Vec<String> = d
-            .rewards
-            .iter()
-            .map(|s| format!("{:.4}", head_tail(s).1))
-            .collect();
+        let last: Vec<String> = d.rewards.iter().map(|s| fixed4(head_tail(s).1)).collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {}/{} | {a0:.4} → {a1:.4} | {} | {} |",
+            "| {} | {} | {} | {}/{} | {} → {} | {} | {} |",
             d.row.name,
             d.row.recipe,
             d.row.status,
             d.rewards[3].len(),
             d.steps_total,
+            fixed4(a0),
+            fixed4(a1),
             last.join(" | "),
             eval_span(&d.evals)
         );
@@ -803,7 +806,15 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
 
 #[cfg(test)]
 mod tests {
-    use super::{SeedRun, by_recipe};
+    use super::{SeedRun, by_recipe, fixed4, head_tail};
+
+    #[test]
+    fn a_run_with_no_steps_shows_dashes_not_nan() {
+        let (a, b) = head_tail(&Vec::new());
+        assert_eq!((fixed4(a), fixed4(b)), ("–".to_string(), "–".to_string()));
+        let (a, b) = head_tail(&vec![(0.0, 0.25), (1.0, 0.5)]);
+        assert_eq!((fixed4(a), fixed4(b)), ("0.3750".into(), "0.3750".into()));
+    }
 
     fn run(recipe: &str, seed: i64, held_out: &[(i32, f64, f64)], parse: f64) -> SeedRun {
         SeedRun {

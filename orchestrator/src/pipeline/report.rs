@@ -434,9 +434,9 @@ pub struct SeedRun {
     pub tool_calls: [f64; 4],
     /// Mean characters of an answer, over the steps' means.
     pub answer_chars: f64,
-    /// Share of judged trajectories with a stage that had no rubric of its own and took the
-    /// answer score (method.md A.4.4's fallback), over all steps: 1.0 means SS-GRPO's stage
-    /// credit never saw a stage reward of its own there.
+    /// Share of judged trajectories with at least one stage that had no rubric of its own and
+    /// took the answer score (method.md A.4.4's fallback), over all steps: 1.0 means every
+    /// trajectory had such a stage, whose SS-GRPO credit is then the terminal reward's.
     pub stage_fallback: f64,
 }
 

@@ -23,6 +23,7 @@
 #                in BENCHMARKS.md's issue 25 session 16 run, and 48,000 stopped on the plateau;
 #                0 skips the exercise)
 # Needs python3 (standard library only) to assemble the tokenizer corpus. No database.
+# Writes DIR/provenance.txt: the CPU model, the commit and the SHA-256 of every stage's output.
 set -euo pipefail
 DIR="${1:-runs/smoke}"
 ORCH="${ORCH_BIN:-orchestrator}"
@@ -102,4 +103,18 @@ PY
       --warmup-steps 10 --seed 1 --device cpu
   fi
 fi
-say "ready: $DIR/model-sft"
+# Provenance: what each stage wrote, with the machine that ran it, so two warm starts can be
+# compared stage by stage (the first file whose hash differs is where they part). Floating
+# point in the trainer's steps depends on the CPU's kernels (AVX2 / AVX-512 paths in oneDNN),
+# so identical inputs on another CPU model can still part at the first training stage.
+{
+  echo "# init-smoke provenance, $(date -u +%FT%TZ)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
+  echo "git: $(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  for f in world/tasks.jsonl world/corpus.jsonl sft.jsonl tokenizer/tokenizer.json \
+    model-init/model.safetensors model-copy/model.safetensors model-sft1/model.safetensors \
+    model-sft/model.safetensors; do
+    if [[ -f "$DIR/$f" ]]; then (cd "$DIR" && sha256sum "$f"); fi
+  done
+} >"$DIR/provenance.txt"
+say "ready: $DIR/model-sft (hashes in $DIR/provenance.txt)"

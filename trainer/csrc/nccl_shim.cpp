@@ -119,3 +119,24 @@ extern "C" void rc10d_nccl_comm_free(void* comm) {
     delete c;
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The CUDA caching allocator's peak of allocated bytes on `device` since the last reset (what
+// torch.cuda.max_memory_allocated reports), for `trainer bench`; `reset` starts a new peak.
+// -1 when the allocator cannot answer (no such device).
+
+#include <c10/cuda/CUDACachingAllocator.h>
+
+extern "C" int64_t rc10d_cuda_peak_allocated(int device, int reset) {
+  try {
+    auto idx = static_cast<c10::DeviceIndex>(device);
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(idx);
+    auto peak = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+    if (reset != 0) {
+      c10::cuda::CUDACachingAllocator::resetPeakStats(idx);
+    }
+    return peak;
+  } catch (...) {
+    return -1;
+  }
+}

@@ -35,6 +35,9 @@ pub struct BenchResult {
     pub trainable_params: i64,
     pub mfu: Option<f64>,
     pub threads: i32,
+    /// Peak GPU memory allocated during the timed steps, GiB (CUDA in the `nccl` build).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_gib: Option<f64>,
 }
 
 /// Training FLOPs per token: 6·N for the matmuls (forward 2N + backward 4N) plus attention
@@ -94,6 +97,9 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
         trainer.rl_step(&batch)?;
     }
     sync(spec.device);
+    if let Device::Cuda(i) = spec.device {
+        crate::dist::cuda_peak_allocated(i, true);
+    }
     let t0 = std::time::Instant::now();
     for _ in 0..spec.steps {
         trainer.rl_step(&batch)?;
@@ -116,6 +122,12 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
         trainable_params: trainable,
         mfu,
         threads: tch::get_num_threads(),
+        peak_gib: match spec.device {
+            Device::Cuda(i) => {
+                crate::dist::cuda_peak_allocated(i, false).map(|b| b as f64 / (1u64 << 30) as f64)
+            }
+            _ => None,
+        },
     })
 }
 

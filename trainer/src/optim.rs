@@ -206,18 +206,28 @@ impl AdamW {
     /// The global L2 norm of all gradients (before clipping).
     pub fn grad_norm(&self) -> f64 {
         tch::no_grad(|| {
-            let mut total = 0.0f64;
-            for s in self.slots.values() {
-                let g = s.param.grad();
-                if g.defined() {
-                    total += g
-                        .to_kind(Kind::Float)
+            // Each parameter's sum of squares in fp32, added in f64 on the device: one read
+            // back for the whole model, where a read back per parameter would wait on a GPU
+            // once per tensor (hundreds of times a step).
+            let parts: Vec<Tensor> = self
+                .slots
+                .values()
+                .map(|s| s.param.grad())
+                .filter(Tensor::defined)
+                .map(|g| {
+                    g.to_kind(Kind::Float)
                         .pow_tensor_scalar(2)
                         .sum(Kind::Float)
-                        .double_value(&[]);
-                }
+                        .to_kind(Kind::Double)
+                })
+                .collect();
+            if parts.is_empty() {
+                return 0.0;
             }
-            total.sqrt()
+            Tensor::stack(&parts, 0)
+                .sum(Kind::Double)
+                .double_value(&[])
+                .sqrt()
         })
     }
 

@@ -5,93 +5,31 @@
 //! operation.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::free_port;
+use common::ranks::{Spawn, assert_ranks_passed, child_env, join};
 use tch::{Device, Kind, Tensor};
-use trainer::dist::{C10d, Collective, DistEnv, DistError, DistOptions, ReduceOp, Work};
+use trainer::dist::{BackendKind, C10d, Collective, DistError, ReduceOp, Work};
 
 /// The env var naming the test a child process runs as one rank.
 const CHILD: &str = "RUBRICEM_DIST_TEST_CHILD";
 
-/// Run test `name` of this binary as `world` ranks; every rank's output, in rank order. A rank
-/// still running after `limit` is killed (and fails the test).
+/// Run test `name` of this binary as `world` ranks, each on its own device (CPU here).
 fn run_ranks(name: &str, world: usize, limit: Duration) -> Vec<Output> {
-    let port = free_port().to_string();
-    let exe = std::env::current_exe().unwrap();
-    let mut children: Vec<_> = (0..world)
-        .map(|rank| {
-            Command::new(&exe)
-                .args([name, "--exact", "--nocapture", "--test-threads=1"])
-                .env(CHILD, name)
-                .env("RANK", rank.to_string())
-                .env("LOCAL_RANK", rank.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", &port)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let t0 = Instant::now();
-    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
-        if t0.elapsed() > limit {
-            for c in &mut children {
-                let _ = c.kill();
-            }
-            let outs: Vec<String> = children
-                .into_iter()
-                .map(|c| {
-                    let o = c.wait_with_output().unwrap();
-                    String::from_utf8_lossy(&o.stderr).into_owned()
-                })
-                .collect();
-            panic!("ranks of {name} still running after {limit:?}: {outs:#?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect()
-}
-
-fn assert_ranks_passed(name: &str, outs: &[Output]) {
-    for (rank, o) in outs.iter().enumerate() {
-        // What the ranks report (seen with --nocapture).
-        for line in String::from_utf8_lossy(&o.stderr).lines() {
-            if line.contains(" -> ") || line.contains(": ok (") {
-                eprintln!("rank {rank}: {line}");
-            }
-        }
-        assert!(
-            o.status.success() && String::from_utf8_lossy(&o.stdout).contains("1 passed"),
-            "{name}: rank {rank} failed ({:?}):\n{}\n{}",
-            o.status,
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    let spawn = Spawn {
+        child_var: CHILD,
+        one_device: false,
+    };
+    common::ranks::run_ranks(spawn, name, world, limit)
 }
 
 /// In a child process started for test `name`: its group (1 torch thread, gloo, `timeout`).
 fn child_group(name: &str, timeout: Duration) -> Option<C10d> {
-    if std::env::var(CHILD).ok().as_deref() != Some(name) {
-        return None;
-    }
-    tch::set_num_threads(1);
-    let env = DistEnv::from_env().unwrap().unwrap();
-    let opts = DistOptions {
-        timeout,
-        threads: 1,
-        ..DistOptions::default()
-    };
-    Some(C10d::init(&env, &opts).unwrap())
+    let env = child_env(CHILD, name)?;
+    Some(join(&env, BackendKind::Gloo, timeout).unwrap())
 }
 
 fn values(t: &Tensor) -> Vec<f32> {
@@ -266,178 +204,16 @@ fn rank_peer_hangs() {
 // ---------------------------------------------------------------------------------------------
 // Data parallel: one step on 2 ranks equals one rank on the whole batch.
 
+use common::cases::{CASES, Case, batch, close, step, trainer_on};
 use trainer::loss::PolicyLossConfig;
 use trainer::model::lora::{LoraConfig, LoraTarget};
 use trainer::model::{Qwen3, Qwen3Config};
-use trainer::optim::AdamWConfig;
 use trainer::train::{Sequence, StepMetrics, TrainConfig, Trainer};
 
-fn tiny_cfg() -> Qwen3Config {
-    serde_json::from_value(serde_json::json!({
-        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "max_position_embeddings": 128, "rope_theta": 10000.0, "tie_word_embeddings": true
-    }))
-    .unwrap()
-}
-
-fn model(seed: i64, lora: bool) -> Qwen3 {
-    let mut m = Qwen3::random(tiny_cfg(), seed, 0.2, Device::Cpu, Kind::Float).unwrap();
-    if lora {
-        let cfg = LoraConfig {
-            r: 4,
-            alpha: 8.0,
-            dropout: 0.0,
-            targets: LoraTarget::ALL.to_vec(),
-        };
-        m.add_lora(&cfg, seed + 1).unwrap();
-        // Non-zero B, so the adapters matter from the first step.
-        let _guard = trainer::model::rng_lock();
-        tch::manual_seed(seed + 2);
-        for (_, _, p) in m.projections_mut() {
-            if let Some(l) = &mut p.lora {
-                tch::no_grad(|| {
-                    l.b.copy_(&(Tensor::randn(l.b.size(), (Kind::Float, Device::Cpu)) * 0.1));
-                });
-            }
-        }
-    } else {
-        m.set_trainable(true);
-    }
-    m
-}
-
-/// Sequences of uneven lengths (7 to 40 tokens) and per-stage advantages.
-fn batch(n: usize) -> Vec<Sequence> {
-    let lens = [31usize, 9, 17, 40, 12, 7, 23];
-    (0..n)
-        .map(|i| {
-            let len = lens[i % lens.len()];
-            let tokens: Vec<i64> = (0..len as i64)
-                .map(|t| (t * 7 + i as i64 * 11 + 3) % 64)
-                .collect();
-            Sequence {
-                loss_mask: (0..len).map(|t| t >= 3).collect(),
-                stages: (0..len)
-                    .map(|t| {
-                        if t < 3 {
-                            -1
-                        } else {
-                            ((t - 3) * 4 / (len - 3)) as i8
-                        }
-                    })
-                    .collect(),
-                behaviour_logprobs: (0..len).map(|t| -3.0 - 0.05 * t as f32).collect(),
-                advantages: vec![0.5 - i as f32 * 0.3, 0.2, -0.4 + i as f32 * 0.1, 0.9],
-                tokens,
-            }
-        })
-        .collect()
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Case {
-    lora: bool,
-    grad_checkpoint: bool,
-    kind: &'static str,
-    sequences: usize,
-    minibatches: usize,
-}
-
+/// The case's trainer on CPU.
 fn trainer_for(c: &Case) -> Trainer {
-    let mut t = Trainer::new(
-        model(5, c.lora),
-        TrainConfig {
-            loss: PolicyLossConfig {
-                // The KL term needs a reference: LoRA's is the base with adapters off.
-                kl_coef: if c.lora { 0.01 } else { 0.0 },
-                ..PolicyLossConfig::default()
-            },
-            optim: AdamWConfig {
-                lr: 1e-3,
-                // Low enough that global-norm clipping binds.
-                max_grad_norm: 0.05,
-                ..AdamWConfig::default()
-            },
-            micro_batch_tokens: 48,
-            logit_chunk: 7,
-            grad_checkpoint: c.grad_checkpoint,
-            minibatches_per_step: c.minibatches,
-        },
-    )
-    .unwrap();
-    // The cases with gradient checkpointing take the overlapped all-reduce.
-    t.overlap = Some(c.grad_checkpoint);
-    t
+    trainer_on(c, Device::Cpu)
 }
-
-fn step(t: &mut Trainer, c: &Case, seqs: &[Sequence]) -> StepMetrics {
-    match c.kind {
-        "rl" => t.rl_step(seqs),
-        "sft" => t.sft_step(seqs),
-        _ => t.reflection_step(seqs),
-    }
-    .unwrap()
-}
-
-fn close(what: &str, a: &Tensor, b: &Tensor) {
-    let scale = b.abs().max().double_value(&[]).max(1e-3);
-    let d = (a - b).abs().max().double_value(&[]);
-    assert!(
-        d <= 1e-5 * scale + 1e-7,
-        "{what}: max diff {d} (scale {scale})"
-    );
-}
-
-const CASES: [Case; 6] = [
-    // Full fine-tune, SS-GRPO, gradient checkpointing.
-    Case {
-        lora: false,
-        grad_checkpoint: true,
-        kind: "rl",
-        sequences: 7,
-        minibatches: 1,
-    },
-    // Full fine-tune without checkpointing, SFT.
-    Case {
-        lora: false,
-        grad_checkpoint: false,
-        kind: "sft",
-        sequences: 5,
-        minibatches: 1,
-    },
-    // LoRA (only adapter gradients are reduced), two PPO minibatches.
-    Case {
-        lora: true,
-        grad_checkpoint: true,
-        kind: "rl",
-        sequences: 7,
-        minibatches: 2,
-    },
-    Case {
-        lora: true,
-        grad_checkpoint: false,
-        kind: "rl",
-        sequences: 4,
-        minibatches: 1,
-    },
-    // Phase A reflection update.
-    Case {
-        lora: true,
-        grad_checkpoint: true,
-        kind: "reflection",
-        sequences: 3,
-        minibatches: 1,
-    },
-    // One sequence: rank 1 has nothing, and still takes part.
-    Case {
-        lora: false,
-        grad_checkpoint: true,
-        kind: "sft",
-        sequences: 1,
-        minibatches: 1,
-    },
-];
 
 #[test]
 fn a_two_rank_step_equals_one_rank_on_the_whole_batch() {

@@ -10,31 +10,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::cases::{
+    full_copy_on, lora_config as lora, sft_data, small_trainer as trainer, tiny_cfg,
+};
 use common::seq;
 use tch::{Device, Kind, Tensor};
-use trainer::loss::PolicyLossConfig;
-use trainer::model::lora::{LoraConfig, LoraTarget};
-use trainer::model::{Fwd, Qwen3, Qwen3Config};
-use trainer::optim::AdamWConfig;
-use trainer::train::{Sequence, TrainConfig, Trainer};
-
-fn tiny_cfg() -> Qwen3Config {
-    serde_json::from_value(serde_json::json!({
-        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "max_position_embeddings": 128, "rope_theta": 10000.0, "tie_word_embeddings": true
-    }))
-    .unwrap()
-}
-
-fn lora() -> LoraConfig {
-    LoraConfig {
-        r: 4,
-        alpha: 8.0,
-        dropout: 0.0,
-        targets: LoraTarget::ALL.to_vec(),
-    }
-}
+use trainer::model::{Fwd, Qwen3};
+use trainer::train::{Sequence, Trainer};
 
 fn lora_model(seed: i64) -> Qwen3 {
     let mut m = Qwen3::random(tiny_cfg(), seed, 0.2, Device::Cpu, Kind::Float).unwrap();
@@ -51,28 +33,6 @@ fn lora_model(seed: i64) -> Qwen3 {
         }
     }
     m
-}
-
-fn trainer(model: Qwen3, lr: f64, kl: f64) -> Trainer {
-    Trainer::new(
-        model,
-        TrainConfig {
-            loss: PolicyLossConfig {
-                kl_coef: kl,
-                ..PolicyLossConfig::default()
-            },
-            optim: AdamWConfig {
-                lr,
-                max_grad_norm: 0.0,
-                ..AdamWConfig::default()
-            },
-            micro_batch_tokens: 64,
-            logit_chunk: 7,
-            grad_checkpoint: true,
-            minibatches_per_step: 1,
-        },
-    )
-    .unwrap()
 }
 
 fn grads(t: &Trainer) -> Vec<Tensor> {
@@ -481,94 +441,14 @@ fn sharded_checkpoints_load_through_the_index() {
     assert!(err.to_string().contains("model.norm.weight"), "{err}");
 }
 
-/// A tiny full fine-tune in `kind` whose weights are `src`'s (exactly: `src` is bf16-valued).
-fn full_copy(src: &Qwen3, kind: Kind) -> Qwen3 {
-    let m = Qwen3::random(tiny_cfg(), 0, 0.02, Device::Cpu, kind).unwrap();
-    tch::no_grad(|| {
-        for ((_, mut d), (_, s)) in m.base_tensors().into_iter().zip(src.base_tensors()) {
-            d.copy_(&s);
-        }
-    });
-    m.set_trainable(true);
-    m
-}
-
-fn sft_data() -> Vec<Sequence> {
-    [
-        (0..20).map(|t| (t * 13 + 5) % 64).collect::<Vec<i64>>(),
-        (0..14).map(|t| (t * 29 + 3) % 64).collect(),
-    ]
-    .into_iter()
-    .map(|tokens| Sequence {
-        loss_mask: (0..tokens.len()).map(|t| t >= 3).collect(),
-        stages: vec![],
-        behaviour_logprobs: vec![],
-        advantages: vec![],
-        tokens,
-    })
-    .collect()
-}
-
 #[test]
 fn bf16_parameters_follow_the_fp32_reference_at_a_tiny_learning_rate() {
-    // The papers' learning rate: an AdamW update of ~5e-7 is far below half a bf16 unit in the
-    // last place of most weights (|w| ≈ 0.02 → ulp ≈ 1.2e-4), so without an fp32 master copy
-    // almost every update rounds away and the bf16 model never moves.
-    let lr = 5e-7;
-    let steps = 60;
-    let init = Qwen3::random(tiny_cfg(), 21, 0.02, Device::Cpu, Kind::BFloat16).unwrap();
-    let mut low = trainer(full_copy(&init, Kind::BFloat16), lr, 0.0);
-    let mut reference = trainer(full_copy(&init, Kind::Float), lr, 0.0);
-    assert!(low.opt.has_master() && !reference.opt.has_master());
-    let data = sft_data();
-    for _ in 0..steps {
-        low.sft_step(&data).unwrap();
-        reference.sft_step(&data).unwrap();
-    }
-    let (mut moved_ref, mut moved_low, mut dot, mut n_ref, mut n_low) = (0i64, 0i64, 0.0, 0.0, 0.0);
-    for (((name, p0), (_, p_low)), (_, p_ref)) in init
-        .base_tensors()
-        .into_iter()
-        .zip(low.model.trainable())
-        .zip(reference.model.trainable())
-    {
-        let p0 = p0.to_kind(Kind::Float);
-        let master = low.opt.master(&name).unwrap();
-        // The bf16 parameter is its master rounded once.
-        assert_eq!(
-            (p_low.to_kind(Kind::Float) - master.to_kind(Kind::BFloat16).to_kind(Kind::Float))
-                .abs()
-                .max()
-                .double_value(&[]),
-            0.0,
-            "{name}"
-        );
-        // Master and reference moved the same way (bf16 forward/backward: a tolerance).
-        let (d_low, d_ref) = (master - &p0, &p_ref - &p0);
-        dot += (&d_low * &d_ref).sum(Kind::Double).double_value(&[]);
-        n_low += d_low.square().sum(Kind::Double).double_value(&[]);
-        n_ref += d_ref.square().sum(Kind::Double).double_value(&[]);
-        // Where the reference moved by more than one bf16 ulp, the bf16 weight must have
-        // changed too.
-        let ulp = p0.abs().clamp_min(1e-30).log2().floor().exp2() * 2f64.powi(-7);
-        let must = d_ref.abs().gt_tensor(&ulp);
-        moved_ref += must.sum(Kind::Int64).int64_value(&[]);
-        moved_low += (must.logical_and(&p_low.to_kind(Kind::Float).ne_tensor(&p0)))
-            .sum(Kind::Int64)
-            .int64_value(&[]);
-    }
-    let cos = dot / (n_low.sqrt() * n_ref.sqrt());
-    let ratio = (n_low / n_ref).sqrt();
-    assert!(cos > 0.98, "update direction: cosine {cos}");
-    assert!((ratio - 1.0).abs() < 0.05, "update size: ratio {ratio}");
-    assert!(
-        moved_ref > 1000,
-        "the reference moved only {moved_ref} weights by > 1 ulp"
-    );
-    assert!(
-        moved_low as f64 >= 0.97 * moved_ref as f64,
-        "bf16 weights changed in {moved_low} of {moved_ref} places where fp32 moved > 1 ulp"
-    );
+    common::cases::bf16_follows_fp32(Device::Cpu);
+}
+
+/// A tiny full fine-tune in `kind` on CPU whose weights are `src`'s.
+fn full_copy(src: &Qwen3, kind: Kind) -> Qwen3 {
+    full_copy_on(src, kind, Device::Cpu)
 }
 
 #[test]

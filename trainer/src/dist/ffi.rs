@@ -529,3 +529,26 @@ impl Drop for RawNcclComm {
         }
     }
 }
+
+#[cfg(feature = "nccl")]
+unsafe extern "C" {
+    fn rc10d_cuda_peak_allocated(device: c_int, reset: c_int) -> i64;
+}
+
+/// The CUDA caching allocator's peak of allocated bytes on `device` since the last reset
+/// (torch.cuda.max_memory_allocated), resetting it after reading when `reset`. `None` when the
+/// build has no CUDA shim (the `nccl` feature) or the allocator cannot answer.
+pub fn cuda_peak_allocated(device: usize, reset: bool) -> Option<u64> {
+    #[cfg(feature = "nccl")]
+    {
+        let device = c_int::try_from(device).ok()?;
+        // SAFETY: plain values in and out; the shim catches every C++ exception.
+        let peak = unsafe { rc10d_cuda_peak_allocated(device, c_int::from(reset)) };
+        u64::try_from(peak).ok()
+    }
+    #[cfg(not(feature = "nccl"))]
+    {
+        let _ = (device, reset);
+        None
+    }
+}

@@ -20,6 +20,8 @@ pub mod vllm;
 pub mod watchdog;
 pub mod zero;
 
+pub use ffi::cuda_peak_allocated;
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;

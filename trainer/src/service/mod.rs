@@ -268,7 +268,7 @@ pub(crate) fn guarded_step<T>(
     };
     let Some(snapshot) = snapshot else {
         return Err(StepFailure::Unrecoverable(format!(
-            "{err}; the step could not be undone: its trainable parameters ({} bytes) exceed              the rollback budget of {max_bytes} bytes",
+            "{err}; the step could not be undone: its trainable parameters ({} bytes) exceed the rollback budget of {max_bytes} bytes",
             p.trainer.trainable_bytes()
         )));
     };

@@ -2,6 +2,9 @@
 //! in Hugging Face layout, a free loopback port, and `trainer serve` in-process.
 #![allow(dead_code)]
 
+pub mod cases;
+pub mod ranks;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -54,8 +54,20 @@ pub(crate) use suite_tests;
 pub enum Launch {
     /// On the test's runtime, one process.
     InProcess,
+    /// The same with the policy on a device (tests/cuda.rs: the GPU).
+    InProcessOn(tch::Device),
     /// `trainer serve --nproc-per-node N`: the launcher and N ranks (gloo, one thread each).
     Ranks(usize),
+}
+
+impl Launch {
+    /// An in-process server on the same device as this launch.
+    pub fn serving(self) -> Self {
+        match self {
+            Launch::InProcessOn(d) => Launch::InProcessOn(d),
+            _ => Launch::InProcess,
+        }
+    }
 }
 
 /// Versions published to inference servers (`--publish-*`).
@@ -128,7 +140,11 @@ fn lora() -> trainer::model::LoraConfig {
 /// Start a server on the model directory `dir` as `launch` says.
 pub async fn start(launch: Launch, dir: &Path, o: Opts) -> Running {
     match launch {
-        Launch::InProcess => {
+        Launch::InProcess | Launch::InProcessOn(_) => {
+            let device = match launch {
+                Launch::InProcessOn(d) => d,
+                _ => tch::Device::Cpu,
+            };
             let mut train = trainer::train::TrainConfig::default();
             train.optim.lr = 0.05;
             train.optim.max_grad_norm = 0.0;
@@ -144,7 +160,7 @@ pub async fn start(launch: Launch, dir: &Path, o: Opts) -> Running {
                     dir.to_path_buf(),
                     &train,
                     lora.as_ref(),
-                    tch::Device::Cpu,
+                    device,
                     11,
                 )
             };
@@ -745,7 +761,9 @@ pub async fn a_policy_server_receives_published_full_weights_and_the_restored_po
 ) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = model_dir(tmp.path());
-    let server = start(Launch::InProcess, &dir, Opts::default()).await;
+    // The serving side runs in-process, on the trainer's device (the same dtype, so the
+    // log-probs compare to fp32 noise).
+    let server = start(launch.serving(), &dir, Opts::default()).await;
     let root = std::fs::canonicalize(tmp.path()).unwrap().join("published");
     let trainer = start(
         launch,

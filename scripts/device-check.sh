@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The trainer's GPU checks (issue 22), from binaries built here with the `nccl` feature and run
+# on a machine with an NVIDIA GPU whose python3 holds torch 2.11 (+cu130) and transformers:
+#   scripts/device-check.sh build       # here: build, strip and copy the binaries into .devbin/
+#   scripts/device-check.sh run OUTDIR [CASES]  # there, from the repo root with .devbin/: logs in
+#                                       # OUTDIR; CASES: a file of bench runs (default below)
+# `run` needs no Rust toolchain: the binaries load the GPU machine's own libtorch, CUDA runtime
+# and NCCL (LD_LIBRARY_PATH before the build's RUNPATH). It runs trainer/tests/nccl.rs and
+# trainer/tests/cuda.rs with RUBRICEM_REQUIRE_CUDA=1, then `trainer bench` beside the PyTorch +
+# transformers reference (scripts/parity/bench_step.py) on the same steps.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+build() {
+  set -e
+  bash scripts/python-env.sh
+  source scripts/torch-env.sh
+  mkdir -p .devbin
+  cargo test --release -p trainer --features nccl --test nccl --test cuda --no-run \
+    --message-format=json >.devbin/build.json
+  python3 - <<'PY'
+import json, shutil, subprocess
+for line in open(".devbin/build.json"):
+    j = json.loads(line)
+    exe = j.get("executable")
+    if exe and j["target"]["name"] in ("trainer", "nccl", "cuda"):
+        subprocess.run(["strip", "-o", f".devbin/{j['target']['name']}", exe], check=True)
+PY
+  rm .devbin/build.json
+  ls -la .devbin
+}
+
+run() {
+  local out="${1:?OUTDIR}"
+  local only="${DEVICE_CHECK_ONLY:-all}"  # all, tests or bench
+  mkdir -p "$out"
+  local py=python3
+  local site
+  site="$($py -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')"
+  local libs="$site/torch/lib"
+  for so in libcudart.so.13 libnccl.so.2; do
+    libs="$libs:$(dirname "$(find "$site/nvidia" -name "$so" | head -1)")"
+  done
+  export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  {
+    nvidia-smi -L
+    $py -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
+    ldd .devbin/trainer | grep -E 'not found|libtorch_cuda|libnccl|libcudart'
+  } 2>&1 | tee "$out/env.log"
+  export RUBRICEM_REQUIRE_CUDA=1
+  if [[ $only != bench ]]; then
+    echo "== trainer/tests/nccl.rs"
+    timeout 180 .devbin/nccl --test-threads=1 --nocapture 2>&1 | tee "$out/nccl.log"
+    echo "== trainer/tests/cuda.rs"
+    timeout 300 .devbin/cuda --test-threads=1 --nocapture 2>&1 | tee "$out/cuda.log"
+  fi
+  [[ $only == tests ]] && return 0
+  echo "== trainer bench beside PyTorch + transformers (SDPA, AdamW)"
+  # One line per run: who (ours; ref: bf16 parameters and AdamW state; amp: fp32 parameters
+  # under bf16 autocast, fused AdamW), the config's name, the flags both take.
+  local cases="${2:-}"
+  if [[ -z "$cases" ]]; then
+    cases="$(mktemp)"
+    cat >"$cases" <<'CASES'
+ours qwen3-0.6b --seqs 8 --seq-len 1024 --steps 5 --warmup 2
+ref qwen3-0.6b --seqs 8 --seq-len 1024 --steps 5 --warmup 2
+amp qwen3-0.6b --seqs 8 --seq-len 1024 --steps 5 --warmup 2
+ours qwen3-0.6b --seqs 8 --seq-len 1024 --steps 5 --warmup 2 --lora-r 16
+ref qwen3-0.6b --seqs 8 --seq-len 1024 --steps 5 --warmup 2 --lora-r 16
+ours qwen3-0.6b --seqs 8 --seq-len 2048 --steps 5 --warmup 2 --grad-checkpoint
+ref qwen3-0.6b --seqs 8 --seq-len 2048 --steps 5 --warmup 2 --grad-checkpoint
+amp qwen3-0.6b --seqs 8 --seq-len 2048 --steps 5 --warmup 2 --grad-checkpoint
+ours qwen3-8b --seqs 4 --seq-len 2048 --steps 3 --warmup 1 --lora-r 16 --grad-checkpoint
+ref qwen3-8b --seqs 4 --seq-len 2048 --steps 3 --warmup 1 --lora-r 16 --grad-checkpoint
+CASES
+  fi
+  local who cfg args r
+  # TRAINER_BIN: another build of the trainer to time (e.g. before a change), named in the log.
+  local bin="${TRAINER_BIN:-.devbin/trainer}"
+  while read -r who cfg args; do
+    [[ -z "$who" ]] && continue
+    case "$who" in
+      ours) r="$(timeout 240 "$bin" bench --config "trainer/configs/$cfg.json" $args \
+          --device cuda --peak-flops 989e12 2>>"$out/bench.err")" ;;
+      ref) r="$(timeout 240 $py scripts/parity/bench_step.py --config "trainer/configs/$cfg.json" \
+          $args --device cuda 2>>"$out/bench.err")" ;;
+      amp) r="$(timeout 240 $py scripts/parity/bench_step.py --config "trainer/configs/$cfg.json" \
+          $args --device cuda --precision amp 2>>"$out/bench.err")" ;;
+    esac
+    [[ $who == ours && $bin != .devbin/trainer ]] && who="ours($bin)"
+    echo "$who $cfg $args | ${r:-failed}" | tee -a "$out/bench.log"
+  done <"$cases"
+}
+
+case "${1:-}" in
+  build) build ;;
+  run) shift; run "$@" ;;
+  *) echo "usage: $0 build | run OUTDIR" >&2; exit 2 ;;
+esac

@@ -1,0 +1,265 @@
+//! The trainer on a GPU (the `nccl` build, which links libtorch_cuda, the CUDA runtime and
+//! NCCL). scripts/device-check.sh runs this file on a machine with a GPU and sets
+//! RUBRICEM_REQUIRE_CUDA=1, so that a machine without one fails it; elsewhere each test says
+//! it did not run (CI lints it but runs only tests/nccl.rs). RUBRICEM_TEST_DEVICE=cpu runs the
+//! same code with CPU in the GPU's place, which checks the tests themselves.
+//! - A train step on the GPU equals the CPU step on the same fp32 weights and batch, for every
+//!   data-parallel case (full fine-tune and LoRA, with and without gradient checkpointing,
+//!   SS-GRPO, SFT, the reflection update, two PPO minibatches).
+//! - A bf16 full fine-tune on the GPU at lr 5e-7 moves as the fp32 reference (master weights).
+//! - Two ranks sharing the one GPU over NCCL: NCCL refuses a communicator with two ranks on one
+//!   device; both ranks must end within the timeout with an error naming NCCL (or, should NCCL
+//!   accept it, train as one process on the whole batch, plain and with ZeRO-1 and ZeRO-2).
+//!   A one-GPU machine can run no more of the data-parallel path on CUDA: a one-rank group
+//!   takes the single-process path, and gloo groups take CPU tensors only.
+//! - The HTTP service suite (tests/serve_suite) on a policy held on the GPU.
+#![cfg(feature = "nccl")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+// Only the suite's functions are used here, not its test-defining macro.
+#[allow(unused_macros, unused_imports)]
+mod serve_suite;
+
+use std::time::Duration;
+
+use common::cases::{CASES, Case, batch, bf16_follows_fp32, step, trainer_on};
+use common::ranks::{Spawn, assert_ranks_passed, child_env, join, run_ranks};
+use serve_suite::Launch;
+use tch::{Device, Tensor};
+use trainer::dist::zero::ZeroStage;
+use trainer::dist::{BackendKind, Collective};
+use trainer::train::{StepMetrics, Trainer};
+
+const CHILD: &str = "RUBRICEM_CUDA_TEST_CHILD";
+
+/// The device standing for the GPU: CUDA device 0, or CPU under RUBRICEM_TEST_DEVICE=cpu.
+/// `None` (the test does not run, and says so) where there is no GPU, unless
+/// RUBRICEM_REQUIRE_CUDA is set, which makes that a failure.
+fn gpu(test: &str) -> Option<Device> {
+    if std::env::var("RUBRICEM_TEST_DEVICE").ok().as_deref() == Some("cpu") {
+        return Some(Device::Cpu);
+    }
+    if tch::Cuda::is_available() {
+        return Some(Device::Cuda(0));
+    }
+    assert!(
+        std::env::var_os("RUBRICEM_REQUIRE_CUDA").is_none(),
+        "{test}: RUBRICEM_REQUIRE_CUDA is set but torch sees no CUDA device"
+    );
+    eprintln!("{test}: no CUDA device; not run");
+    None
+}
+
+/// The largest |a - b| over `b`'s largest magnitude (at least 1e-3).
+fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
+    let a = a.to_device(Device::Cpu);
+    let b = b.to_device(Device::Cpu);
+    let scale = b.abs().max().double_value(&[]).max(1e-3);
+    (&a - &b).abs().max().double_value(&[]) / scale
+}
+
+/// The step metrics that must agree, as (name, got, want).
+fn metric_pairs(got: &StepMetrics, want: &StepMetrics) -> [(&'static str, f64, f64); 6] {
+    [
+        ("loss", got.loss, want.loss),
+        ("grad_norm", got.grad_norm, want.grad_norm),
+        ("kl", got.kl, want.kl),
+        ("entropy", got.entropy, want.entropy),
+        ("tis_mean", got.tis_mean, want.tis_mean),
+        ("clip_fraction", got.clip_fraction, want.clip_fraction),
+    ]
+}
+
+/// `got`'s trainer agrees with `want`'s after a step: metrics to `tol` relative, every
+/// trainable tensor (and its gradient, when `grads`) to `tol` of its scale. Returns the largest
+/// relative difference seen, for the report line.
+fn agree(
+    case: &str,
+    (got, gt): (&StepMetrics, &Trainer),
+    (want, wt): (&StepMetrics, &Trainer),
+    grads: bool,
+    tol: f64,
+) -> f64 {
+    assert_eq!(
+        (got.tokens, got.sequences, got.minibatches),
+        (want.tokens, want.sequences, want.minibatches),
+        "{case}"
+    );
+    let mut worst = 0f64;
+    for (name, a, b) in metric_pairs(got, want) {
+        let d = (a - b).abs() / b.abs().max(1.0);
+        assert!(d <= tol, "{case}: {name} {a} vs {b}");
+        worst = worst.max(d);
+    }
+    for ((n, a), (_, b)) in gt.model.trainable().iter().zip(wt.model.trainable().iter()) {
+        if grads {
+            let d = rel_diff(&a.grad(), &b.grad());
+            assert!(
+                d <= tol,
+                "{case}: grad of {n} differs by {d:e} of its scale"
+            );
+            worst = worst.max(d);
+        }
+        let d = rel_diff(a, b);
+        assert!(d <= tol, "{case}: {n} differs by {d:e} of its scale");
+        worst = worst.max(d);
+    }
+    worst
+}
+
+#[test]
+fn a_gpu_step_equals_the_cpu_step() {
+    let Some(dev) = gpu("a_gpu_step_equals_the_cpu_step") else {
+        return;
+    };
+    // Different kernels sum in different orders: fp32 agreement, not bitwise.
+    let tol = 1e-4;
+    for c in CASES {
+        let seqs = batch(c.sequences);
+        let mut cpu = trainer_on(&c, Device::Cpu);
+        let mut on_gpu = trainer_on(&c, dev);
+        assert_eq!(on_gpu.model.device, dev);
+        for k in 0..2 {
+            let want = step(&mut cpu, &c, &seqs);
+            let got = step(&mut on_gpu, &c, &seqs);
+            let worst = agree(
+                &format!("{c:?} step {k}"),
+                (&got, &on_gpu),
+                (&want, &cpu),
+                true,
+                tol,
+            );
+            eprintln!("{c:?} step {k}: ok (largest relative difference {worst:.2e})");
+        }
+    }
+}
+
+#[test]
+fn bf16_on_the_gpu_follows_the_fp32_reference_at_a_tiny_learning_rate() {
+    if let Some(dev) = gpu("bf16_on_the_gpu_follows_the_fp32_reference_at_a_tiny_learning_rate") {
+        bf16_follows_fp32(dev);
+    }
+}
+
+/// What the children of the two-ranks-on-one-GPU test do, where NCCL accepts the group: every case, plain data parallel
+/// then ZeRO-1 and ZeRO-2, rank 0 leading each step, against the one-process step on the
+/// whole batch, both on the GPU.
+fn dp_cases_on_one_device(group: Box<dyn Collective>, dev: Device) {
+    let mut group = Some(group);
+    for zero in [None, Some(ZeroStage::One), Some(ZeroStage::Two)] {
+        let cases: Vec<Case> = match zero {
+            None => CASES.to_vec(),
+            Some(_) => vec![CASES[0], CASES[2], CASES[5]],
+        };
+        for c in cases {
+            let seqs = batch(c.sequences);
+            let mut one = trainer_on(&c, dev);
+            let mut dp = trainer_on(&c, dev);
+            dp.set_collective(group.take().unwrap());
+            if let Some(stage) = zero {
+                dp.set_zero(stage).unwrap();
+            }
+            let rank = dp.collective().unwrap().rank();
+            for k in 0..2 {
+                let want = step(&mut one, &c, &seqs);
+                let got = if rank == 0 {
+                    step(&mut dp, &c, &seqs)
+                } else {
+                    dp.follow_step(Duration::from_secs(60)).unwrap()
+                };
+                let case = format!("{zero:?} {c:?} step {k}");
+                // ZeRO-2 keeps only this rank's shard of the gradients.
+                let grads = zero != Some(ZeroStage::Two);
+                let worst = agree(&case, (&got, &dp), (&want, &one), grads, 1e-5);
+                eprintln!("{case}: ok (rank {rank}, largest relative difference {worst:.2e})");
+            }
+            group = dp.take_collective();
+        }
+    }
+}
+
+/// Two ranks on the one device.
+fn two_on_one(name: &str) -> Vec<std::process::Output> {
+    let spawn = Spawn {
+        child_var: CHILD,
+        one_device: true,
+    };
+    run_ranks(spawn, name, 2, Duration::from_secs(180))
+}
+
+#[test]
+fn two_ranks_sharing_the_gpu_over_nccl_fail_at_once_naming_nccl_or_train_as_one() {
+    let Some(dev) = gpu("two_ranks_sharing_the_gpu_over_nccl") else {
+        return;
+    };
+    if dev == Device::Cpu {
+        eprintln!("NCCL needs a GPU; not run under RUBRICEM_TEST_DEVICE=cpu");
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let outs = two_on_one("rank_nccl_on_one_gpu");
+    eprintln!("two NCCL ranks on one GPU ended after {:?}", t0.elapsed());
+    assert_ranks_passed("rank_nccl_on_one_gpu", &outs);
+    let said =
+        |o: &std::process::Output, what: &str| String::from_utf8_lossy(&o.stderr).contains(what);
+    let refused = outs.iter().filter(|o| said(o, "NCCL refused -> ")).count();
+    let trained = outs.iter().filter(|o| said(o, "NCCL trained")).count();
+    // Both ranks see the same outcome.
+    assert!(
+        (refused, trained) == (2, 0) || (refused, trained) == (0, 2),
+        "refused on {refused} ranks, trained on {trained}"
+    );
+}
+
+#[test]
+fn rank_nccl_on_one_gpu() {
+    let Some(env) = child_env(CHILD, "rank_nccl_on_one_gpu") else {
+        return;
+    };
+    let dev = gpu("rank_nccl_on_one_gpu").unwrap();
+    let timeout = Duration::from_secs(60);
+    let t0 = std::time::Instant::now();
+    // The communicator is made at the first collective.
+    let outcome = join(&env, BackendKind::Nccl, timeout).and_then(|g| {
+        let mut t = Tensor::from_slice(&[1.0f32, env.rank as f32]).to_device(dev);
+        g.all_reduce(&mut t, trainer::dist::ReduceOp::Sum)?.wait()?;
+        let v = Vec::<f32>::try_from(t.to_device(Device::Cpu)).unwrap();
+        assert_eq!(v, vec![2.0, 1.0]);
+        Ok(g)
+    });
+    match outcome {
+        Err(e) => {
+            let msg = e.to_string();
+            eprintln!("NCCL refused -> {msg} (after {:?})", t0.elapsed());
+            assert!(msg.to_lowercase().contains("nccl"), "{msg}");
+            assert!(t0.elapsed() < timeout * 2, "took {:?}", t0.elapsed());
+        }
+        Ok(g) => {
+            dp_cases_on_one_device(Box::new(g), dev);
+            eprintln!("NCCL trained -> two ranks on one GPU");
+        }
+    }
+}
+
+/// The service suite on a policy held on the GPU (in-process, one server).
+macro_rules! on_the_gpu {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            if let Some(dev) = gpu(stringify!($name)) {
+                serve_suite::$name(Launch::InProcessOn(dev)).await;
+            }
+        }
+    )*};
+}
+
+on_the_gpu!(
+    generation_through_the_orchestrator_client_matches_the_forward_pass,
+    train_steps_over_http_follow_the_advantage_sign_and_refuse_concurrency,
+    publishing_records_exact_calls_and_keeps_the_previous_version_on_failure,
+    checkpoint_restart_next_step_equals_a_run_that_never_stopped,
+    a_policy_server_receives_published_full_weights_and_the_restored_policy,
+    settings_are_applied_echoed_and_checked_on_every_step,
+    a_request_extending_a_finished_one_reuses_its_keys_and_values,
+);

@@ -23,7 +23,7 @@ mod serve_suite;
 
 use std::time::Duration;
 
-use common::cases::{CASES, Case, batch, bf16_follows_fp32, step, trainer_on};
+use common::cases::{CASES, batch, bf16_follows_fp32, dp_cases_agree, step, trainer_on};
 use common::ranks::{Spawn, assert_ranks_passed, child_env, join, run_ranks};
 use serve_suite::Launch;
 use tch::{Device, Tensor};
@@ -142,43 +142,6 @@ fn bf16_on_the_gpu_follows_the_fp32_reference_at_a_tiny_learning_rate() {
     }
 }
 
-/// What the children of the two-ranks-on-one-GPU test do, where NCCL accepts the group: every case, plain data parallel
-/// then ZeRO-1 and ZeRO-2, rank 0 leading each step, against the one-process step on the
-/// whole batch, both on the GPU.
-fn dp_cases_on_one_device(group: Box<dyn Collective>, dev: Device) {
-    let mut group = Some(group);
-    for zero in [None, Some(ZeroStage::One), Some(ZeroStage::Two)] {
-        let cases: Vec<Case> = match zero {
-            None => CASES.to_vec(),
-            Some(_) => vec![CASES[0], CASES[2], CASES[5]],
-        };
-        for c in cases {
-            let seqs = batch(c.sequences);
-            let mut one = trainer_on(&c, dev);
-            let mut dp = trainer_on(&c, dev);
-            dp.set_collective(group.take().unwrap());
-            if let Some(stage) = zero {
-                dp.set_zero(stage).unwrap();
-            }
-            let rank = dp.collective().unwrap().rank();
-            for k in 0..2 {
-                let want = step(&mut one, &c, &seqs);
-                let got = if rank == 0 {
-                    step(&mut dp, &c, &seqs)
-                } else {
-                    dp.follow_step(Duration::from_secs(60)).unwrap()
-                };
-                let case = format!("{zero:?} {c:?} step {k}");
-                // ZeRO-2 keeps only this rank's shard of the gradients.
-                let grads = zero != Some(ZeroStage::Two);
-                let worst = agree(&case, (&got, &dp), (&want, &one), grads, 1e-5);
-                eprintln!("{case}: ok (rank {rank}, largest relative difference {worst:.2e})");
-            }
-            group = dp.take_collective();
-        }
-    }
-}
-
 /// Two ranks on the one device.
 fn two_on_one(name: &str) -> Vec<std::process::Output> {
     let spawn = Spawn {
@@ -236,7 +199,12 @@ fn rank_nccl_on_one_gpu() {
             assert!(t0.elapsed() < timeout * 2, "took {:?}", t0.elapsed());
         }
         Ok(g) => {
-            dp_cases_on_one_device(Box::new(g), dev);
+            // Every case, plain data parallel then ZeRO-1 and ZeRO-2.
+            let mut g: Box<dyn Collective> = Box::new(g);
+            g = dp_cases_agree(g, dev, None, &CASES);
+            for stage in [ZeroStage::One, ZeroStage::Two] {
+                g = dp_cases_agree(g, dev, Some(stage), &[CASES[0], CASES[2], CASES[5]]);
+            }
             eprintln!("NCCL trained -> two ranks on one GPU");
         }
     }

@@ -204,7 +204,7 @@ fn rank_peer_hangs() {
 // ---------------------------------------------------------------------------------------------
 // Data parallel: one step on 2 ranks equals one rank on the whole batch.
 
-use common::cases::{CASES, Case, batch, close, step, trainer_on};
+use common::cases::{CASES, Case, batch, close, dp_cases_agree, step, trainer_on};
 use trainer::loss::PolicyLossConfig;
 use trainer::model::lora::{LoraConfig, LoraTarget};
 use trainer::model::{Qwen3, Qwen3Config};
@@ -226,64 +226,7 @@ fn rank_dp_steps() {
     let Some(g) = child_group("rank_dp_steps", Duration::from_secs(60)) else {
         return;
     };
-    let mut group: Option<Box<dyn Collective>> = Some(Box::new(g));
-    for c in CASES {
-        let seqs = batch(c.sequences);
-        // The one-process reference, on the whole batch (each rank computes it itself).
-        let mut one = trainer_for(&c);
-        let mut dp = trainer_for(&c);
-        dp.set_collective(group.take().unwrap());
-        let rank = dp.collective().unwrap().rank();
-        for k in 0..2 {
-            let want = step(&mut one, &c, &seqs);
-            let got = if rank == 0 {
-                step(&mut dp, &c, &seqs)
-            } else {
-                dp.follow_step(Duration::from_secs(60)).unwrap()
-            };
-            let case = format!("{c:?} step {k}");
-            assert_eq!(
-                (got.tokens, got.sequences, got.minibatches),
-                (want.tokens, want.sequences, want.minibatches),
-                "{case}"
-            );
-            for (name, a, b) in [
-                ("loss", got.loss, want.loss),
-                ("grad_norm", got.grad_norm, want.grad_norm),
-                ("clip_fraction", got.clip_fraction, want.clip_fraction),
-                ("kl", got.kl, want.kl),
-                ("entropy", got.entropy, want.entropy),
-                ("tis_mean", got.tis_mean, want.tis_mean),
-                ("tis_min", got.tis_min, want.tis_min),
-                ("tis_max", got.tis_max, want.tis_max),
-            ] {
-                assert!(
-                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
-                    "{case}: {name} {a} vs {b}"
-                );
-            }
-            for ((n, a), (_, b)) in dp
-                .model
-                .trainable()
-                .iter()
-                .zip(one.model.trainable().iter())
-            {
-                close(&format!("{case}: grad of {n}"), &a.grad(), &b.grad());
-                close(&format!("{case}: {n}"), a, b);
-            }
-        }
-        if c.lora {
-            // The frozen base has no gradient on either side: nothing but adapters was reduced.
-            assert!(
-                dp.model
-                    .base_tensors()
-                    .iter()
-                    .all(|(_, t)| !t.grad().defined())
-            );
-        }
-        eprintln!("{c:?}: ok (rank {rank}, sync {:?})", dp.last_sync);
-        group = dp.take_collective();
-    }
+    dp_cases_agree(Box::new(g), Device::Cpu, None, &CASES);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -515,51 +458,13 @@ fn rank_zero_steps() {
     };
     let mut group: Option<Box<dyn Collective>> = Some(Box::new(g));
     for stage in [ZeroStage::One, ZeroStage::Two] {
-        for c in [CASES[0], CASES[2], CASES[5]] {
-            let seqs = batch(c.sequences);
-            let mut one = trainer_for(&c);
-            let mut dp = trainer_for(&c);
-            dp.set_collective(group.take().unwrap());
-            dp.set_zero(stage).unwrap();
-            for k in 0..2 {
-                let want = step(&mut one, &c, &seqs);
-                let got = dp_step(&mut dp, &c, &seqs);
-                let case = format!("{stage:?} {c:?} step {k}");
-                for (name, a, b) in [
-                    ("loss", got.loss, want.loss),
-                    ("grad_norm", got.grad_norm, want.grad_norm),
-                    ("kl", got.kl, want.kl),
-                    ("lr", got.lr, want.lr),
-                ] {
-                    assert!(
-                        (a - b).abs() <= 1e-5 * b.abs().max(1.0),
-                        "{case}: {name} {a} vs {b}"
-                    );
-                }
-                for ((n, a), (_, b)) in dp
-                    .model
-                    .trainable()
-                    .iter()
-                    .zip(one.model.trainable().iter())
-                {
-                    if stage == ZeroStage::One {
-                        close(&format!("{case}: grad of {n}"), &a.grad(), &b.grad());
-                    }
-                    close(&format!("{case}: {n}"), a, b);
-                }
-            }
-            let shard = dp.zero_shard().expect("sharded");
-            // Each rank keeps half the optimizer state (rounded up).
-            let total: i64 = one
-                .model
-                .trainable()
-                .iter()
-                .map(|(_, t)| t.numel() as i64)
-                .sum();
-            assert_eq!(shard.layout.chunk, (total + 1) / 2);
-            eprintln!("{stage:?} {c:?}: ok (sync {:?})", dp.last_sync);
-            group = dp.take_collective();
-        }
+        let cases = [CASES[0], CASES[2], CASES[5]];
+        group = Some(dp_cases_agree(
+            group.take().unwrap(),
+            Device::Cpu,
+            Some(stage),
+            &cases,
+        ));
     }
 
     // Save after one ZeRO-2 step; restore on 2 ranks and, consolidated, on 1.

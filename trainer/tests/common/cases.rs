@@ -2,7 +2,11 @@
 //! same on a GPU): a tiny random Qwen3 (full fine-tune or LoRA), a batch of uneven sequences
 //! with per-stage advantages, the trainer settings of each case, and a tolerance check.
 
+use std::time::Duration;
+
 use tch::{Device, Kind, Tensor};
+use trainer::dist::Collective;
+use trainer::dist::zero::ZeroStage;
 use trainer::loss::PolicyLossConfig;
 use trainer::model::lora::{LoraConfig, LoraTarget};
 use trainer::model::{Qwen3, Qwen3Config};
@@ -322,4 +326,103 @@ pub fn bf16_follows_fp32(device: Device) {
         moved_low as f64 >= 0.97 * moved_ref as f64,
         "bf16 weights changed in {moved_low} of {moved_ref} places where fp32 moved > 1 ulp"
     );
+}
+
+/// Every case of `cases` on `device`, as this rank of `group` (rank 0 leads each step, the
+/// others follow it), with the optimizer sharded by `zero` when given, against the
+/// one-process step on the whole batch, two steps a case:
+/// - the step's counts exactly, its metrics to 1e-5 relative;
+/// - every trainable tensor, and its gradient unless ZeRO-2 keeps only a shard of them, to
+///   [`close`]'s tolerance;
+/// - with LoRA, the frozen base has no gradient (only adapters were reduced);
+/// - a sharded optimizer keeps 1/world of the state, rounded up.
+///
+/// Returns the group, for the next use.
+pub fn dp_cases_agree(
+    group: Box<dyn Collective>,
+    device: Device,
+    zero: Option<ZeroStage>,
+    cases: &[Case],
+) -> Box<dyn Collective> {
+    let mut group = Some(group);
+    for c in cases {
+        let seqs = batch(c.sequences);
+        let mut one = trainer_on(c, device);
+        let mut dp = trainer_on(c, device);
+        dp.set_collective(group.take().unwrap());
+        if let Some(stage) = zero {
+            dp.set_zero(stage).unwrap();
+        }
+        let (rank, world) = {
+            let g = dp.collective().unwrap();
+            (g.rank(), g.world())
+        };
+        for k in 0..2 {
+            let want = step(&mut one, c, &seqs);
+            let got = if rank == 0 {
+                step(&mut dp, c, &seqs)
+            } else {
+                dp.follow_step(Duration::from_secs(60)).unwrap()
+            };
+            let case = format!("{zero:?} {c:?} step {k}");
+            assert_eq!(
+                (got.tokens, got.sequences, got.minibatches),
+                (want.tokens, want.sequences, want.minibatches),
+                "{case}"
+            );
+            for (name, a, b) in [
+                ("loss", got.loss, want.loss),
+                ("grad_norm", got.grad_norm, want.grad_norm),
+                ("clip_fraction", got.clip_fraction, want.clip_fraction),
+                ("kl", got.kl, want.kl),
+                ("entropy", got.entropy, want.entropy),
+                ("tis_mean", got.tis_mean, want.tis_mean),
+                ("tis_min", got.tis_min, want.tis_min),
+                ("tis_max", got.tis_max, want.tis_max),
+                ("lr", got.lr, want.lr),
+            ] {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                    "{case}: {name} {a} vs {b}"
+                );
+            }
+            for ((n, a), (_, b)) in dp
+                .model
+                .trainable()
+                .iter()
+                .zip(one.model.trainable().iter())
+            {
+                if zero != Some(ZeroStage::Two) {
+                    close(&format!("{case}: grad of {n}"), &a.grad(), &b.grad());
+                }
+                close(&format!("{case}: {n}"), a, b);
+            }
+        }
+        if c.lora {
+            assert!(
+                dp.model
+                    .base_tensors()
+                    .iter()
+                    .all(|(_, t)| !t.grad().defined()),
+                "{c:?}: a frozen base tensor has a gradient"
+            );
+        }
+        if zero.is_some() {
+            let shard = dp.zero_shard().expect("sharded");
+            let total: i64 = one
+                .model
+                .trainable()
+                .iter()
+                .map(|(_, t)| t.numel() as i64)
+                .sum();
+            let world = world as i64;
+            assert_eq!(shard.layout.chunk, (total + world - 1) / world);
+        }
+        eprintln!(
+            "{zero:?} {c:?}: ok (rank {rank} of {world}, sync {:?})",
+            dp.last_sync
+        );
+        group = dp.take_collective();
+    }
+    group.unwrap()
 }

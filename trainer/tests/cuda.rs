@@ -183,7 +183,8 @@ fn rank_nccl_on_one_gpu() {
     let dev = gpu("rank_nccl_on_one_gpu").unwrap();
     let timeout = Duration::from_secs(60);
     let t0 = std::time::Instant::now();
-    // The communicator is made at the first collective.
+    // The shim connects the communicator as the group is made (eagerConnectSingleDevice), so
+    // NCCL's refusal comes from the join; the all-reduce runs only if NCCL accepts the group.
     let outcome = join(&env, BackendKind::Nccl, timeout).and_then(|g| {
         let mut t = Tensor::from_slice(&[1.0f32, env.rank as f32]).to_device(dev);
         g.all_reduce(&mut t, trainer::dist::ReduceOp::Sum)?.wait()?;

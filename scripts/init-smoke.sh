@@ -41,6 +41,8 @@ for b in "$ORCH" "$TRAINER" python3; do
 done
 
 mkdir -p "$DIR"
+# The commit this run starts from, for DIR/provenance.txt (written at the end).
+GIT_AT_START="$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [[ ! -f "$DIR/world/tasks.jsonl" ]]; then
   "$ORCH" world generate --seed 17 --docs "${INIT_DOCS:-4000}" --tasks "$TASKS" \
     --held-out "${INIT_HELD_OUT:-16}" --out "$DIR/world"
@@ -110,7 +112,7 @@ fi
 {
   echo "# init-smoke provenance, $(date -u +%FT%TZ)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
-  echo "git: $(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "git at start: $GIT_AT_START"
   for f in world/tasks.jsonl world/corpus.jsonl sft.jsonl tokenizer/tokenizer.json \
     model-init/model.safetensors model-copy/model.safetensors model-sft1/model.safetensors \
     model-sft/model.safetensors; do

@@ -82,6 +82,29 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
             .count(),
         6
     );
+    // The provenance record: the machine, the commit, and every stage's output with the hash
+    // of the file as it is.
+    let provenance = std::fs::read_to_string(dir.join("provenance.txt")).unwrap();
+    assert!(provenance.contains("\ncpu: "), "{provenance}");
+    assert!(provenance.contains("\ngit at start: "), "{provenance}");
+    for f in [
+        "world/tasks.jsonl",
+        "sft.jsonl",
+        "tokenizer/tokenizer.json",
+        "model-init/model.safetensors",
+        "model-sft/model.safetensors",
+    ] {
+        let bytes = std::fs::read(dir.join(f)).unwrap();
+        let line = provenance
+            .lines()
+            .find(|l| l.ends_with(&format!("  {f}")))
+            .unwrap_or_else(|| panic!("{f} not in the provenance:\n{provenance}"));
+        let hex: String = <sha2::Sha256 as sha2::Digest>::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert!(line.starts_with(&hex), "{f}: {line} vs {hex}");
+    }
     // What `trainer serve` loads.
     let weights = trainer::model::weights::read_model_dir(
         &dir.join("model-sft"),

@@ -20,7 +20,7 @@ build() {
   cargo test --release -p trainer --features nccl --test nccl --test cuda --no-run \
     --message-format=json >.devbin/build.json
   python3 - <<'PY'
-import json, shutil, subprocess
+import json, subprocess
 for line in open(".devbin/build.json"):
     j = json.loads(line)
     exe = j.get("executable")
@@ -83,10 +83,9 @@ CASES
     case "$who" in
       ours) r="$(timeout 240 "$bin" bench --config "trainer/configs/$cfg.json" $args \
           --device cuda --peak-flops 989e12 2>>"$out/bench.err")" ;;
-      ref) r="$(timeout 240 $py scripts/parity/bench_step.py --config "trainer/configs/$cfg.json" \
-          $args --device cuda 2>>"$out/bench.err")" ;;
-      amp) r="$(timeout 240 $py scripts/parity/bench_step.py --config "trainer/configs/$cfg.json" \
-          $args --device cuda --precision amp 2>>"$out/bench.err")" ;;
+      ref | amp) r="$(timeout 240 $py scripts/parity/bench_step.py --config "trainer/configs/$cfg.json" \
+          $args --device cuda --precision "$([[ $who == amp ]] && echo amp || echo bf16)" \
+          2>>"$out/bench.err")" ;;
     esac
     [[ $who == ours && $bin != .devbin/trainer ]] && who="ours($bin)"
     echo "$who $cfg $args | ${r:-failed}" | tee -a "$out/bench.log"
@@ -96,5 +95,5 @@ CASES
 case "${1:-}" in
   build) build ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 build | run OUTDIR" >&2; exit 2 ;;
+  *) echo "usage: $0 build | run OUTDIR [CASES]" >&2; exit 2 ;;
 esac

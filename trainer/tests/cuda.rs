@@ -23,13 +23,14 @@ mod serve_suite;
 
 use std::time::Duration;
 
-use common::cases::{CASES, batch, bf16_follows_fp32, dp_cases_agree, step, trainer_on};
+use common::cases::{
+    CASES, Tolerance, batch, bf16_follows_fp32, dp_cases_agree, step, steps_agree, trainer_on,
+};
 use common::ranks::{Spawn, assert_ranks_passed, child_env, join, run_ranks};
 use serve_suite::Launch;
 use tch::{Device, Tensor};
 use trainer::dist::zero::ZeroStage;
 use trainer::dist::{BackendKind, Collective};
-use trainer::train::{StepMetrics, Trainer};
 
 const CHILD: &str = "RUBRICEM_CUDA_TEST_CHILD";
 
@@ -51,70 +52,16 @@ fn gpu(test: &str) -> Option<Device> {
     None
 }
 
-/// The largest |a - b| over `b`'s largest magnitude (at least 1e-3).
-fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
-    let a = a.to_device(Device::Cpu);
-    let b = b.to_device(Device::Cpu);
-    let scale = b.abs().max().double_value(&[]).max(1e-3);
-    (&a - &b).abs().max().double_value(&[]) / scale
-}
-
-/// The step metrics that must agree, as (name, got, want).
-fn metric_pairs(got: &StepMetrics, want: &StepMetrics) -> [(&'static str, f64, f64); 6] {
-    [
-        ("loss", got.loss, want.loss),
-        ("grad_norm", got.grad_norm, want.grad_norm),
-        ("kl", got.kl, want.kl),
-        ("entropy", got.entropy, want.entropy),
-        ("tis_mean", got.tis_mean, want.tis_mean),
-        ("clip_fraction", got.clip_fraction, want.clip_fraction),
-    ]
-}
-
-/// `got`'s trainer agrees with `want`'s after a step: metrics to `tol` relative, every
-/// trainable tensor (and its gradient, when `grads`) to `tol` of its scale. Returns the largest
-/// relative difference seen, for the report line.
-fn agree(
-    case: &str,
-    (got, gt): (&StepMetrics, &Trainer),
-    (want, wt): (&StepMetrics, &Trainer),
-    grads: bool,
-    tol: f64,
-) -> f64 {
-    assert_eq!(
-        (got.tokens, got.sequences, got.minibatches),
-        (want.tokens, want.sequences, want.minibatches),
-        "{case}"
-    );
-    let mut worst = 0f64;
-    for (name, a, b) in metric_pairs(got, want) {
-        let d = (a - b).abs() / b.abs().max(1.0);
-        assert!(d <= tol, "{case}: {name} {a} vs {b}");
-        worst = worst.max(d);
-    }
-    for ((n, a), (_, b)) in gt.model.trainable().iter().zip(wt.model.trainable().iter()) {
-        if grads {
-            let d = rel_diff(&a.grad(), &b.grad());
-            assert!(
-                d <= tol,
-                "{case}: grad of {n} differs by {d:e} of its scale"
-            );
-            worst = worst.max(d);
-        }
-        let d = rel_diff(a, b);
-        assert!(d <= tol, "{case}: {n} differs by {d:e} of its scale");
-        worst = worst.max(d);
-    }
-    worst
-}
-
 #[test]
 fn a_gpu_step_equals_the_cpu_step() {
     let Some(dev) = gpu("a_gpu_step_equals_the_cpu_step") else {
         return;
     };
     // Different kernels sum in different orders: fp32 agreement, not bitwise.
-    let tol = 1e-4;
+    let tol = Tolerance {
+        rel: 1e-4,
+        abs: 0.0,
+    };
     for c in CASES {
         let seqs = batch(c.sequences);
         let mut cpu = trainer_on(&c, Device::Cpu);
@@ -123,7 +70,7 @@ fn a_gpu_step_equals_the_cpu_step() {
         for k in 0..2 {
             let want = step(&mut cpu, &c, &seqs);
             let got = step(&mut on_gpu, &c, &seqs);
-            let worst = agree(
+            let worst = steps_agree(
                 &format!("{c:?} step {k}"),
                 (&got, &on_gpu),
                 (&want, &cpu),

@@ -1,5 +1,6 @@
 //! Build steps for libtorch: the c10d shim (trainer/csrc, C++ compiled with `cc` against the
-//! torch wheel's headers: the collective layer of `dist`), an rpath to the libtorch directory
+//! torch wheel's headers: the collective layer of `dist`, and `kernels.cpp`, the libtorch
+//! kernels tch does not bind: the fused AdamW update of `kernels`), an rpath to the libtorch directory
 //! (binaries and tests run without LD_LIBRARY_PATH), and `libtorch_cuda` linked with
 //! `--no-as-needed` when present, so `Cuda::is_available()` is true on a GPU machine (the linker
 //! otherwise drops the library, whose symbols nothing references directly: tch-rs issues #980,
@@ -28,6 +29,8 @@ fn main() {
         "c10d_shim.cpp",
         "c10d_types.hpp",
         "gloo_decl.hpp",
+        "kernels.h",
+        "kernels.cpp",
         "nccl_shim.cpp",
     ] {
         println!("cargo:rerun-if-changed=csrc/{f}");
@@ -75,7 +78,8 @@ fn build_shim(lib: &Path) {
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include("csrc")
-        .file("csrc/c10d_shim.cpp");
+        .file("csrc/c10d_shim.cpp")
+        .file("csrc/kernels.cpp");
     let cuda = nccl.then(|| {
         let found = CudaDirs::find(torch);
         b.define("RC10D_WITH_NCCL", None)

@@ -13,6 +13,8 @@ pub mod config;
 pub mod dist;
 pub mod error;
 pub mod export;
+#[allow(unsafe_code)]
+pub mod kernels;
 pub mod loss;
 pub mod model;
 pub mod optim;

@@ -123,6 +123,20 @@ pub(crate) fn adamw_moments(
     (m, v, d)
 }
 
+/// The tensor-expression update of one slot without a master copy whose parameter is not
+/// fp32 (f64): new moment tensors, the parameter in place.
+/// `g` is the fp32 gradient, clipped.
+fn unfused_update(s: &mut Slot, g: &Tensor, cfg: &AdamWConfig, step: u64, lr: f64, decays: bool) {
+    let (m, v, d) = adamw_moments(g, &s.m, &s.v, cfg, step, lr);
+    s.m = m;
+    s.v = v;
+    let mut p = s.param.shallow_clone();
+    if decays {
+        let _ = p.f_mul_scalar_(1.0 - lr * cfg.weight_decay);
+    }
+    let _ = p.f_addcdiv_(&s.m, &d);
+}
+
 /// Whether parameters of `kind` keep an fp32 master copy.
 pub fn needs_master(kind: Kind) -> bool {
     matches!(kind, Kind::BFloat16 | Kind::Half)
@@ -149,6 +163,10 @@ pub struct AdamW {
     slots: BTreeMap<String, Slot>,
     /// Optimizer steps taken.
     pub step: u64,
+    /// Whether an [`AdamWState`] may share the moments and master copies: then the next
+    /// [`AdamW::step`] updates copies of them, so the shared tensors keep their values; else it
+    /// updates them in place.
+    shared: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for AdamW {
@@ -191,6 +209,7 @@ impl AdamW {
             cfg,
             slots,
             step: 0,
+            shared: false.into(),
         }
     }
 
@@ -206,7 +225,8 @@ impl AdamW {
     /// The global L2 norm of all gradients (before clipping).
     pub fn grad_norm(&self) -> f64 {
         tch::no_grad(|| {
-            // Each parameter's sum of squares in fp32, added in f64 on the device: one read
+            // Each parameter's L2 norm in fp32 (one read, no temporary: the per-tensor norms
+            // of `clip_grad_norm_`), then the norm of the norms in f64 on the device: one read
             // back for the whole model, where a read back per parameter would wait on a GPU
             // once per tensor (hundreds of times a step).
             let parts: Vec<Tensor> = self
@@ -215,9 +235,13 @@ impl AdamW {
                 .map(|s| s.param.grad())
                 .filter(Tensor::defined)
                 .map(|g| {
-                    g.to_kind(Kind::Float)
-                        .pow_tensor_scalar(2)
-                        .sum(Kind::Float)
+                    // bf16/f16 accumulate in fp32 without a copy; wider gradients (f64) are
+                    // read as fp32, as before (the kernel refuses a narrowing dtype).
+                    let g = match g.kind() {
+                        Kind::Float | Kind::BFloat16 | Kind::Half => g,
+                        _ => g.to_kind(Kind::Float),
+                    };
+                    g.norm_scalaropt_dtype(2.0, Kind::Float)
                         .to_kind(Kind::Double)
                 })
                 .collect();
@@ -225,6 +249,7 @@ impl AdamW {
                 return 0.0;
             }
             Tensor::stack(&parts, 0)
+                .square()
                 .sum(Kind::Double)
                 .double_value(&[])
                 .sqrt()
@@ -232,7 +257,14 @@ impl AdamW {
     }
 
     /// Clip, then apply one AdamW update. Returns (grad norm before clipping, learning rate).
-    pub fn step(&mut self) -> (f64, f64) {
+    ///
+    /// fp32 parameters, and the fp32 master copies of bf16/f16 ones, are updated by libtorch's
+    /// fused AdamW kernel ([`crate::kernels::fused_adamw`]: one pass over each tensor, the
+    /// arithmetic of `torch.optim.AdamW(fused=True)`), in place unless an [`AdamWState`] shares
+    /// the moments (then on copies). Clipping scales a copy of the gradient (the parameters'
+    /// gradients stay as backward left them). Parameters of other dtypes (f64) take the
+    /// tensor-expression update of [`adamw_moments`].
+    pub fn step(&mut self) -> Result<(f64, f64)> {
         self.step += 1;
         let norm = self.grad_norm();
         let clip = if self.cfg.max_grad_norm > 0.0 && norm > self.cfg.max_grad_norm {
@@ -241,46 +273,76 @@ impl AdamW {
             1.0
         };
         let lr = self.cfg.lr * self.cfg.schedule.factor(self.step);
-        let decay = 1.0 - lr * self.cfg.weight_decay;
         let cfg = &self.cfg;
         let step = self.step;
-        tch::no_grad(|| {
-            for s in self.slots.values_mut() {
+        let shared = self
+            .shared
+            .swap(false, std::sync::atomic::Ordering::Relaxed);
+        tch::no_grad(|| -> Result<()> {
+            // (gradient, decays) of each fused slot, in slot order; the other slots are
+            // updated here directly.
+            let mut grads: Vec<(Tensor, bool)> = Vec::with_capacity(self.slots.len());
+            let mut fused: Vec<(&str, &mut Slot)> = Vec::with_capacity(self.slots.len());
+            for (name, s) in self.slots.iter_mut() {
                 let g = s.param.grad();
                 if !g.defined() {
                     continue;
                 }
-                let g = g.to_kind(Kind::Float);
-                let g = if clip != 1.0 { g * clip } else { g };
-                let (m, v, d) = adamw_moments(&g, &s.m, &s.v, cfg, step, lr);
-                s.m = m;
-                s.v = v;
+                // The fp32 gradient, clipped; the parameter's own gradient is left as backward
+                // wrote it (data-parallel ranks and ZeRO keep theirs unclipped too).
+                let g = match (clip != 1.0, g.kind() == Kind::Float) {
+                    (false, _) => g.to_kind(Kind::Float),
+                    (true, true) => g * clip,
+                    (true, false) => {
+                        let mut g = g.to_kind(Kind::Float);
+                        let _ = g.f_mul_scalar_(clip)?;
+                        g
+                    }
+                };
                 let decays = s.decay && cfg.weight_decay > 0.0;
-                match &s.master {
-                    Some(master) => {
-                        // Out of place: `state` shares the old master.
-                        let new32 = if decays {
-                            (master * decay).addcdiv_(&s.m, &d)
-                        } else {
-                            master.addcdiv(&s.m, &d)
-                        };
-                        // The parameter gets the master rounded once (round to nearest even).
-                        let _ = s.param.f_copy_(&new32);
-                        s.master = Some(new32);
-                    }
-                    None => {
-                        // An fp32 parameter is its own master; a snapshot copies parameters,
-                        // so the update is written in place.
-                        let mut p = s.param.shallow_clone();
-                        if decays {
-                            let _ = p.f_mul_scalar_(decay);
-                        }
-                        let _ = p.f_addcdiv_(&s.m, &d);
-                    }
+                if s.master.is_none() && s.param.kind() != Kind::Float {
+                    unfused_update(s, &g, cfg, step, lr, decays);
+                    continue;
+                }
+                if shared {
+                    s.m = s.m.copy();
+                    s.v = s.v.copy();
+                    s.master = s.master.as_ref().map(Tensor::copy);
+                }
+                grads.push((g, decays));
+                fused.push((name, s));
+            }
+            for decay_group in [true, false] {
+                let slots: Vec<crate::kernels::AdamWSlot<'_>> = fused
+                    .iter()
+                    .zip(&grads)
+                    .filter(|(_, (_, d))| *d == decay_group)
+                    .map(|((name, s), (g, _))| crate::kernels::AdamWSlot {
+                        name,
+                        param: s.master.as_ref().unwrap_or(&s.param),
+                        grad: g,
+                        m: &s.m,
+                        v: &s.v,
+                    })
+                    .collect();
+                let update = crate::kernels::AdamWUpdate {
+                    step,
+                    lr,
+                    betas: cfg.betas,
+                    eps: cfg.eps,
+                    weight_decay: if decay_group { cfg.weight_decay } else { 0.0 },
+                };
+                crate::kernels::fused_adamw(&slots, &update)?;
+            }
+            // A bf16/f16 parameter gets its master rounded once (round to nearest even).
+            for (_, s) in &fused {
+                if let Some(master) = &s.master {
+                    s.param.shallow_clone().f_copy_(master)?;
                 }
             }
-        });
-        (norm, lr)
+            Ok(())
+        })?;
+        Ok((norm, lr))
     }
 
     /// Drop the moments and master copies: a sharded optimizer
@@ -331,9 +393,12 @@ impl AdamW {
     }
 
     /// The moments, master weights and step count as they are now, for [`AdamW::restore`] after
-    /// a failed step. The tensors are shared, not copied: [`AdamW::step`] replaces them with new
-    /// tensors and never writes them in place, so the shared tensors keep this moment's values.
+    /// a failed step. The tensors are shared, not copied: the next [`AdamW::step`] updates
+    /// copies of them instead of writing them in place, so the shared tensors keep this moment's
+    /// values.
     pub fn state(&self) -> AdamWState {
+        self.shared
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         AdamWState {
             moments: self
                 .slots
@@ -375,6 +440,9 @@ impl AdamW {
             slot.master = master;
         }
         self.step = state.step;
+        // Another state taken at the same moment may share these tensors too.
+        self.shared
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -462,6 +530,154 @@ fn master_of(p: &Tensor) -> Option<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// PyTorch's AdamW rule in f64 (clip_grad_norm_ then the update), for `steps` steps of the
+    /// same gradients: the parameters after them.
+    fn reference(
+        p0: &[Vec<f64>],
+        g: &[Vec<f64>],
+        decays: &[bool],
+        cfg: &AdamWConfig,
+        steps: u64,
+    ) -> Vec<Vec<f64>> {
+        let (b1, b2) = cfg.betas;
+        let mut p = p0.to_vec();
+        let mut m: Vec<Vec<f64>> = p0.iter().map(|x| vec![0.0; x.len()]).collect();
+        let mut v = m.clone();
+        let norm = g.iter().flatten().map(|x| x * x).sum::<f64>().sqrt();
+        let clip = if norm > cfg.max_grad_norm {
+            cfg.max_grad_norm / (norm + 1e-6)
+        } else {
+            1.0
+        };
+        for t in 1..=steps {
+            let (bc1, bc2) = (1.0 - b1.powi(t as i32), 1.0 - b2.powi(t as i32));
+            for i in 0..p.len() {
+                for j in 0..p[i].len() {
+                    let gj = g[i][j] * clip;
+                    m[i][j] = b1 * m[i][j] + (1.0 - b1) * gj;
+                    v[i][j] = b2 * v[i][j] + (1.0 - b2) * gj * gj;
+                    if decays[i] {
+                        p[i][j] *= 1.0 - cfg.lr * cfg.weight_decay;
+                    }
+                    let denom = v[i][j].sqrt() / bc2.sqrt() + cfg.eps;
+                    p[i][j] -= cfg.lr / bc1 * m[i][j] / denom;
+                }
+            }
+        }
+        p
+    }
+
+    fn values(t: &Tensor) -> Vec<f64> {
+        Vec::<f64>::try_from(t.to_kind(Kind::Double).reshape([-1])).unwrap_or_default()
+    }
+
+    #[test]
+    fn the_fused_update_is_pytorchs_adamw_and_leaves_a_shared_state_alone() {
+        tch::manual_seed(3);
+        let cpu = tch::Device::Cpu;
+        // A matrix that decays, a vector that does not (fused, fp32), a bf16 matrix with its
+        // fp32 master (fused on the master) and an f64 vector (the tensor-expression path).
+        let w = Tensor::randn([6, 4], (Kind::Float, cpu)).set_requires_grad(true);
+        let b = Tensor::randn([4], (Kind::Float, cpu)).set_requires_grad(true);
+        let h = Tensor::randn([3, 5], (Kind::Float, cpu))
+            .to_kind(Kind::BFloat16)
+            .set_requires_grad(true);
+        let d = Tensor::randn([3], (Kind::Double, cpu)).set_requires_grad(true);
+        let params = [&w, &b, &h, &d];
+        let grads: Vec<Tensor> = params
+            .iter()
+            .map(|p| Tensor::randn(p.size(), (Kind::Float, cpu)))
+            .collect();
+        let p0: Vec<Vec<f64>> = params.iter().map(|p| values(p)).collect();
+        let cfg = AdamWConfig {
+            lr: 1e-2,
+            weight_decay: 0.1,
+            max_grad_norm: 0.5,
+            ..AdamWConfig::default()
+        };
+        let names = ["w.weight", "b.bias", "h.weight", "d.bias"];
+        let mut opt = AdamW::new(
+            names
+                .iter()
+                .zip(params)
+                .map(|(n, p)| (n.to_string(), p.shallow_clone()))
+                .collect(),
+            cfg.clone(),
+        );
+        let backward = |opt: &AdamW| {
+            opt.zero_grad();
+            let loss = params
+                .iter()
+                .zip(&grads)
+                .map(|(p, g)| (p.to_kind(Kind::Float) * g).sum(Kind::Float))
+                .fold(Tensor::zeros([], (Kind::Float, cpu)), |a, x| a + x);
+            loss.backward();
+        };
+        // The gradients as the optimizer sees them (h's rounded to bf16).
+        let g_seen: Vec<Vec<f64>> = params
+            .iter()
+            .zip(&grads)
+            .map(|(p, g)| values(&g.to_kind(p.kind())))
+            .collect();
+        let decays: Vec<bool> = names
+            .iter()
+            .zip(params)
+            .map(|(n, p)| decays(n, p))
+            .collect();
+        assert_eq!(decays, [true, false, true, false]);
+        for _ in 0..2 {
+            backward(&opt);
+            let (norm, lr) = opt.step().unwrap();
+            assert!(norm > cfg.max_grad_norm && lr == cfg.lr);
+        }
+        // Clipping scaled copies: the gradients are as backward wrote them.
+        assert_eq!(values(&w.grad()), values(&grads[0]));
+        let want = reference(&p0, &g_seen, &decays, &cfg, 2);
+        let master = values(opt.master("h.weight").unwrap());
+        let got = [values(&w), values(&b), master.clone(), values(&d)];
+        for ((name, got), want) in names.iter().zip(&got).zip(&want) {
+            for (x, y) in got.iter().zip(want) {
+                assert!(
+                    (x - y).abs() <= 1e-6 * (1.0 + y.abs()),
+                    "{name}: {x} vs {y}"
+                );
+            }
+        }
+        // The bf16 parameter is its master rounded once.
+        assert_eq!(
+            values(&h),
+            values(&opt.master("h.weight").unwrap().to_kind(Kind::BFloat16))
+        );
+        // A state taken now keeps its values through the next step, and restoring it makes
+        // that step repeat exactly.
+        let saved = opt.state();
+        let kept: Vec<Vec<f64>> = saved
+            .moments
+            .values()
+            .flat_map(|(m, v, _)| [values(m), values(v)])
+            .collect();
+        let params_before: Vec<Tensor> = params.iter().map(|p| p.detach().copy()).collect();
+        backward(&opt);
+        opt.step().unwrap();
+        let after: Vec<Vec<f64>> = params.iter().map(|p| values(p)).collect();
+        let still: Vec<Vec<f64>> = saved
+            .moments
+            .values()
+            .flat_map(|(m, v, _)| [values(m), values(v)])
+            .collect();
+        assert_eq!(kept, still, "the step wrote the shared moments");
+        tch::no_grad(|| {
+            for (p, before) in params.iter().zip(&params_before) {
+                p.shallow_clone().copy_(before);
+            }
+        });
+        opt.restore(saved).unwrap();
+        backward(&opt);
+        opt.step().unwrap();
+        let again: Vec<Vec<f64>> = params.iter().map(|p| values(p)).collect();
+        assert_eq!(after, again);
+    }
 
     #[test]
     fn schedules() {

@@ -899,9 +899,9 @@ impl Trainer {
                 };
                 micro_batches = reduce_sums(g, &mut sums, micro_batches)?;
                 self.last_sync = sync;
-                self.opt.step()
+                self.opt.step()?
             }
-            (None, _) => self.opt.step(),
+            (None, _) => self.opt.step()?,
         };
         let n = sums.tokens.max(1.0);
         Ok(StepMetrics {

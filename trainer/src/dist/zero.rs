@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use tch::{Kind, Tensor};
@@ -90,6 +91,8 @@ pub struct ZeroShard {
     v: Tensor,
     /// 1 where the element's parameter decays (matrices), else 0.
     decay: Tensor,
+    /// Whether a [`ZeroSnap`] may share `master`, `m` and `v` (see [`ZeroShard::state`]).
+    shared: AtomicBool,
 }
 
 impl std::fmt::Debug for ZeroShard {
@@ -154,13 +157,15 @@ impl ZeroShard {
                 decay: mine(&mask),
                 master,
                 layout,
+                shared: false.into(),
             }
         })
     }
 
-    /// The shard's tensors as they are now (for a failed step's rollback); [`ZeroShard::step`]
-    /// replaces them with new tensors, never writes them in place.
+    /// The shard's tensors as they are now (for a failed step's rollback), shared: the next
+    /// [`ZeroShard::step`] updates copies of them instead of writing them in place.
     pub fn state(&self) -> ZeroSnap {
+        self.shared.store(true, Ordering::Relaxed);
         ZeroSnap {
             master: self.master.shallow_clone(),
             m: self.m.shallow_clone(),
@@ -172,6 +177,8 @@ impl ZeroShard {
         self.master = s.master;
         self.m = s.m;
         self.v = s.v;
+        // Another state taken at the same moment may share these tensors too.
+        self.shared.store(true, Ordering::Relaxed);
     }
 
     /// One update at 1-based optimizer step `step`: synchronise the gradients of `params` (in
@@ -241,17 +248,40 @@ impl ZeroShard {
                 1.0
             };
             let lr = cfg.lr * cfg.schedule.factor(step);
-            let g = if clip != 1.0 { g * clip } else { g };
-            let (m, v, d) = crate::optim::adamw_moments(&g, &self.m, &self.v, cfg, step, lr);
-            self.m = m;
-            self.v = v;
-            // Out of place: a state snapshot shares the old master.
-            self.master = if cfg.weight_decay > 0.0 {
-                (&self.master * ((&self.decay * (-lr * cfg.weight_decay)) + 1.0))
-                    .addcdiv_(&self.m, &d)
-            } else {
-                self.master.addcdiv(&self.m, &d)
+            let mut g = g;
+            if clip != 1.0 {
+                let _ = g.f_mul_scalar_(clip).map_err(|e| invalid(e.to_string()))?;
+            }
+            // A state snapshot may share the shard's tensors: then update copies of them.
+            if self.shared.swap(false, Ordering::Relaxed) {
+                self.master = self.master.copy();
+                self.m = self.m.copy();
+                self.v = self.v.copy();
+            }
+            if cfg.weight_decay > 0.0 {
+                // Decoupled decay on the elements whose parameter decays, then the fused
+                // update without decay.
+                let keep = (&self.decay * (-lr * cfg.weight_decay)) + 1.0;
+                let _ = self
+                    .master
+                    .f_mul_(&keep)
+                    .map_err(|e| invalid(e.to_string()))?;
+            }
+            let slot = crate::kernels::AdamWSlot {
+                name: "zero shard",
+                param: &self.master,
+                grad: &g,
+                m: &self.m,
+                v: &self.v,
             };
+            let update = crate::kernels::AdamWUpdate {
+                step,
+                lr,
+                betas: cfg.betas,
+                eps: cfg.eps,
+                weight_decay: 0.0,
+            };
+            crate::kernels::fused_adamw(&[slot], &update).map_err(|e| invalid(e.to_string()))?;
             let mut full = Tensor::zeros([chunk * world as i64], (Kind::Float, g.device()));
             coll.all_gather(&mut full, &self.master)?.wait()?;
             stats.collectives += 1;

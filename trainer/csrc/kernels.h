@@ -1,0 +1,26 @@
+/* C ABI of the trainer's libtorch kernels that tch does not bind (kernels.cpp). Same contract
+ * as c10d_shim.h: NULL on success or a heap error message freed with rc10d_free_error; no C++
+ * exception crosses the boundary; a tensor is tch's C_tensor (a `torch::Tensor *`). */
+#ifndef RTORCH_KERNELS_H
+#define RTORCH_KERNELS_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* torch._fused_adamw_ (the kernel of torch.optim.AdamW(fused=True)) over n parameters, in
+ * place: params[i], exp_avgs[i] and exp_avg_sqs[i] are updated in one pass over each element,
+ * with 1-based optimizer step `step` (bias corrections) and decoupled weight decay
+ * p *= 1 - lr * weight_decay. grads[i] is read only. Every quadruple shares shape, dtype and
+ * device, and all lie on one device. Runs with autograd off. */
+char *rtorch_fused_adamw(void *const *params, void *const *grads, void *const *exp_avgs,
+                         void *const *exp_avg_sqs, size_t n, double step, double lr,
+                         double beta1, double beta2, double weight_decay, double eps);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -4,14 +4,13 @@
 //! CUDA. It reads each gradient once and writes each parameter and moment once, where the same
 //! update as tensor expressions takes about ten passes over the elements.
 
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{c_char, c_void};
 
 use tch::Tensor;
 
 use crate::error::{Result, TrainerError};
 
 unsafe extern "C" {
-    fn rc10d_free_error(err: *mut c_char);
     fn rtorch_fused_adamw(
         params: *const *mut c_void,
         grads: *const *mut c_void,
@@ -107,17 +106,7 @@ pub fn fused_adamw(slots: &[AdamWSlot<'_>], h: &AdamWUpdate) -> Result<()> {
             h.eps,
         )
     };
-    if err.is_null() {
-        return Ok(());
-    }
-    // SAFETY: a non-null return is a NUL-terminated string the shim `malloc`ed; read once and
-    // freed once, here.
-    let msg = unsafe { CStr::from_ptr(err) }
-        .to_string_lossy()
-        .into_owned();
-    // SAFETY: as above; `err` is not used after this.
-    unsafe { rc10d_free_error(err) };
-    Err(TrainerError::Torch(tch::TchError::Torch(format!(
-        "fused AdamW: {msg}"
-    ))))
+    // SAFETY: `err` is what the shim function just returned, passed here once.
+    unsafe { crate::shim::take_error(err) }
+        .map_err(|msg| TrainerError::Torch(tch::TchError::Torch(format!("fused AdamW: {msg}"))))
 }

@@ -24,6 +24,8 @@ pub mod sequence;
 pub mod service;
 pub mod settings;
 pub mod sft;
+#[allow(unsafe_code)]
+mod shim;
 pub mod smallmodel;
 pub mod train;
 

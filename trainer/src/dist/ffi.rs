@@ -7,7 +7,7 @@
 //! `C_tensor` pointer (a `torch::Tensor*`) that the shim copies (a new reference to the same
 //! storage) before it returns, so the collective keeps its tensors alive on its own.
 
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ffi::{CString, c_char, c_int, c_void};
 use std::ptr::{NonNull, null, null_mut};
 use std::time::Duration;
 
@@ -27,7 +27,6 @@ struct RawWork {
 }
 
 unsafe extern "C" {
-    fn rc10d_free_error(err: *mut c_char);
     fn rc10d_free_bytes(bytes: *mut u8);
     fn rc10d_tcp_store_new(
         host: *const c_char,
@@ -115,17 +114,8 @@ pub type ShimResult<T> = Result<T, String>;
 
 /// Turn the shim's return value into a result, freeing the message.
 fn check(err: *mut c_char) -> ShimResult<()> {
-    if err.is_null() {
-        return Ok(());
-    }
-    // SAFETY: a non-null return is a NUL-terminated string the shim `malloc`ed for us; it is
-    // read once and freed once, here.
-    let msg = unsafe { CStr::from_ptr(err) }
-        .to_string_lossy()
-        .into_owned();
-    // SAFETY: as above; `err` is not used after this.
-    unsafe { rc10d_free_error(err) };
-    Err(msg)
+    // SAFETY: every caller passes what a shim function just returned, once.
+    unsafe { crate::shim::take_error(err) }
 }
 
 fn cstring(what: &str, s: &str) -> ShimResult<CString> {

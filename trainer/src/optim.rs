@@ -279,10 +279,10 @@ impl AdamW {
             .shared
             .swap(false, std::sync::atomic::Ordering::Relaxed);
         tch::no_grad(|| -> Result<()> {
-            // (gradient, decays) of each fused slot, in slot order; the other slots are
-            // updated here directly.
-            let mut grads: Vec<(Tensor, bool)> = Vec::with_capacity(self.slots.len());
-            let mut fused: Vec<(&str, &mut Slot)> = Vec::with_capacity(self.slots.len());
+            // (name, slot, fp32 clipped gradient, decays) of each fused slot, in slot order;
+            // the other slots are updated here directly.
+            let mut fused: Vec<(&str, &mut Slot, Tensor, bool)> =
+                Vec::with_capacity(self.slots.len());
             for (name, s) in self.slots.iter_mut() {
                 let g = s.param.grad();
                 if !g.defined() {
@@ -309,15 +309,13 @@ impl AdamW {
                     s.v = s.v.copy();
                     s.master = s.master.as_ref().map(Tensor::copy);
                 }
-                grads.push((g, decays));
-                fused.push((name, s));
+                fused.push((name, s, g, decays));
             }
             for decay_group in [true, false] {
                 let slots: Vec<crate::kernels::AdamWSlot<'_>> = fused
                     .iter()
-                    .zip(&grads)
-                    .filter(|(_, (_, d))| *d == decay_group)
-                    .map(|((name, s), (g, _))| crate::kernels::AdamWSlot {
+                    .filter(|(_, _, _, d)| *d == decay_group)
+                    .map(|(name, s, g, _)| crate::kernels::AdamWSlot {
                         name,
                         param: s.master.as_ref().unwrap_or(&s.param),
                         grad: g,
@@ -335,7 +333,7 @@ impl AdamW {
                 crate::kernels::fused_adamw(&slots, &update)?;
             }
             // A bf16/f16 parameter gets its master rounded once (round to nearest even).
-            for (_, s) in &fused {
+            for (_, s, _, _) in &fused {
                 if let Some(master) = &s.master {
                     s.param.shallow_clone().f_copy_(master)?;
                 }
@@ -635,7 +633,7 @@ mod tests {
         assert_eq!(values(&w.grad()), values(&grads[0]));
         let want = reference(&p0, &g_seen, &decays, &cfg, 2);
         let master = values(opt.master("h.weight").unwrap());
-        let got = [values(&w), values(&b), master.clone(), values(&d)];
+        let got = [values(&w), values(&b), master, values(&d)];
         for ((name, got), want) in names.iter().zip(&got).zip(&want) {
             for (x, y) in got.iter().zip(want) {
                 assert!(

@@ -216,7 +216,7 @@ impl ZeroShard {
         tch::no_grad(|| -> Result<(f64, f64, SyncStats)> {
             let mut flat = flatten(params, chunk, world, Tensor::grad);
             stats.elements += flat.numel();
-            let g = match self.stage {
+            let mut g = match self.stage {
                 ZeroStage::Two => {
                     let mut out = Tensor::zeros([chunk], (Kind::Float, flat.device()));
                     coll.reduce_scatter(&mut out, &flat, ReduceOp::Sum)?
@@ -248,7 +248,6 @@ impl ZeroShard {
                 1.0
             };
             let lr = cfg.lr * cfg.schedule.factor(step);
-            let mut g = g;
             if clip != 1.0 {
                 let _ = g.f_mul_scalar_(clip).map_err(|e| invalid(e.to_string()))?;
             }

@@ -90,3 +90,56 @@ fn malformed_corpus_line_is_named() {
         .to_string();
     assert!(err.contains("missing.jsonl"), "{err}");
 }
+
+/// Tied scores come back in corpus order, from every build of the corpus and after reopening:
+/// tantivy's own tie-break (the document address) follows how its indexing threads happened to
+/// split the documents into segments, which changed the smoke world's SFT data between builds.
+#[test]
+fn tied_hits_come_back_in_corpus_order_from_every_build() {
+    // 4,000 documents with the same text (every one ties for "alpha"), in a corpus order that is
+    // not the order of their ids, and a few that score higher or lower.
+    let mut docs: Vec<orchestrator::infra::tools::local_search::CorpusDoc> = (0..4000)
+        .map(|i| {
+            let id = format!("tie-{:04}", (i * 7919) % 4000);
+            serde_json::from_value(
+                serde_json::json!({"id": id, "title": "t", "text": "alpha beta"}),
+            )
+            .unwrap()
+        })
+        .collect();
+    docs.insert(
+        2500,
+        serde_json::from_value(
+            serde_json::json!({"id": "best", "title": "alpha", "text": "alpha"}),
+        )
+        .unwrap(),
+    );
+    docs.push(
+        serde_json::from_value(serde_json::json!({"id": "other", "title": "t", "text": "gamma"}))
+            .unwrap(),
+    );
+    let want: Vec<String> = std::iter::once("best".to_string())
+        .chain(docs.iter().take(7).map(|d| d.id.clone()))
+        .collect();
+    let tmp = tempfile::tempdir().unwrap();
+    for build in 0..3 {
+        let dir = tmp.path().join(format!("idx{build}"));
+        let built = LocalIndex::build(&docs, Some(&dir)).unwrap();
+        let got: Vec<String> = built
+            .search("alpha", 8)
+            .unwrap()
+            .into_iter()
+            .map(|h| h.id)
+            .collect();
+        assert_eq!(got, want, "build {build}");
+        drop(built);
+        let reopened = LocalIndex::open(&dir).unwrap();
+        let got: Vec<String> = reopened
+            .search("alpha", 8)
+            .unwrap()
+            .into_iter()
+            .map(|h| h.id)
+            .collect();
+        assert_eq!(got, want, "build {build}, reopened");
+    }
+}

@@ -6,22 +6,34 @@
 //! matches documents sharing its words in any order (an index built before this holds whole
 //! CJK runs as single terms: rebuild it for CJK corpora). Offline, it can stand in for
 //! `google_search` and `snippet_search`.
+//!
+//! Ties in score are broken by corpus order (the `ord` fast field), so a search returns the same
+//! hits from every build of the same corpus: tantivy's own tie-break is the document address,
+//! which depends on how its indexing threads split the documents into segments, and that split
+//! changes from one build to the next (the smoke world's distractor snippets tie often; two
+//! builds of one corpus gave SFT data differing in 1,024 of 1,536 demonstrations).
 
+use std::cmp::Reverse;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tantivy::collector::TopDocs;
 use tantivy::query::{BooleanQuery, Occur, Query, TermQuery};
 use tantivy::schema::{
-    Field, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions, Value,
+    FAST, Field, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions, Value,
 };
 use tantivy::tokenizer::{
     Language, LowerCaser, RemoveLongFilter, Stemmer, StopWordFilter, TextAnalyzer, Token,
     TokenStream, Tokenizer,
 };
-use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term, doc};
+use tantivy::{
+    DocId, Index, IndexReader, IndexWriter, ReloadPolicy, Score, SegmentReader, TantivyDocument,
+    Term, doc,
+};
 
 const ANALYZER: &str = "en_bm25";
+/// The fast field holding each document's position in the corpus (the tie-break).
+const ORD: &str = "ord";
 
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
@@ -59,6 +71,9 @@ struct Fields {
     /// Title and text together: the one field BM25 scores (single-field "flat" BM25 beats
     /// per-field scoring on SciFact, as with Pyserini's flat vs multifield indexes).
     contents: Field,
+    /// Position in the corpus; the last field, so an index built before it existed keeps the
+    /// other fields' numbers.
+    ord: Field,
 }
 
 fn schema() -> (Schema, Fields) {
@@ -74,6 +89,7 @@ fn schema() -> (Schema, Fields) {
         "contents",
         TextOptions::default().set_indexing_options(indexing),
     );
+    let ord = sb.add_u64_field(ORD, FAST);
     (
         sb.build(),
         Fields {
@@ -82,6 +98,7 @@ fn schema() -> (Schema, Fields) {
             text,
             url,
             contents,
+            ord,
         },
     )
 }
@@ -191,6 +208,9 @@ pub struct LocalIndex {
     fields: Fields,
     analyzer: TextAnalyzer,
     path: PathBuf,
+    /// Whether the index has the `ord` field (built by this version); an older index breaks
+    /// ties by document address, as tantivy does.
+    ordered: bool,
 }
 
 impl std::fmt::Debug for LocalIndex {
@@ -238,12 +258,21 @@ impl LocalIndex {
             .try_into()
             .map_err(err)?;
         let analyzer = index.tokenizer_for_field(fields.contents).map_err(err)?;
+        let ordered = index.schema().get_field(ORD).is_ok();
+        if !ordered {
+            tracing::warn!(
+                index = %path.display(),
+                "index built without corpus order: tied hits may differ from another build of \
+                 the same corpus; rebuild it with `orchestrator index build`"
+            );
+        }
         Ok(Self {
             _index: index,
             reader,
             fields,
             analyzer,
             path,
+            ordered,
         })
     }
 
@@ -269,12 +298,13 @@ impl LocalIndex {
         };
         register(&index);
         let mut writer: IndexWriter = index.writer(64 << 20).map_err(err)?;
-        for d in docs {
+        for (ord, d) in (0u64..).zip(docs) {
             let mut doc = doc!(
                 fields.id => d.id.clone(),
                 fields.title => d.title.clone(),
                 fields.text => d.text.clone(),
                 fields.contents => format!("{}\n{}", d.title, d.text),
+                fields.ord => ord,
             );
             if let Some(u) = &d.url {
                 doc.add_text(fields.url, u);
@@ -322,14 +352,38 @@ impl LocalIndex {
         Box::new(BooleanQuery::new(clauses))
     }
 
-    /// Top-`k` documents by BM25 over title and text. Never fails on query content; a query
-    /// with no indexable word returns no hits.
+    /// Top-`k` documents by BM25 over title and text, ties in corpus order. Never fails on
+    /// query content; a query with no indexable word returns no hits.
     pub fn search(&self, query: &str, k: usize) -> Result<Vec<Hit>, IndexError> {
         let searcher = self.reader.searcher();
         let q = self.query(query);
-        let top = searcher
-            .search(&q, &TopDocs::with_limit(k.max(1)).order_by_score())
-            .map_err(|e| IndexError::Search(e.to_string()))?;
+        let failed = |e: tantivy::TantivyError| IndexError::Search(e.to_string());
+        let top: Vec<(Score, tantivy::DocAddress)> = if self.ordered {
+            let by_score_then_ord =
+                TopDocs::with_limit(k.max(1)).tweak_score(|segment: &SegmentReader| {
+                    // Every segment of an index with the field has the column; a missing one
+                    // sorts its documents last among ties rather than failing the search.
+                    let column = segment
+                        .fast_fields()
+                        .u64(ORD)
+                        .ok()
+                        .map(|c| c.first_or_default_col(u64::MAX));
+                    move |doc: DocId, score: Score| {
+                        let ord = column.as_ref().map_or(u64::MAX, |c| c.get_val(doc));
+                        (score, Reverse(ord))
+                    }
+                });
+            searcher
+                .search(&q, &by_score_then_ord)
+                .map_err(failed)?
+                .into_iter()
+                .map(|((score, _), addr)| (score, addr))
+                .collect()
+        } else {
+            searcher
+                .search(&q, &TopDocs::with_limit(k.max(1)).order_by_score())
+                .map_err(failed)?
+        };
         let mut hits = Vec::with_capacity(top.len());
         for (score, addr) in top {
             let d: TantivyDocument = searcher

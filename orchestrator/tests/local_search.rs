@@ -121,25 +121,17 @@ fn tied_hits_come_back_in_corpus_order_from_every_build() {
     let want: Vec<String> = std::iter::once("best".to_string())
         .chain(docs.iter().take(7).map(|d| d.id.clone()))
         .collect();
+    let ids = |idx: &LocalIndex| -> Vec<String> {
+        let hits = idx.search("alpha", 8).unwrap();
+        hits.into_iter().map(|h| h.id).collect()
+    };
     let tmp = tempfile::tempdir().unwrap();
     for build in 0..3 {
         let dir = tmp.path().join(format!("idx{build}"));
         let built = LocalIndex::build(&docs, Some(&dir)).unwrap();
-        let got: Vec<String> = built
-            .search("alpha", 8)
-            .unwrap()
-            .into_iter()
-            .map(|h| h.id)
-            .collect();
-        assert_eq!(got, want, "build {build}");
+        assert_eq!(ids(&built), want, "build {build}");
         drop(built);
         let reopened = LocalIndex::open(&dir).unwrap();
-        let got: Vec<String> = reopened
-            .search("alpha", 8)
-            .unwrap()
-            .into_iter()
-            .map(|h| h.id)
-            .collect();
-        assert_eq!(got, want, "build {build}, reopened");
+        assert_eq!(ids(&reopened), want, "build {build}, reopened");
     }
 }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use orchestrator::domain::eval::retrieval::{ndcg_at_k, read_qrels};
-use orchestrator::infra::tools::local_search::{LocalIndex, read_corpus};
+use orchestrator::infra::tools::local_search::{CorpusDoc, LocalIndex, read_corpus};
 
 fn scifact() -> PathBuf {
     let base = std::env::var("SHARED_DATA")
@@ -98,26 +98,17 @@ fn malformed_corpus_line_is_named() {
 fn tied_hits_come_back_in_corpus_order_from_every_build() {
     // 4,000 documents with the same text (every one ties for "alpha"), in a corpus order that is
     // not the order of their ids, and a few that score higher or lower.
-    let mut docs: Vec<orchestrator::infra::tools::local_search::CorpusDoc> = (0..4000)
-        .map(|i| {
-            let id = format!("tie-{:04}", (i * 7919) % 4000);
-            serde_json::from_value(
-                serde_json::json!({"id": id, "title": "t", "text": "alpha beta"}),
-            )
-            .unwrap()
-        })
+    let doc = |id: String, title: &str, text: &str| CorpusDoc {
+        id,
+        title: title.into(),
+        text: text.into(),
+        url: None,
+    };
+    let mut docs: Vec<CorpusDoc> = (0..4000)
+        .map(|i| doc(format!("tie-{:04}", (i * 7919) % 4000), "t", "alpha beta"))
         .collect();
-    docs.insert(
-        2500,
-        serde_json::from_value(
-            serde_json::json!({"id": "best", "title": "alpha", "text": "alpha"}),
-        )
-        .unwrap(),
-    );
-    docs.push(
-        serde_json::from_value(serde_json::json!({"id": "other", "title": "t", "text": "gamma"}))
-            .unwrap(),
-    );
+    docs.insert(2500, doc("best".into(), "alpha", "alpha"));
+    docs.push(doc("other".into(), "t", "gamma"));
     let want: Vec<String> = std::iter::once("best".to_string())
         .chain(docs.iter().take(7).map(|d| d.id.clone()))
         .collect();

@@ -208,9 +208,6 @@ pub struct LocalIndex {
     fields: Fields,
     analyzer: TextAnalyzer,
     path: PathBuf,
-    /// Whether the index has the `ord` field (built by this version); an older index breaks
-    /// ties by document address, as tantivy does.
-    ordered: bool,
 }
 
 impl std::fmt::Debug for LocalIndex {
@@ -258,8 +255,7 @@ impl LocalIndex {
             .try_into()
             .map_err(err)?;
         let analyzer = index.tokenizer_for_field(fields.contents).map_err(err)?;
-        let ordered = index.schema().get_field(ORD).is_ok();
-        if !ordered {
+        if index.schema().get_field(ORD).is_err() {
             tracing::warn!(
                 index = %path.display(),
                 "index built without corpus order: tied hits may differ from another build of \
@@ -272,7 +268,6 @@ impl LocalIndex {
             fields,
             analyzer,
             path,
-            ordered,
         })
     }
 
@@ -357,35 +352,25 @@ impl LocalIndex {
     pub fn search(&self, query: &str, k: usize) -> Result<Vec<Hit>, IndexError> {
         let searcher = self.reader.searcher();
         let q = self.query(query);
-        let failed = |e: tantivy::TantivyError| IndexError::Search(e.to_string());
-        let top: Vec<(Score, tantivy::DocAddress)> = if self.ordered {
-            let by_score_then_ord =
-                TopDocs::with_limit(k.max(1)).tweak_score(|segment: &SegmentReader| {
-                    // Every segment of an index with the field has the column; a missing one
-                    // sorts its documents last among ties rather than failing the search.
-                    let column = segment
-                        .fast_fields()
-                        .u64(ORD)
-                        .ok()
-                        .map(|c| c.first_or_default_col(u64::MAX));
-                    move |doc: DocId, score: Score| {
-                        let ord = column.as_ref().map_or(u64::MAX, |c| c.get_val(doc));
-                        (score, Reverse(ord))
-                    }
-                });
-            searcher
-                .search(&q, &by_score_then_ord)
-                .map_err(failed)?
-                .into_iter()
-                .map(|((score, _), addr)| (score, addr))
-                .collect()
-        } else {
-            searcher
-                .search(&q, &TopDocs::with_limit(k.max(1)).order_by_score())
-                .map_err(failed)?
-        };
+        let by_score_then_ord =
+            TopDocs::with_limit(k.max(1)).tweak_score(|segment: &SegmentReader| {
+                // An index built before the field existed has no column: its documents all
+                // get the same key, so ties fall back to tantivy's document address.
+                let column = segment
+                    .fast_fields()
+                    .u64(ORD)
+                    .ok()
+                    .map(|c| c.first_or_default_col(u64::MAX));
+                move |doc: DocId, score: Score| {
+                    let ord = column.as_ref().map_or(u64::MAX, |c| c.get_val(doc));
+                    (score, Reverse(ord))
+                }
+            });
+        let top = searcher
+            .search(&q, &by_score_then_ord)
+            .map_err(|e| IndexError::Search(e.to_string()))?;
         let mut hits = Vec::with_capacity(top.len());
-        for (score, addr) in top {
+        for ((score, _), addr) in top {
             let d: TantivyDocument = searcher
                 .doc(addr)
                 .map_err(|e| IndexError::Search(e.to_string()))?;

@@ -57,8 +57,8 @@ run() {
   fi
   [[ $only == tests ]] && return 0
   echo "== trainer bench beside PyTorch + transformers (SDPA, AdamW)"
-  # One line per run: who (ours; ref: bf16 parameters and AdamW state; amp: fp32 parameters
-  # under bf16 autocast, fused AdamW), the config's name, the flags both take.
+  # One line per run: who (ours; before: BEFORE_BIN; ref: bf16 parameters and AdamW state; amp:
+  # fp32 parameters under bf16 autocast, fused AdamW), the config's name, the flags both take.
   local cases="${2:-}"
   if [[ -z "$cases" ]]; then
     cases="$(mktemp)"
@@ -75,19 +75,26 @@ ours qwen3-8b --seqs 4 --seq-len 2048 --steps 3 --warmup 1 --lora-r 16 --grad-ch
 ref qwen3-8b --seqs 4 --seq-len 2048 --steps 3 --warmup 1 --lora-r 16 --grad-checkpoint
 CASES
   fi
-  local who cfg args r
+  local who cfg args r exe
   # TRAINER_BIN: another build of the trainer to time (e.g. before a change), named in the log.
   local bin="${TRAINER_BIN:-.devbin/trainer}"
+  # BEFORE_BIN: the build a `before` line times (e.g. the commit before a change), so a change is
+  # timed before and after on the same machine in one call.
+  local before="${BEFORE_BIN:-.devbin/trainer-before}"
   while read -r who cfg args; do
     [[ -z "$who" ]] && continue
     case "$who" in
-      ours) r="$(timeout 240 "$bin" bench --config "trainer/configs/$cfg.json" $args \
+      ours | before)
+        exe="$bin"
+        [[ $who == before ]] && exe="$before"
+        r="$(timeout 240 "$exe" bench --config "trainer/configs/$cfg.json" $args \
           --device cuda --peak-flops 989e12 2>>"$out/bench.err")" ;;
       ref | amp) r="$(timeout 240 $py scripts/parity/bench_step.py --config "trainer/configs/$cfg.json" \
           $args --device cuda --precision "$([[ $who == amp ]] && echo amp || echo bf16)" \
           2>>"$out/bench.err")" ;;
     esac
     [[ $who == ours && $bin != .devbin/trainer ]] && who="ours($bin)"
+    [[ $who == before ]] && who="before($before)"
     echo "$who $cfg $args | ${r:-failed}" | tee -a "$out/bench.log"
   done <"$cases"
 }

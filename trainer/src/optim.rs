@@ -137,6 +137,60 @@ fn unfused_update(s: &mut Slot, g: &Tensor, cfg: &AdamWConfig, step: u64, lr: f6
     let _ = p.f_addcdiv_(&s.m, &d);
 }
 
+/// How many bytes of fp32 gradients [`AdamW::step`] gathers before it calls the fused kernel
+/// (256 MiB: the kernel's launches are few per call either way, and the transient copies stay
+/// small beside an 8B model's 131 GB of state).
+const FUSED_CHUNK_BYTES: usize = 256 << 20;
+
+/// A copy of `t` in new memory (an out-of-memory error returned, not a panic).
+fn copied(t: &Tensor) -> Result<Tensor> {
+    let mut c = t.f_empty_like()?;
+    c.f_copy_(t)?;
+    Ok(c)
+}
+
+/// One slot of a fused group: its name, the slot, its fp32 clipped gradient, whether it decays.
+type FusedSlot<'a> = (&'a str, &'a mut Slot, Tensor, bool);
+
+/// Update `group`'s slots with the fused kernel (one call for those that decay, one for the
+/// rest), round bf16/f16 parameters from their masters, and empty `group`.
+fn fused_update(
+    group: &mut Vec<FusedSlot<'_>>,
+    cfg: &AdamWConfig,
+    step: u64,
+    lr: f64,
+) -> Result<()> {
+    for decay_group in [true, false] {
+        let slots: Vec<crate::kernels::AdamWSlot<'_>> = group
+            .iter()
+            .filter(|(_, _, _, d)| *d == decay_group)
+            .map(|(name, s, g, _)| crate::kernels::AdamWSlot {
+                name,
+                param: s.master.as_ref().unwrap_or(&s.param),
+                grad: g,
+                m: &s.m,
+                v: &s.v,
+            })
+            .collect();
+        let update = crate::kernels::AdamWUpdate {
+            step,
+            lr,
+            betas: cfg.betas,
+            eps: cfg.eps,
+            weight_decay: if decay_group { cfg.weight_decay } else { 0.0 },
+        };
+        crate::kernels::fused_adamw(&slots, &update)?;
+    }
+    // A bf16/f16 parameter gets its master rounded once (round to nearest even).
+    for (_, s, _, _) in group.iter() {
+        if let Some(master) = &s.master {
+            s.param.shallow_clone().f_copy_(master)?;
+        }
+    }
+    group.clear();
+    Ok(())
+}
+
 /// Whether parameters of `kind` keep an fp32 master copy.
 pub fn needs_master(kind: Kind) -> bool {
     matches!(kind, Kind::BFloat16 | Kind::Half)
@@ -265,6 +319,15 @@ impl AdamW {
     /// gradients stay as backward left them). Parameters of other dtypes (f64) take the
     /// tensor-expression update of [`adamw_moments`].
     pub fn step(&mut self) -> Result<(f64, f64)> {
+        self.step_in_chunks(FUSED_CHUNK_BYTES)
+    }
+
+    /// [`AdamW::step`], with the fused kernel called on consecutive groups of slots whose fp32
+    /// gradients add up to about `chunk_bytes` (a slot larger than that is a group alone), so
+    /// the fp32 copies of bf16 gradients (4 bytes a parameter, 32 GB for an 8B model) and the
+    /// copies of shared moments exist for one group at a time. Every element's update is
+    /// independent of the others, so the grouping does not change the result.
+    fn step_in_chunks(&mut self, chunk_bytes: usize) -> Result<(f64, f64)> {
         self.step += 1;
         let norm = self.grad_norm();
         let clip = if self.cfg.max_grad_norm > 0.0 && norm > self.cfg.max_grad_norm {
@@ -279,10 +342,10 @@ impl AdamW {
             .shared
             .swap(false, std::sync::atomic::Ordering::Relaxed);
         tch::no_grad(|| -> Result<()> {
-            // (name, slot, fp32 clipped gradient, decays) of each fused slot, in slot order;
-            // the other slots are updated here directly.
-            let mut fused: Vec<(&str, &mut Slot, Tensor, bool)> =
-                Vec::with_capacity(self.slots.len());
+            // (name, slot, fp32 clipped gradient, decays) of each fused slot of the group being
+            // gathered, in slot order; the other slots are updated here directly.
+            let mut group: Vec<FusedSlot<'_>> = Vec::new();
+            let mut group_bytes = 0usize;
             for (name, s) in self.slots.iter_mut() {
                 let g = s.param.grad();
                 if !g.defined() {
@@ -291,10 +354,10 @@ impl AdamW {
                 // The fp32 gradient, clipped; the parameter's own gradient is left as backward
                 // wrote it (data-parallel ranks and ZeRO keep theirs unclipped too).
                 let g = match (clip != 1.0, g.kind() == Kind::Float) {
-                    (false, _) => g.to_kind(Kind::Float),
-                    (true, true) => g * clip,
+                    (false, _) => g.f_to_kind(Kind::Float)?,
+                    (true, true) => g.f_mul_scalar(clip)?,
                     (true, false) => {
-                        let mut g = g.to_kind(Kind::Float);
+                        let mut g = g.f_to_kind(Kind::Float)?;
                         let _ = g.f_mul_scalar_(clip)?;
                         g
                     }
@@ -305,40 +368,18 @@ impl AdamW {
                     continue;
                 }
                 if shared {
-                    s.m = s.m.copy();
-                    s.v = s.v.copy();
-                    s.master = s.master.as_ref().map(Tensor::copy);
+                    s.m = copied(&s.m)?;
+                    s.v = copied(&s.v)?;
+                    s.master = s.master.as_ref().map(copied).transpose()?;
                 }
-                fused.push((name, s, g, decays));
-            }
-            for decay_group in [true, false] {
-                let slots: Vec<crate::kernels::AdamWSlot<'_>> = fused
-                    .iter()
-                    .filter(|(_, _, _, d)| *d == decay_group)
-                    .map(|(name, s, g, _)| crate::kernels::AdamWSlot {
-                        name,
-                        param: s.master.as_ref().unwrap_or(&s.param),
-                        grad: g,
-                        m: &s.m,
-                        v: &s.v,
-                    })
-                    .collect();
-                let update = crate::kernels::AdamWUpdate {
-                    step,
-                    lr,
-                    betas: cfg.betas,
-                    eps: cfg.eps,
-                    weight_decay: if decay_group { cfg.weight_decay } else { 0.0 },
-                };
-                crate::kernels::fused_adamw(&slots, &update)?;
-            }
-            // A bf16/f16 parameter gets its master rounded once (round to nearest even).
-            for (_, s, _, _) in &fused {
-                if let Some(master) = &s.master {
-                    s.param.shallow_clone().f_copy_(master)?;
+                group_bytes += g.numel() * 4;
+                group.push((name, s, g, decays));
+                if group_bytes >= chunk_bytes {
+                    fused_update(&mut group, cfg, step, lr)?;
+                    group_bytes = 0;
                 }
             }
-            Ok(())
+            fused_update(&mut group, cfg, step, lr)
         })?;
         Ok((norm, lr))
     }
@@ -675,6 +716,72 @@ mod tests {
         opt.step().unwrap();
         let again: Vec<Vec<f64>> = params.iter().map(|p| values(p)).collect();
         assert_eq!(after, again);
+    }
+
+    #[test]
+    fn updating_in_groups_of_slots_gives_the_same_bits_as_one_group() {
+        let cpu = tch::Device::Cpu;
+        // Two fp32 tensors and two bf16 ones (with masters); clipping on; weight decay on the
+        // matrices only. Group budgets: every slot alone (1 byte), two slots a group, one group.
+        let run = |chunk_bytes: usize, take_state: bool| -> Vec<Vec<f64>> {
+            let shapes: [(&str, &[i64], Kind); 4] = [
+                ("a.weight", &[5, 3], Kind::Float),
+                ("a.bias", &[3], Kind::Float),
+                ("b.weight", &[4, 4], Kind::BFloat16),
+                ("c.weight", &[2, 6], Kind::BFloat16),
+            ];
+            let params: Vec<(String, Tensor)> = shapes
+                .iter()
+                .enumerate()
+                .map(|(i, (n, shape, kind))| {
+                    // Fixed values (no generator: tests share torch's global one).
+                    let len: i64 = shape.iter().product();
+                    let p = (Tensor::arange(len, (Kind::Float, cpu)) * 0.7 + i as f64)
+                        .sin()
+                        .reshape(*shape)
+                        .to_kind(*kind)
+                        .set_requires_grad(true);
+                    (n.to_string(), p)
+                })
+                .collect();
+            let cfg = AdamWConfig {
+                lr: 1e-2,
+                weight_decay: 0.1,
+                max_grad_norm: 0.5,
+                ..AdamWConfig::default()
+            };
+            let mut opt = AdamW::new(
+                params
+                    .iter()
+                    .map(|(n, p)| (n.clone(), p.shallow_clone()))
+                    .collect(),
+                cfg,
+            );
+            let mut saved = None;
+            for _ in 0..3 {
+                opt.zero_grad();
+                let loss = params
+                    .iter()
+                    .map(|(_, p)| {
+                        (p.to_kind(Kind::Float).pow_tensor_scalar(2) * 3.0).sum(Kind::Float)
+                    })
+                    .fold(Tensor::zeros([], (Kind::Float, cpu)), |a, x| a + x);
+                loss.backward();
+                if take_state {
+                    saved = Some(opt.state());
+                }
+                opt.step_in_chunks(chunk_bytes).unwrap();
+            }
+            drop(saved);
+            let mut out: Vec<Vec<f64>> = params.iter().map(|(_, p)| values(p)).collect();
+            out.extend(["b.weight", "c.weight"].map(|n| values(opt.master(n).unwrap())));
+            out
+        };
+        for take_state in [false, true] {
+            let whole = run(usize::MAX, take_state);
+            assert_eq!(run(1, take_state), whole, "each slot alone");
+            assert_eq!(run(15 * 4 + 3 * 4, take_state), whole, "two slots a group");
+        }
     }
 
     #[test]

@@ -39,6 +39,7 @@ ENTRYPOINT ["trainer"]
 FROM trainer AS init
 COPY --from=build /src/target/release/orchestrator /usr/local/bin/orchestrator
 COPY scripts/init-smoke.sh /opt/rubricem/scripts/init-smoke.sh
+COPY scripts/tokenizer-corpus.py /opt/rubricem/scripts/tokenizer-corpus.py
 COPY trainer/configs/small.json /opt/rubricem/trainer/configs/small.json
 WORKDIR /
 ENTRYPOINT ["/opt/rubricem/scripts/init-smoke.sh"]

@@ -16,8 +16,11 @@
 #                order (the first writes DIR/model-sft1); 1: the first pass writes DIR/model-sft
 #   INIT_DOCS, INIT_TASKS, INIT_HELD_OUT, INIT_VOCAB, SMALL_CONFIG  world size (4000 documents,
 #                1536 training tasks, 16 held-out tasks about other lineages: the smoke preset's),
-#                tokenizer vocabulary (4096) and model config (trainer/configs/small.json);
+#                tokenizer vocabulary (2048; 4096 until session 27, BENCHMARKS.md) and model config (trainer/configs/small.json);
 #                tests shrink them, the smoke run keeps the defaults
+#   INIT_TOKENIZER_NAMES  corpus (default), keep or drop: where the tokenizer sees the world's
+#                entity names (scripts/tokenizer-corpus.py; corpus: only in the documents, so
+#                held-out names are spelled with the same pieces as training names)
 #   INIT_COPY_ROWS  copy sequences trained on before the SFT, 16 a step (default 96,000: 6,000
 #                steps, about 28 minutes; content copying forms after a plateau, at step ~5,560
 #                in BENCHMARKS.md's issue 25 session 16 run, and 48,000 stopped on the plateau;
@@ -31,6 +34,7 @@ TRAINER="${TRAINER_BIN:-trainer}"
 say() { echo "init-smoke: $*" >&2; }
 TASKS="${INIT_TASKS:-1536}"
 COPY_ROWS="${INIT_COPY_ROWS:-96000}"
+TOK_NAMES="${INIT_TOKENIZER_NAMES:-corpus}"
 PASSES="${INIT_SFT_PASSES:-2}"
 if [[ "$PASSES" != 1 && "$PASSES" != 2 ]]; then
   say "INIT_SFT_PASSES = $PASSES; allowed: 1, 2"
@@ -57,22 +61,9 @@ if [[ ! -f "$DIR/sft.jsonl" ]]; then
 fi
 if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
   say "tokenizer + small model + SFT warm start"
-  python3 - "$DIR" <<'PY'
-import json, sys
-d = sys.argv[1]
-with open(f"{d}/tokenizer-corpus.txt", "w") as out:
-    for line in open(f"{d}/world/corpus.jsonl"):
-        doc = json.loads(line)
-        out.write(doc["title"] + "\n" + doc["text"] + "\n")
-    for line in open(f"{d}/sft.jsonl"):
-        row = json.loads(line)
-        for m in row["messages"][:2]:
-            out.write(m["content"] + "\n")
-        for s in row["segments"]:
-            out.write(s["text"] + "\n")
-PY
+  python3 "$(dirname "${BASH_SOURCE[0]}")/tokenizer-corpus.py" "$DIR" --names "$TOK_NAMES"
   CONFIG="${SMALL_CONFIG:-$(dirname "${BASH_SOURCE[0]}")/../trainer/configs/small.json}"
-  "$TRAINER" tokenizer train --corpus "$DIR/tokenizer-corpus.txt" --vocab "${INIT_VOCAB:-4096}" \
+  "$TRAINER" tokenizer train --corpus "$DIR/tokenizer-corpus.txt" --vocab "${INIT_VOCAB:-2048}" \
     --out "$DIR/tokenizer"
   "$TRAINER" init --config "$CONFIG" --tokenizer "$DIR/tokenizer" --out "$DIR/model-init"
   START="$DIR/model-init"

@@ -263,6 +263,23 @@ fn init_prepares_what_the_services_load_and_the_dashboard_is_served() {
             && dockerfile.contains("AS init"),
         "the init image carries the script"
     );
+    // ...and every helper script it runs, beside it (it calls them from its own directory).
+    let script_text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/init-smoke.sh"),
+    )
+    .unwrap();
+    for helper in ["tokenizer-corpus.py"] {
+        assert!(
+            script_text.contains(&format!("/{helper}\"")),
+            "init-smoke.sh no longer runs {helper}: update this list"
+        );
+        assert!(
+            dockerfile.contains(&format!(
+                "COPY scripts/{helper} /opt/rubricem/scripts/{helper}"
+            )),
+            "the init image lacks scripts/{helper}, which init-smoke.sh runs"
+        );
+    }
     for svc in ["trainer", "orchestrator", "dashboard"] {
         assert_eq!(
             s[svc]["depends_on"]["init"]["condition"], "service_completed_successfully",

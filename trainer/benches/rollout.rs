@@ -3,8 +3,9 @@
 //! sampled tokens with a 160-token tool output appended between turns, every turn a new
 //! request carrying the whole context (as the orchestrator sends them). The same wave with the
 //! prefix cache off (`--prefix-cache-tokens 0`, the reference) and on (the default), one after
-//! the other on the same model (`configs/small.json`, a 4,096-token tokenizer, random weights):
-//! wall time, generated tokens/s, prompt tokens computed and the speed-up.
+//! the other on the same model (`configs/small.json`, a 4,096-token tokenizer as the smoke
+//! run's until session 27, random weights): wall time, generated tokens/s, prompt tokens
+//! computed and the speed-up.
 //! Run: `cargo bench -p trainer --bench rollout` after `source scripts/torch-env.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -16,7 +17,8 @@ use common::{complete, serve};
 
 fn model_dir(tmp: &Path) -> PathBuf {
     let corpus = tmp.join("corpus.jsonl");
-    // Varied made-up words, so the tokenizer reaches the smoke run's 4,096 tokens.
+    // Varied made-up words, so the tokenizer reaches 4,096 tokens (the smoke run's until session
+    // 27; 2,048 now).
     let mut lines = String::new();
     let mut x: u64 = 17;
     let mut next = || {

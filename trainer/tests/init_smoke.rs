@@ -82,6 +82,40 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
             .count(),
         6
     );
+    // The tokenizer saw the world's entity names only in its documents (the default
+    // INIT_TOKENIZER_NAMES=corpus): a training task's compound, named in its SFT demonstration,
+    // and a held-out task's are each in the document lines and in none of the SFT lines.
+    let corpus_text = std::fs::read_to_string(dir.join("tokenizer-corpus.txt")).unwrap();
+    let lines: Vec<&str> = corpus_text.lines().collect();
+    let (doc_lines, sft_lines) = lines.split_at(2 * 40);
+    let compound_of = |file: &str| -> String {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        let task: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        task["rubrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["title"] == "compound")
+            .unwrap()["key_terms"][0]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let sft_text = std::fs::read_to_string(dir.join("sft.jsonl")).unwrap();
+    for file in ["world/tasks.jsonl", "world/heldout.jsonl"] {
+        let name = compound_of(file);
+        assert!(
+            doc_lines.iter().any(|l| l.contains(&name)),
+            "{name} in the documents"
+        );
+        assert!(
+            !sft_lines.iter().any(|l| l.contains(&name)),
+            "{name} ({file}) left in the SFT text of the tokenizer corpus"
+        );
+        if file == "world/tasks.jsonl" {
+            assert!(sft_text.contains(&name), "{name} is in its demonstration");
+        }
+    }
     // The provenance record: the machine, the commit, and every stage's output with the hash
     // of the file as it is.
     let provenance = std::fs::read_to_string(dir.join("provenance.txt")).unwrap();

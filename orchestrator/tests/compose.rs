@@ -263,16 +263,24 @@ fn init_prepares_what_the_services_load_and_the_dashboard_is_served() {
             && dockerfile.contains("AS init"),
         "the init image carries the script"
     );
-    // ...and every helper script it runs, beside it (it calls them from its own directory).
+    // ...and every helper script it runs from its own directory (`$(dirname
+    // "${BASH_SOURCE[0]}")/NAME`), beside it.
     let script_text = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/init-smoke.sh"),
     )
     .unwrap();
-    for helper in ["tokenizer-corpus.py"] {
-        assert!(
-            script_text.contains(&format!("/{helper}\"")),
-            "init-smoke.sh no longer runs {helper}: update this list"
-        );
+    let marker = "$(dirname \"${BASH_SOURCE[0]}\")/";
+    let helpers: Vec<&str> = script_text
+        .split(marker)
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap_or(""))
+        .filter(|name| !name.starts_with(".."))
+        .collect();
+    assert!(
+        helpers.contains(&"tokenizer-corpus.py"),
+        "helpers found: {helpers:?}"
+    );
+    for helper in helpers {
         assert!(
             dockerfile.contains(&format!(
                 "COPY scripts/{helper} /opt/rubricem/scripts/{helper}"

@@ -16,7 +16,8 @@
 #                order (the first writes DIR/model-sft1); 1: the first pass writes DIR/model-sft
 #   INIT_DOCS, INIT_TASKS, INIT_HELD_OUT, INIT_VOCAB, SMALL_CONFIG  world size (4000 documents,
 #                1536 training tasks, 16 held-out tasks about other lineages: the smoke preset's),
-#                tokenizer vocabulary (2048; 4096 until session 27, BENCHMARKS.md) and model config (trainer/configs/small.json);
+#                tokenizer vocabulary (2048; 4096 until session 27, BENCHMARKS.md) and model
+#                config (trainer/configs/small.json);
 #                tests shrink them, the smoke run keeps the defaults
 #   INIT_TOKENIZER_NAMES  corpus (default), keep or drop: where the tokenizer sees the world's
 #                entity names (scripts/tokenizer-corpus.py; corpus: only in the documents, so

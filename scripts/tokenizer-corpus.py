@@ -69,10 +69,11 @@ def main() -> None:
             return text
         return WORD.sub(lambda m: "" if m.group(0).lower() in names else m.group(0), text)
 
+    # The documents lose their names only with `drop`; the SFT text with `corpus` and `drop`.
+    doc_clean = clean if a.names == "drop" else (lambda t: t)
     lines = 0
     with open(f"{a.dir}/tokenizer-corpus.txt", "w") as out:
         for d in docs:
-            doc_clean = clean if a.names == "drop" else (lambda t: t)
             out.write(doc_clean(d["title"]) + "\n" + doc_clean(d["text"]) + "\n")
             lines += 2
         with open(f"{a.dir}/sft.jsonl") as f:

@@ -265,12 +265,12 @@ fn init_prepares_what_the_services_load_and_the_dashboard_is_served() {
     );
     // ...and every helper script it runs from its own directory (`$(dirname
     // "${BASH_SOURCE[0]}")/NAME`), beside it.
-    let script_text = std::fs::read_to_string(
+    let script = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/init-smoke.sh"),
     )
     .unwrap();
     let marker = "$(dirname \"${BASH_SOURCE[0]}\")/";
-    let helpers: Vec<&str> = script_text
+    let helpers: Vec<&str> = script
         .split(marker)
         .skip(1)
         .map(|rest| rest.split('"').next().unwrap_or(""))
@@ -309,10 +309,6 @@ fn init_prepares_what_the_services_load_and_the_dashboard_is_served() {
         format!("/{}", smoke.data.tasks.display()),
         "/runs/smoke/world/tasks.jsonl"
     );
-    let script = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/init-smoke.sh"),
-    )
-    .unwrap();
     assert!(script.contains("\"$DIR/model-sft\"") && script.contains("\"$DIR/world\""));
     // Token: every server bound to 0.0.0.0 inside the network reads it from init's file.
     for (svc, var) in [

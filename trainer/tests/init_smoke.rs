@@ -87,7 +87,12 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
     // and a held-out task's are each in the document lines and in none of the SFT lines.
     let corpus_text = std::fs::read_to_string(dir.join("tokenizer-corpus.txt")).unwrap();
     let lines: Vec<&str> = corpus_text.lines().collect();
-    let (doc_lines, sft_lines) = lines.split_at(2 * 40);
+    // Two lines (title, text) a document, then the SFT text.
+    let docs = std::fs::read_to_string(dir.join("world/corpus.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    let (doc_lines, sft_lines) = lines.split_at(2 * docs);
     let compound_of = |file: &str| -> String {
         let text = std::fs::read_to_string(dir.join(file)).unwrap();
         let task: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();

@@ -10,6 +10,8 @@
 #   ABLATION_ARGS    extra `orchestrator run` arguments for a new experiment (e.g. --set ...)
 #   ABLATION_DIR     where logs, checkpoints and published versions go (runs/ablation-mini)
 #   BIN              directory of the release binaries (default target/release; built if absent)
+#   ABLATION_MODEL   the warm start every run begins from (default runs/smoke/model-sft); its
+#                    tokenizer must be the one data.tokenizer names (pass --set in ABLATION_ARGS)
 # Needs the smoke warm start (runs/smoke/model-sft: scripts/init-smoke.sh, or
 # SMOKE_PREP_ONLY=1 scripts/smoke.sh) and Postgres at DATABASE_URL.
 set -euo pipefail
@@ -18,7 +20,7 @@ cd "$ROOT"
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rubricem}"
 OUT="${ABLATION_DIR:-runs/ablation-mini}"
 PAIRS="${ABLATION_PAIRS:-2}"
-MODEL=runs/smoke/model-sft
+MODEL="${ABLATION_MODEL:-runs/smoke/model-sft}"
 say() { echo "ablation-mini: $*" >&2; }
 if [[ "$PAIRS" != 1 && "$PAIRS" != 2 ]]; then
   say "ABLATION_PAIRS = $PAIRS; allowed: 1, 2"

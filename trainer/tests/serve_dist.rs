@@ -54,14 +54,19 @@ fn spawn_logged(cmd: &mut Command, log: &Path) -> Child {
         .unwrap()
 }
 
+/// Healthy, and answered by the server this log belongs to: its port was picked free and
+/// released, so another test's server could hold it and answer the health check instead.
 async fn wait_healthy(url: &str, log: &Path) {
     let t0 = Instant::now();
     loop {
-        let ok = trainer::publish::http_client()
-            .get(format!("{url}/health"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success());
+        let ours = plain(&std::fs::read_to_string(log).unwrap_or_default())
+            .contains("trainer serve listening");
+        let ok = ours
+            && trainer::publish::http_client()
+                .get(format!("{url}/health"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
         if ok {
             return;
         }

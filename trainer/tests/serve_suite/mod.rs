@@ -186,74 +186,122 @@ pub async fn start(launch: Launch, dir: &Path, o: Opts) -> Running {
             }
         }
         Launch::Ranks(n) => {
-            let port = free_port();
-            let log = dir
-                .parent()
-                .unwrap_or(dir)
-                .join(format!("serve-{port}.log"));
-            let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
-            cmd.args(["serve", "--device", "cpu", "--threads", "1"])
-                .args(["--lr", "0.05", "--max-grad-norm", "0", "--seed", "11"])
-                .arg("--model")
-                .arg(dir)
-                .arg("--bind")
-                .arg(format!("127.0.0.1:{port}"))
-                .arg("--nproc-per-node")
-                .arg(n.to_string())
-                .args(["--dist-timeout-secs", "60"]);
-            if o.lora {
-                cmd.args(["--lora-r", "4", "--lora-alpha", "8"]);
-            }
-            if let Some(ck) = &o.checkpoint_dir {
-                cmd.arg("--checkpoint-dir").arg(ck);
-            }
-            if o.resume {
-                cmd.arg("--resume");
-            }
-            if let Some(p) = &o.publish {
-                cmd.arg("--publish-url")
-                    .arg(&p.url)
-                    .arg("--publish-dir")
-                    .arg(&p.root)
-                    .arg("--publish-name")
-                    .arg(&p.name)
-                    .arg("--publish-window")
-                    .arg(p.window.to_string())
-                    .args(["--publish-retries", "0"]);
-            }
-            for k in [
-                "WORLD_SIZE",
-                "RANK",
-                "LOCAL_RANK",
-                "MASTER_ADDR",
-                "MASTER_PORT",
-            ] {
-                cmd.env_remove(k);
-            }
-            let child = cmd
-                .env("RUST_LOG", "trainer=info")
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(&log).unwrap())
-                .spawn()
-                .unwrap();
-            let r = Running {
-                url: format!("http://127.0.0.1:{port}"),
-                child: Some(child),
-                log: Some(log),
-                _state: None,
-            };
-            wait_healthy(&r).await;
-            // Every rank is up (the launcher logs each start): the suite runs against a group.
-            let log = plain(&r.log());
-            for rank in 0..n {
-                assert!(
-                    log.lines()
-                        .any(|l| l.contains("rank started") && l.contains(&format!("rank={rank} "))),
-                    "rank {rank} of {n} did not start:\n{log}"
+            // The port is picked free and released, so another test's server or rendezvous store
+            // can take it before this launcher binds it; then this server exits naming the port
+            // and another is tried. Health alone would not tell: it would answer from the other
+            // test's server, and two tests would train one policy.
+            for attempt in 1..=5 {
+                if let Some(r) = start_ranks(n, dir, &o).await {
+                    return r;
+                }
+                eprintln!(
+                    "serve_suite: the port was taken before the launcher bound it (try {attempt} of 5)"
                 );
             }
-            r
+            panic!("no free port for `trainer serve --nproc-per-node {n}` in 5 tries");
         }
+    }
+}
+
+/// One `trainer serve --nproc-per-node n` on a free port, healthy with every rank started; `None`
+/// when it could not bind the port it was given.
+async fn start_ranks(n: usize, dir: &Path, o: &Opts) -> Option<Running> {
+    let port = free_port();
+    let log = dir
+        .parent()
+        .unwrap_or(dir)
+        .join(format!("serve-{port}.log"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
+    cmd.args(["serve", "--device", "cpu", "--threads", "1"])
+        .args(["--lr", "0.05", "--max-grad-norm", "0", "--seed", "11"])
+        .arg("--model")
+        .arg(dir)
+        .arg("--bind")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--nproc-per-node")
+        .arg(n.to_string())
+        .args(["--dist-timeout-secs", "60"]);
+    if o.lora {
+        cmd.args(["--lora-r", "4", "--lora-alpha", "8"]);
+    }
+    if let Some(ck) = &o.checkpoint_dir {
+        cmd.arg("--checkpoint-dir").arg(ck);
+    }
+    if o.resume {
+        cmd.arg("--resume");
+    }
+    if let Some(p) = &o.publish {
+        cmd.arg("--publish-url")
+            .arg(&p.url)
+            .arg("--publish-dir")
+            .arg(&p.root)
+            .arg("--publish-name")
+            .arg(&p.name)
+            .arg("--publish-window")
+            .arg(p.window.to_string())
+            .args(["--publish-retries", "0"]);
+    }
+    for k in [
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ] {
+        cmd.env_remove(k);
+    }
+    let child = cmd
+        .env("RUST_LOG", "trainer=info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut r = Running {
+        url: format!("http://127.0.0.1:{port}"),
+        child: Some(child),
+        log: Some(log),
+        _state: None,
+    };
+    if !wait_listening(&mut r).await {
+        return None;
+    }
+    wait_healthy(&r).await;
+    // Every rank is up (the launcher logs each start): the suite runs against a group.
+    let log = plain(&r.log());
+    for rank in 0..n {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("rank started") && l.contains(&format!("rank={rank} "))),
+            "rank {rank} of {n} did not start:\n{log}"
+        );
+    }
+    Some(r)
+}
+
+/// Waits until this launcher's own server logs that it listens (true), or the launcher exits
+/// because its port was taken (false); any other exit, or two minutes, fails the test.
+async fn wait_listening(r: &mut Running) -> bool {
+    let t0 = Instant::now();
+    loop {
+        let log = plain(&r.log());
+        if log.contains("trainer serve listening") {
+            return true;
+        }
+        let child = r.child.as_mut().expect("a launched server has a child");
+        if let Ok(Some(status)) = child.try_wait() {
+            assert!(
+                log.contains("cannot bind"),
+                "{} exited ({status}) before listening:\n{log}",
+                r.url
+            );
+            return false;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{} never listened:\n{log}",
+            r.url
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

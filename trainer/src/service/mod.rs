@@ -1106,7 +1106,12 @@ pub async fn serve(state: Arc<AppState>) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| TrainerError::Config(format!("cannot bind {addr}: {e}")))?;
-    tracing::info!(%addr, "trainer serve listening");
+    // The bound address, not the asked one: with port 0 the system picks a free port, and this
+    // line is how a caller learns it.
+    let bound = listener
+        .local_addr()
+        .map_err(|e| TrainerError::Config(format!("no local address after binding {addr}: {e}")))?;
+    tracing::info!(addr = %bound, "trainer serve listening");
     let st = state.clone();
     axum::serve(listener, router(state.clone()))
         .with_graceful_shutdown(async move {

@@ -13,6 +13,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 
 pub use super::common::post_json;
-use super::common::{free_port, model_dir, plain, serve_in_process, tiny_config};
+use super::common::{model_dir, plain, serve_in_process, tiny_config};
 use trainer::publish::{PublishConfig, PublishTarget, Publisher, ServerKind};
 use trainer::service::{AppState, load};
 
@@ -185,39 +186,26 @@ pub async fn start(launch: Launch, dir: &Path, o: Opts) -> Running {
                 _state: Some(s.state),
             }
         }
-        Launch::Ranks(n) => {
-            // The port is picked free and released, so another test's server or rendezvous store
-            // can take it before this launcher binds it; then this server exits naming the port
-            // and another is tried. Health alone would not tell: it would answer from the other
-            // test's server, and two tests would train one policy.
-            for attempt in 1..=5 {
-                if let Some(r) = start_ranks(n, dir, &o).await {
-                    return r;
-                }
-                eprintln!(
-                    "serve_suite: the port was taken before the launcher bound it (try {attempt} of 5)"
-                );
-            }
-            panic!("no free port for `trainer serve --nproc-per-node {n}` in 5 tries");
-        }
+        Launch::Ranks(n) => start_ranks(n, dir, &o).await,
     }
 }
 
-/// One `trainer serve --nproc-per-node n` on a free port, healthy with every rank started; `None`
-/// when it could not bind the port it was given.
-async fn start_ranks(n: usize, dir: &Path, o: &Opts) -> Option<Running> {
-    let port = free_port();
-    let log = dir
-        .parent()
-        .unwrap_or(dir)
-        .join(format!("serve-{port}.log"));
+/// One `trainer serve --nproc-per-node n`, healthy with every rank started. It binds port 0 and
+/// the test reads the port the system gave it from the server's own log: a port picked free and
+/// released beforehand can be taken by another test's server first, whose health check would
+/// then answer for this one, and two tests would train one policy.
+async fn start_ranks(n: usize, dir: &Path, o: &Opts) -> Running {
+    static LAUNCHED: AtomicUsize = AtomicUsize::new(0);
+    let log = dir.parent().unwrap_or(dir).join(format!(
+        "serve-{}.log",
+        LAUNCHED.fetch_add(1, Ordering::Relaxed)
+    ));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
     cmd.args(["serve", "--device", "cpu", "--threads", "1"])
         .args(["--lr", "0.05", "--max-grad-norm", "0", "--seed", "11"])
         .arg("--model")
         .arg(dir)
-        .arg("--bind")
-        .arg(format!("127.0.0.1:{port}"))
+        .args(["--bind", "127.0.0.1:0"])
         .arg("--nproc-per-node")
         .arg(n.to_string())
         .args(["--dist-timeout-secs", "60"]);
@@ -257,14 +245,12 @@ async fn start_ranks(n: usize, dir: &Path, o: &Opts) -> Option<Running> {
         .spawn()
         .unwrap();
     let mut r = Running {
-        url: format!("http://127.0.0.1:{port}"),
+        url: String::new(),
         child: Some(child),
         log: Some(log),
         _state: None,
     };
-    if !wait_listening(&mut r).await {
-        return None;
-    }
+    r.url = format!("http://{}", listening_addr(&mut r).await);
     wait_healthy(&r).await;
     // Every rank is up (the launcher logs each start): the suite runs against a group.
     let log = plain(&r.log());
@@ -275,31 +261,30 @@ async fn start_ranks(n: usize, dir: &Path, o: &Opts) -> Option<Running> {
             "rank {rank} of {n} did not start:\n{log}"
         );
     }
-    Some(r)
+    r
 }
 
-/// Waits until this launcher's own server logs that it listens (true), or the launcher exits
-/// because its port was taken (false); any other exit, or two minutes, fails the test.
-async fn wait_listening(r: &mut Running) -> bool {
+/// The address this launcher's own server logs that it listens on; its exit first, or two
+/// minutes, fails the test.
+async fn listening_addr(r: &mut Running) -> String {
     let t0 = Instant::now();
     loop {
         let log = plain(&r.log());
-        if log.contains("trainer serve listening") {
-            return true;
+        let addr = log
+            .lines()
+            .find(|l| l.contains("trainer serve listening"))
+            .and_then(|l| l.split("addr=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next());
+        if let Some(addr) = addr {
+            return addr.to_string();
         }
         let child = r.child.as_mut().expect("a launched server has a child");
         if let Ok(Some(status)) = child.try_wait() {
-            assert!(
-                log.contains("cannot bind"),
-                "{} exited ({status}) before listening:\n{log}",
-                r.url
-            );
-            return false;
+            panic!("the launcher exited ({status}) before its server listened:\n{log}");
         }
         assert!(
             t0.elapsed() < Duration::from_secs(120),
-            "{} never listened:\n{log}",
-            r.url
+            "the launcher's server never listened:\n{log}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

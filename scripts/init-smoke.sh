@@ -19,6 +19,13 @@
 #                tokenizer vocabulary (2048; 4096 until session 27, BENCHMARKS.md) and model
 #                config (trainer/configs/small.json);
 #                tests shrink them, the smoke run keeps the defaults
+#   INIT_SFT_SPLIT  MOD:REM (e.g. 3:2; default empty: every training task): the training tasks are
+#                split by lineage (scripts/split-tasks-by-lineage.py): lineages L with L % MOD == REM
+#                go to world/tasks-rl.jsonl, the rest to world/tasks-sft.jsonl; the SFT data comes
+#                from the latter only (sft-demos.jsonl) and is repeated in order to as many rows as
+#                there are training tasks (sft.jsonl), so the warm start takes the default's steps
+#                and copy-row mix on fewer distinct demonstrations. RL on tasks-rl.jsonl then
+#                trains on lineages the warm start never saw a demonstration of (issue 25).
 #   INIT_TOKENIZER_NAMES  corpus (default), keep or drop: where the tokenizer sees the world's
 #                entity names (scripts/tokenizer-corpus.py; corpus: only in the documents, so
 #                held-out names are spelled with the same pieces as training names)
@@ -37,6 +44,11 @@ TASKS="${INIT_TASKS:-1536}"
 COPY_ROWS="${INIT_COPY_ROWS:-96000}"
 TOK_NAMES="${INIT_TOKENIZER_NAMES:-corpus}"
 PASSES="${INIT_SFT_PASSES:-2}"
+SPLIT="${INIT_SFT_SPLIT:-}"
+if [[ -n "$SPLIT" && ! "$SPLIT" =~ ^[0-9]+:[0-9]+$ ]]; then
+  say "INIT_SFT_SPLIT = $SPLIT; expected MOD:REM, e.g. 3:2"
+  exit 2
+fi
 if [[ "$PASSES" != 1 && "$PASSES" != 2 ]]; then
   say "INIT_SFT_PASSES = $PASSES; allowed: 1, 2"
   exit 2
@@ -55,10 +67,40 @@ fi
 if [[ ! -f "$DIR/index/meta.json" ]]; then
   "$ORCH" index build --corpus "$DIR/world/corpus.jsonl" --out "$DIR/index"
 fi
+SFT_TASKS="$DIR/world/tasks.jsonl"
+if [[ -n "$SPLIT" ]]; then
+  SFT_TASKS="$DIR/world/tasks-sft.jsonl"
+  if [[ ! -f "$DIR/world/tasks-rl.jsonl" || ! -f "$SFT_TASKS" ]]; then
+    python3 "$(dirname "${BASH_SOURCE[0]}")/split-tasks-by-lineage.py" "$DIR/world/tasks.jsonl" \
+      "$SFT_TASKS" "$DIR/world/tasks-rl.jsonl" --mod "${SPLIT%%:*}" --rem "${SPLIT##*:}"
+  fi
+  if [[ ! -s "$SFT_TASKS" || ! -s "$DIR/world/tasks-rl.jsonl" ]]; then
+    say "INIT_SFT_SPLIT = $SPLIT left one side of the training tasks empty (see above)"
+    exit 2
+  fi
+fi
 if [[ ! -f "$DIR/sft.jsonl" ]]; then
   say "SFT data from the offline teacher"
-  "$ORCH" sft-data --experiment smoke --set "data.tasks=$DIR/world/tasks.jsonl" \
-    --set "data.index=$DIR/index" --out "$DIR/sft.jsonl"
+  if [[ -z "$SPLIT" ]]; then
+    "$ORCH" sft-data --experiment smoke --set "data.tasks=$SFT_TASKS" \
+      --set "data.index=$DIR/index" --out "$DIR/sft.jsonl"
+  else
+    "$ORCH" sft-data --experiment smoke --set "data.tasks=$SFT_TASKS" \
+      --set "data.index=$DIR/index" --out "$DIR/sft-demos.jsonl"
+    DEMOS=$(wc -l <"$DIR/sft-demos.jsonl")
+    if [[ "$DEMOS" == 0 ]]; then
+      say "the offline teacher wrote no demonstration for $SFT_TASKS"
+      exit 1
+    fi
+    # In order, as many whole copies as reach the training tasks' count, then cut to it.
+    rm -f "$DIR/sft.jsonl.part"
+    for _ in $(seq 1 $(((TASKS + DEMOS - 1) / DEMOS))); do
+      cat "$DIR/sft-demos.jsonl" >>"$DIR/sft.jsonl.part"
+    done
+    head -n "$TASKS" "$DIR/sft.jsonl.part" >"$DIR/sft.jsonl"
+    rm -f "$DIR/sft.jsonl.part"
+    say "$DEMOS demonstrations of $(wc -l <"$SFT_TASKS") tasks, repeated to $TASKS rows"
+  fi
 fi
 if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
   say "tokenizer + small model + SFT warm start"
@@ -105,7 +147,8 @@ fi
   echo "# init-smoke provenance, $(date -u +%FT%TZ)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
   echo "git at start: $GIT_AT_START"
-  for f in world/tasks.jsonl world/corpus.jsonl sft.jsonl tokenizer/tokenizer.json \
+  for f in world/tasks.jsonl world/corpus.jsonl world/tasks-sft.jsonl world/tasks-rl.jsonl \
+    sft-demos.jsonl sft.jsonl tokenizer/tokenizer.json \
     model-init/model.safetensors model-copy/model.safetensors model-sft1/model.safetensors \
     model-sft/model.safetensors; do
     if [[ -f "$DIR/$f" ]]; then (cd "$DIR" && sha256sum "$f"); fi

@@ -23,6 +23,10 @@ fn orchestrator_bin() -> PathBuf {
 }
 
 fn run_init(dir: &Path, config: &Path) -> std::process::Output {
+    run_init_with(dir, config, &[])
+}
+
+fn run_init_with(dir: &Path, config: &Path, env: &[(&str, &str)]) -> std::process::Output {
     Command::new("bash")
         .arg(workspace().join("scripts/init-smoke.sh"))
         .arg(dir)
@@ -35,14 +39,13 @@ fn run_init(dir: &Path, config: &Path) -> std::process::Output {
         .env("INIT_COPY_ROWS", "32")
         .env("SMALL_CONFIG", config)
         .env("SMOKE_SFT_EPOCHS", "1")
+        .envs(env.iter().copied())
         .output()
         .unwrap()
 }
 
-#[test]
-fn the_init_script_prepares_the_smoke_inputs_once() {
-    let tmp = tempfile::tempdir().unwrap();
-    let config = tmp.path().join("tiny.json");
+fn tiny_config(dir: &Path) -> PathBuf {
+    let config = dir.join("tiny.json");
     std::fs::write(
         &config,
         serde_json::json!({
@@ -53,6 +56,87 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
         .to_string(),
     )
     .unwrap();
+    config
+}
+
+fn jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A task's lineage: the number in its rubrics' evidence ids (`gene-00012` is lineage 12).
+fn lineage(task: &serde_json::Value) -> u64 {
+    let ids: std::collections::BTreeSet<u64> = task["rubrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["evidence"].as_array().unwrap().iter())
+        .filter_map(|e| e.as_str()?.rsplit_once('-')?.1.parse().ok())
+        .collect();
+    assert_eq!(ids.len(), 1, "one lineage a task: {ids:?}");
+    ids.into_iter().next().unwrap()
+}
+
+#[test]
+fn a_split_warm_start_learns_from_its_own_lineages_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path());
+    let dir = tmp.path().join("runs/split");
+    let bad = run_init_with(&dir, &config, &[("INIT_SFT_SPLIT", "3")]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("INIT_SFT_SPLIT = 3; expected MOD:REM"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let out = run_init_with(&dir, &config, &[("INIT_SFT_SPLIT", "2:1")]);
+    assert!(
+        out.status.success(),
+        "init-smoke.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all = jsonl(&dir.join("world/tasks.jsonl"));
+    let sft_tasks = jsonl(&dir.join("world/tasks-sft.jsonl"));
+    let rl_tasks = jsonl(&dir.join("world/tasks-rl.jsonl"));
+    assert_eq!(sft_tasks.len() + rl_tasks.len(), all.len());
+    assert!(!sft_tasks.is_empty() && !rl_tasks.is_empty());
+    assert!(sft_tasks.iter().all(|t| lineage(t) % 2 != 1));
+    assert!(rl_tasks.iter().all(|t| lineage(t) % 2 == 1));
+    // The demonstrations are of the SFT side's tasks only, repeated in order to as many rows
+    // as there are training tasks.
+    let sft_ids: std::collections::HashSet<&str> = sft_tasks
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    let demos = jsonl(&dir.join("sft-demos.jsonl"));
+    let rows = jsonl(&dir.join("sft.jsonl"));
+    assert!(!demos.is_empty() && demos.len() <= sft_tasks.len());
+    assert_eq!(rows.len(), all.len());
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row, &demos[i % demos.len()], "row {i}");
+        let id = row["id"].as_str().unwrap();
+        assert!(
+            sft_ids.contains(id),
+            "row {i}: {id} is not an SFT-side task"
+        );
+    }
+    assert!(dir.join("model-sft/model.safetensors").exists());
+    let provenance = std::fs::read_to_string(dir.join("provenance.txt")).unwrap();
+    for f in ["world/tasks-rl.jsonl", "sft-demos.jsonl"] {
+        assert!(
+            provenance.contains(&format!("  {f}\n")),
+            "{f}: {provenance}"
+        );
+    }
+}
+
+#[test]
+fn the_init_script_prepares_the_smoke_inputs_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path());
     let dir = tmp.path().join("runs/smoke");
     let out = run_init(&dir, &config);
     assert!(

@@ -81,12 +81,11 @@ if [[ -n "$SPLIT" ]]; then
 fi
 if [[ ! -f "$DIR/sft.jsonl" ]]; then
   say "SFT data from the offline teacher"
-  if [[ -z "$SPLIT" ]]; then
-    "$ORCH" sft-data --experiment smoke --set "data.tasks=$SFT_TASKS" \
-      --set "data.index=$DIR/index" --out "$DIR/sft.jsonl"
-  else
-    "$ORCH" sft-data --experiment smoke --set "data.tasks=$SFT_TASKS" \
-      --set "data.index=$DIR/index" --out "$DIR/sft-demos.jsonl"
+  DEMOS_OUT="$DIR/sft.jsonl"
+  if [[ -n "$SPLIT" ]]; then DEMOS_OUT="$DIR/sft-demos.jsonl"; fi
+  "$ORCH" sft-data --experiment smoke --set "data.tasks=$SFT_TASKS" \
+    --set "data.index=$DIR/index" --out "$DEMOS_OUT"
+  if [[ -n "$SPLIT" ]]; then
     DEMOS=$(wc -l <"$DIR/sft-demos.jsonl")
     if [[ "$DEMOS" == 0 ]]; then
       say "the offline teacher wrote no demonstration for $SFT_TASKS"

@@ -67,6 +67,18 @@ fi
 if [[ ! -f "$DIR/index/meta.json" ]]; then
   "$ORCH" index build --corpus "$DIR/world/corpus.jsonl" --out "$DIR/index"
 fi
+# Every stage skips when its output exists, so a DIR built one way must not be resumed the other
+# way: its sft.jsonl would silently keep the other side's data.
+if [[ -f "$DIR/sft.jsonl" && -n "$SPLIT" && ! -f "$DIR/sft-demos.jsonl" ]]; then
+  say "INIT_SFT_SPLIT = $SPLIT, but $DIR/sft.jsonl was built from every training task (no"
+  say "sft-demos.jsonl beside it); use a new DIR, or unset INIT_SFT_SPLIT to resume this one"
+  exit 2
+fi
+if [[ -f "$DIR/sft-demos.jsonl" && -z "$SPLIT" ]]; then
+  say "$DIR was built with INIT_SFT_SPLIT (sft-demos.jsonl is there); set it again to resume"
+  say "this DIR, or use a new DIR for a warm start from every training task"
+  exit 2
+fi
 SFT_TASKS="$DIR/world/tasks.jsonl"
 if [[ -n "$SPLIT" ]]; then
   SFT_TASKS="$DIR/world/tasks-sft.jsonl"

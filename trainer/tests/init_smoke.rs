@@ -131,6 +131,14 @@ fn a_split_warm_start_learns_from_its_own_lineages_only() {
             "{f}: {provenance}"
         );
     }
+    // Resuming this DIR without the split would keep the split's data under the default's name.
+    let mixed = run_init(&dir, &config);
+    assert_eq!(mixed.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&mixed.stderr).contains("was built with INIT_SFT_SPLIT"),
+        "{}",
+        String::from_utf8_lossy(&mixed.stderr)
+    );
 }
 
 #[test]
@@ -296,5 +304,14 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
             .unwrap(),
         stamp,
         "a second run rebuilds nothing"
+    );
+    // Resuming it with a split would keep every lineage's data under the split's name.
+    let mixed = run_init_with(&dir, &config, &[("INIT_SFT_SPLIT", "2:1")]);
+    assert_eq!(mixed.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&mixed.stderr);
+    assert!(err.contains("was built from every training task"), "{err}");
+    assert!(
+        !dir.join("world/tasks-rl.jsonl").exists(),
+        "refused before splitting"
     );
 }

@@ -11,6 +11,10 @@ use uuid::Uuid;
 use crate::domain::trajectory::{SegmentKind, Trajectory};
 use crate::infra::db::DbError;
 
+/// The finish reason of a trajectory whose token budget ran out before a closed answer
+/// (`rollout::engine`).
+pub const OVERLONG: &str = "length";
+
 /// Advantage statistics of a batch, per stage (over model tokens' sequences).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BatchStats {
@@ -26,6 +30,9 @@ pub struct BatchStats {
     pub groups_dropped: usize,
     /// Trajectories left out because their scoring failed (never trained on as R = 0).
     pub failed_scoring: usize,
+    /// Budget-cut trajectories (`finish_reason = length`) left out of the loss by
+    /// `credit.overlong_filter` (their rewards still count in their group's advantages).
+    pub overlong_filtered: usize,
     pub mean_abs_advantage: [f64; 4],
     pub std_advantage: [f64; 4],
     /// Mean of `step - policy_version` over sequences (how stale the behaviour policy was).
@@ -51,6 +58,10 @@ impl BatchStats {
             (
                 "train/failed_scoring".to_string(),
                 self.failed_scoring as f64,
+            ),
+            (
+                "train/overlong_filtered".to_string(),
+                self.overlong_filtered as f64,
             ),
         ];
         for (k, s) in crate::domain::trajectory::Stage::ALL.iter().enumerate() {
@@ -97,21 +108,25 @@ pub fn sequence(t: &Trajectory, adv: &[f64; 4], group: u32) -> wire::WireSequenc
 }
 
 /// The RL batch of a judged step. Trajectories without model tokens are left out (nothing to
-/// learn from); groups are numbered by task in stored order.
+/// learn from); groups are numbered by task in stored order. `overlong_filter`: see
+/// [`assemble`].
 pub async fn build(
     pool: &PgPool,
     run_id: Uuid,
     step: i32,
     judge_model: &str,
+    overlong_filter: bool,
 ) -> Result<(wire::Batch, BatchStats), DbError> {
     let trajs = crate::infra::db::trajectories::list_for_step(pool, run_id, step).await?;
     let adv = crate::pipeline::judging::load_advantages(pool, run_id, step, judge_model).await?;
     let failed = crate::infra::db::judging::failed_scoring(pool, run_id, step, judge_model).await?;
-    Ok(assemble(&trajs, &adv, &failed, step))
+    Ok(assemble(&trajs, &adv, &failed, step, overlong_filter))
 }
 
 /// The batch of a judged step. Left out: trajectories whose scoring failed or that have no
-/// stored advantages (never trained on as R = 0), trajectories without model tokens, and
+/// stored advantages (never trained on as R = 0), trajectories without model tokens, with
+/// `overlong_filter` the trajectories cut by the token budget (`finish_reason = length`; their
+/// advantages were computed with them in the group, so the others' credit is unchanged), and
 /// degenerate groups (every remaining member's advantages all zero). Groups are numbered by
 /// task in stored order.
 pub fn assemble(
@@ -119,6 +134,7 @@ pub fn assemble(
     adv: &HashMap<Uuid, [f64; 4]>,
     failed: &HashSet<Uuid>,
     step: i32,
+    overlong_filter: bool,
 ) -> (wire::Batch, BatchStats) {
     let mut stats = BatchStats::default();
     // Groups by task, in stored order, of the trajectories that can be trained on.
@@ -133,6 +149,10 @@ pub fn assemble(
             }
         };
         if t.num_model_tokens() == 0 {
+            continue;
+        }
+        if overlong_filter && t.finish_reason == OVERLONG {
+            stats.overlong_filtered += 1;
             continue;
         }
         if !members.contains_key(&t.task_id) {
@@ -245,7 +265,7 @@ mod tests {
         adv.insert(tc[0].id, [1.0; 4]);
         let failed: HashSet<Uuid> = [tc[0].id].into_iter().collect();
         let all: Vec<Trajectory> = ta.iter().chain(&tb).chain(&tc).cloned().collect();
-        let (batch, stats) = assemble(&all, &adv, &failed, 3);
+        let (batch, stats) = assemble(&all, &adv, &failed, 3, false);
         assert_eq!(batch.seqs.len(), 2, "only task a's group is trained on");
         assert!(batch.seqs.iter().all(|s| s.group_id == 0));
         assert_eq!(stats.groups, 1);
@@ -256,8 +276,48 @@ mod tests {
         assert_eq!(m["train/failed_scoring"], 2.0);
 
         // Every group degenerate: nothing to train.
-        let (batch, stats) = assemble(&tb, &adv, &HashSet::new(), 3);
+        let (batch, stats) = assemble(&tb, &adv, &HashSet::new(), 3, false);
         assert!(batch.seqs.is_empty());
         assert_eq!((stats.groups, stats.groups_dropped), (0, 1));
+    }
+
+    #[test]
+    fn overlong_filtering_leaves_budget_cut_trajectories_out_of_the_loss_only_when_asked() {
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        // Task a: two finished members and one cut by the budget (reward 0, so the finished
+        // ones carry positive advantages computed against it). Task b: one finished member at
+        // advantage 0 and one cut member: once the cut one is out, the group is degenerate.
+        let mut ta = [traj(a), traj(a), traj(a)];
+        ta[2].finish_reason = OVERLONG.into();
+        let mut tb = [traj(b), traj(b)];
+        tb[1].finish_reason = OVERLONG.into();
+        let mut adv = HashMap::new();
+        adv.insert(ta[0].id, [0.7; 4]);
+        adv.insert(ta[1].id, [0.7; 4]);
+        adv.insert(ta[2].id, [-1.4; 4]);
+        adv.insert(tb[0].id, [0.0; 4]);
+        adv.insert(tb[1].id, [-0.5; 4]);
+        let all: Vec<Trajectory> = ta.iter().chain(&tb).cloned().collect();
+
+        let (off, s_off) = assemble(&all, &adv, &HashSet::new(), 3, false);
+        assert_eq!(
+            off.seqs.len(),
+            5,
+            "without the filter every member is trained on"
+        );
+        assert_eq!((s_off.overlong_filtered, s_off.groups), (0, 2));
+
+        let (on, s_on) = assemble(&all, &adv, &HashSet::new(), 3, true);
+        assert_eq!(s_on.overlong_filtered, 2);
+        assert_eq!(
+            s_on.groups, 1,
+            "task b is degenerate without its cut member"
+        );
+        assert_eq!(s_on.groups_dropped, 1);
+        assert_eq!(on.seqs.len(), 2);
+        // The finished members keep the advantages computed with the cut one in the group.
+        assert!(on.seqs.iter().all(|q| q.advantages == vec![0.7f32; 4]));
+        let m: HashMap<String, f64> = s_on.metrics().into_iter().collect();
+        assert_eq!(m["train/overlong_filtered"], 2.0);
     }
 }

@@ -127,6 +127,8 @@ pub struct Pipeline {
     pub admission: Option<Arc<Admission>>,
     pub judge: Arc<dyn Judge>,
     pub judge_opts: StepOptions,
+    /// `credit.overlong_filter`: budget-cut trajectories are left out of the loss.
+    pub overlong_filter: bool,
     /// The judge's endpoints, for messages (`lexical` for the offline judge).
     pub judge_url: String,
     /// `judge.max_failure_rate`: the circuit breaker of each step's scoring calls.

@@ -358,6 +358,7 @@ pub async fn pipeline(
         admission,
         judge,
         judge_opts: StepOptions::for_recipe(recipe, cfg.credit.lambda, cfg.credit.citation),
+        overlong_filter: cfg.credit.overlong_filter,
         judge_url: if cfg.judge.urls.is_empty() {
             cfg.judge.kind.as_str().to_string()
         } else {

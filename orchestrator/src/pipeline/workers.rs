@@ -329,7 +329,14 @@ impl Pipeline {
         s: i32,
         fresh: bool,
     ) -> Result<(wire::Batch, batch::BatchStats, Vec<(String, f64)>), PipelineError> {
-        let (mut b, stats) = batch::build(&self.pool, self.run_id, s, self.judge.model()).await?;
+        let (mut b, stats) = batch::build(
+            &self.pool,
+            self.run_id,
+            s,
+            self.judge.model(),
+            self.overlong_filter,
+        )
+        .await?;
         let mut m = Vec::new();
         if self.memory.is_none() {
             return Ok((b, stats, m));

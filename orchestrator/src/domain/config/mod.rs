@@ -490,6 +490,14 @@ pub struct CreditConfig {
     /// DR Tulu recipe: include the citation reward (claim-level judge calls).
     #[serde(default)]
     pub citation: bool,
+    /// Overlong filtering (DAPO, Yu et al. 2025, section 3.4): trajectories cut by the token
+    /// budget (`finish_reason = length`) keep their reward in their group's statistics, so the
+    /// members that finished are still credited against them, but their own tokens are left out
+    /// of the loss: a reasoning chain that was merely cut is not pushed down as if it were wrong.
+    /// Counted per step as `train/overlong_filtered`. Off by default (none of the three papers
+    /// uses it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overlong_filter: bool,
 }
 
 impl JudgeConfig {

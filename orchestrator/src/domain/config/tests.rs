@@ -485,3 +485,26 @@ fn tracking_section_parses_validates_refuses_unknown_keys_and_redacts() {
         assert!(err.contains(field), "{kv}: {err}");
     }
 }
+
+#[test]
+fn overlong_filtering_is_off_in_every_preset_and_set_by_override() {
+    for (name, _) in PRESETS {
+        let c = Config::load(name, &Overrides::default()).unwrap();
+        assert!(!c.credit.overlong_filter, "{name}");
+        // Off, it is not serialised, so stored configs of earlier runs read back the same.
+        let text = toml::to_string(&c.credit).unwrap();
+        assert!(!text.contains("overlong_filter"), "{name}: {text}");
+    }
+    let ov = Overrides {
+        sets: vec!["credit.overlong_filter=true".into()],
+        ..Default::default()
+    };
+    let c = Config::load("smoke", &ov).unwrap();
+    assert!(c.credit.overlong_filter);
+    let bad = Overrides {
+        sets: vec!["credit.overlong_filter=1".into()],
+        ..Default::default()
+    };
+    let err = Config::load("smoke", &bad).unwrap_err().to_string();
+    assert!(err.contains("overlong_filter"), "{err}");
+}

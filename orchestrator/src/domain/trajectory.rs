@@ -84,6 +84,21 @@ pub struct Segment {
     pub policy_version: Option<i32>,
 }
 
+/// The values of `Trajectory::finish_reason` (`trajectories.finish_reason`), written by
+/// `pipeline::rollout::engine` and read wherever a finish reason decides something.
+pub mod finish {
+    /// The model closed `</answer>` on its own.
+    pub const ANSWER: &str = "answer";
+    /// It closed `</answer>` in the forced final turn.
+    pub const FORCED_ANSWER: &str = "forced_answer";
+    /// The token budget ran out before a closed answer (e.g. a tag never closed).
+    pub const LENGTH: &str = "length";
+    /// The policy server failed after retries (what was generated is kept).
+    pub const ERROR: &str = "error";
+    /// The prompt alone was over `rollout.max_prompt_tokens`; nothing was generated.
+    pub const PROMPT_TOO_LONG: &str = "prompt_too_long";
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Trajectory {
     pub id: Uuid,

@@ -11,9 +11,8 @@ use uuid::Uuid;
 use crate::domain::trajectory::{SegmentKind, Trajectory};
 use crate::infra::db::DbError;
 
-/// The finish reason of a trajectory whose token budget ran out before a closed answer
-/// (`rollout::engine`).
-pub const OVERLONG: &str = "length";
+/// The finish reason of a trajectory whose token budget ran out before a closed answer.
+pub use crate::domain::trajectory::finish::LENGTH as OVERLONG;
 
 /// Advantage statistics of a batch, per stage (over model tokens' sequences).
 #[derive(Debug, Clone, Default, PartialEq)]

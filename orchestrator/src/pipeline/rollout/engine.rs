@@ -4,11 +4,9 @@
 //! answering. Afterwards every model token gets exactly one stage (method.md A.2.4) and the
 //! trajectory is split into segments of one kind and one stage.
 //!
-//! Finish reasons (stored in `trajectories.finish_reason`):
-//! - `answer`: the model closed `</answer>` on its own;
-//! - `forced_answer`: it closed `</answer>` in the forced final turn;
-//! - `length`: the token budget ran out before a closed answer (e.g. a tag never closed);
-//! - `error`: the policy server failed after retries (what was generated is kept).
+//! Finish reasons (stored in `trajectories.finish_reason`) are the constants of
+//! `domain::trajectory::finish`: `answer`, `forced_answer`, `length` (the token budget ran out
+//! before a closed answer), `error` and `prompt_too_long`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,7 +16,7 @@ use uuid::Uuid;
 
 use super::codec::{CodecError, TokenCodec};
 use crate::domain::scaffold::{self, Parsed, Scaffold};
-use crate::domain::trajectory::{Segment, SegmentKind, Trajectory};
+use crate::domain::trajectory::{Segment, SegmentKind, Trajectory, finish};
 use crate::infra::llm::{CompletionRequest, FinishReason, LlmClient, LlmError};
 use crate::infra::tools::runner::{ToolResult, ToolRunner};
 
@@ -218,13 +216,13 @@ impl RolloutCtx {
             .saturating_sub(self.cfg.forced_answer_budget())
             .max(1);
         let mut forced = false;
-        let mut finish = "length";
+        let mut reason = finish::LENGTH;
         let too_long = self
             .cfg
             .max_prompt_tokens
             .is_some_and(|m| prompt_ids.len() > m as usize);
         if too_long {
-            finish = "prompt_too_long";
+            reason = finish::PROMPT_TOO_LONG;
         }
 
         // A prompt over the limit generates nothing (checked once, before the first turn).
@@ -251,7 +249,7 @@ impl RolloutCtx {
                 Ok(x) => x,
                 Err(e) => {
                     error = Some(e.to_string());
-                    finish = "error";
+                    reason = finish::ERROR;
                     break;
                 }
             };
@@ -292,7 +290,11 @@ impl RolloutCtx {
             };
             match kind {
                 Turn::Answered => {
-                    finish = if forced { "forced_answer" } else { "answer" };
+                    reason = if forced {
+                        finish::FORCED_ANSWER
+                    } else {
+                        finish::ANSWER
+                    };
                     break;
                 }
                 Turn::Length => {
@@ -402,7 +404,7 @@ impl RolloutCtx {
             server_version: None,
             prompt_token_ids: prompt_ids,
             segments,
-            finish_reason: finish.to_string(),
+            finish_reason: reason.to_string(),
             parsed: parsed_json,
             timings: json!({
                 "total_ms": started.elapsed().as_millis() as u64,

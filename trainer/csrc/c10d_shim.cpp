@@ -79,7 +79,8 @@ char* rc10d_tcp_store_new(
     int is_server,
     int world,
     int64_t timeout_ms,
-    rc10d_store** out) {
+    rc10d_store** out,
+    uint16_t* bound_port) {
   return guard([&] {
     c10d::TCPStoreOptions o;
     o.port = port;
@@ -88,6 +89,9 @@ char* rc10d_tcp_store_new(
     o.waitWorkers = false;
     o.timeout = ms(timeout_ms);
     auto store = c10::make_intrusive<c10d::TCPStore>(std::string(host), o);
+    if (bound_port != nullptr) {
+      *bound_port = store->getPort();
+    }
     *out = new rc10d_store{std::move(store)};
   });
 }

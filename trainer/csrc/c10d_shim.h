@@ -23,9 +23,10 @@ typedef void *rc10d_tensor;             /* torch::Tensor *                   */
 void rc10d_free_error(char *err);
 void rc10d_free_bytes(uint8_t *bytes);
 
-/* TCPStore: the server (rank 0 unless an agent hosts it) waits for `world` clients. */
+/* TCPStore: the server (rank 0 unless an agent hosts it) waits for `world` clients. A server
+ * given port 0 binds one the OS picks; `bound_port` (may be null) receives the port in use. */
 char *rc10d_tcp_store_new(const char *host, uint16_t port, int is_server, int world,
-                          int64_t timeout_ms, rc10d_store **out);
+                          int64_t timeout_ms, rc10d_store **out, uint16_t *bound_port);
 /* The keys of `base` under `prefix` (shares the connection). */
 char *rc10d_prefix_store_new(const char *prefix, rc10d_store *base, rc10d_store **out);
 char *rc10d_store_set(rc10d_store *s, const char *key, const uint8_t *value, size_t n);

@@ -35,6 +35,7 @@ unsafe extern "C" {
         world: c_int,
         timeout_ms: i64,
         out: *mut *mut RawStore,
+        bound_port: *mut u16,
     ) -> *mut c_char;
     fn rc10d_prefix_store_new(
         prefix: *const c_char,
@@ -168,10 +169,33 @@ impl Store {
         world: usize,
         timeout: Duration,
     ) -> ShimResult<Self> {
+        Self::tcp_bound(host, port, is_server, world, timeout).map(|(s, _)| s)
+    }
+
+    /// A TCPStore server on `host` at a port the OS picks, and that port. Nothing else can
+    /// take the port between choosing and binding it (the race of binding a probe socket,
+    /// releasing it and handing the number on): the store holds it from the start.
+    pub fn tcp_server_any_port(
+        host: &str,
+        world: usize,
+        timeout: Duration,
+    ) -> ShimResult<(Self, u16)> {
+        Self::tcp_bound(host, 0, true, world, timeout)
+    }
+
+    fn tcp_bound(
+        host: &str,
+        port: u16,
+        is_server: bool,
+        world: usize,
+        timeout: Duration,
+    ) -> ShimResult<(Self, u16)> {
         let host = cstring("host", host)?;
         let world = int("world size", world)?;
         let mut out = null_mut();
-        // SAFETY: `host` is a valid C string for the call; `out` is written only on success.
+        let mut bound = 0u16;
+        // SAFETY: `host` is a valid C string for the call; `out` and `bound` are written only
+        // on success.
         check(unsafe {
             rc10d_tcp_store_new(
                 host.as_ptr(),
@@ -180,9 +204,10 @@ impl Store {
                 world,
                 millis(timeout),
                 &mut out,
+                &mut bound,
             )
         })?;
-        Self::own(out)
+        Ok((Self::own(out)?, bound))
     }
 
     /// A view of this store whose keys all start with `prefix`.

@@ -7,7 +7,8 @@
 //! restarts the whole group and the orchestrator re-synchronises it. Ctrl-C / SIGTERM to the
 //! launcher is passed on to every rank. Multi-node jobs run one launcher per node with
 //! `--nnodes`, `--node-rank` and the same MASTER_ADDR / MASTER_PORT (rank 0's node hosts the
-//! store).
+//! store). A one-node job without MASTER_PORT has its store hosted by the launcher itself, at a
+//! port the OS picks (torchrun's agent store): no port is probed and released.
 
 use std::ffi::OsString;
 use std::process::{Child, Command, ExitStatus};
@@ -31,6 +32,10 @@ pub enum LaunchError {
         pid: u32,
         status: String,
     },
+    #[error(
+        "launch: hosting the rendezvous store on {addr} (port 0: the OS picks) failed: {message}"
+    )]
+    Store { addr: String, message: String },
     #[error("launch: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -44,7 +49,7 @@ pub struct LaunchSpec {
     pub node_rank: usize,
     /// Rank 0's host (`127.0.0.1` on one node).
     pub master_addr: String,
-    /// `None`: a free local port (one node only).
+    /// `None` (one node only): the launcher hosts the store at a port the OS picks.
     pub master_port: Option<u16>,
     /// How long ranks get to stop after SIGTERM before SIGKILL.
     pub grace: Duration,
@@ -91,10 +96,25 @@ impl LaunchSpec {
     }
 }
 
-/// A free TCP port on this host (bound and released; the store binds it moments later).
-fn free_port() -> Result<u16, LaunchError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+/// How long the launcher's own store waits on a call of its own (it makes none after starting;
+/// the ranks' calls carry their own timeouts).
+const AGENT_STORE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The rendezvous store of a one-node job without MASTER_PORT, hosted by the launcher as
+/// torchrun's agent hosts it: a TCPStore server on MASTER_ADDR at a port the OS picks, held from
+/// binding until the job ends, so no other process can take the port between its choice and the
+/// ranks' rendezvous (which a port probed, released and handed on allows). The ranks get
+/// TORCHELASTIC_USE_AGENT_STORE and join it as clients, rank 0 included.
+fn host_agent_store(spec: &LaunchSpec) -> Result<(super::ffi::Store, u16), LaunchError> {
+    super::ffi::Store::tcp_server_any_port(
+        &spec.master_addr,
+        spec.nnodes * spec.nproc_per_node,
+        AGENT_STORE_TIMEOUT,
+    )
+    .map_err(|message| LaunchError::Store {
+        addr: spec.master_addr.clone(),
+        message,
+    })
 }
 
 fn describe(s: ExitStatus) -> String {
@@ -127,13 +147,20 @@ pub fn launch(
 ) -> Result<(), LaunchError> {
     spec.check()?;
     let exe = std::env::current_exe()?;
-    let port = match spec.master_port {
-        Some(p) => p,
-        None => free_port()?,
+    // `agent_store` (when hosted) lives until the launch returns, after every rank has exited.
+    let (agent_store, port) = match spec.master_port {
+        Some(p) => (None, p),
+        None => {
+            let (store, port) = host_agent_store(spec)?;
+            (Some(store), port)
+        }
     };
     let mut ranks: Vec<Rank> = Vec::with_capacity(spec.nproc_per_node);
     for local in 0..spec.nproc_per_node {
-        let env = spec.env_of(local, port);
+        let mut env = spec.env_of(local, port);
+        if agent_store.is_some() {
+            env.push(("TORCHELASTIC_USE_AGENT_STORE", "true".to_owned()));
+        }
         let rank: usize = spec.node_rank * spec.nproc_per_node + local;
         let mut cmd = Command::new(&exe);
         cmd.args(args)
@@ -253,5 +280,22 @@ mod tests {
         let e = spec(2, 2, 0, None).check().unwrap_err().to_string();
         assert!(e.contains("MASTER_PORT"), "{e}");
         assert!(spec(2, 1, 0, None).check().is_ok());
+    }
+
+    #[test]
+    fn the_launcher_holds_its_store_port_from_binding_to_the_end() {
+        let mut one_node = spec(2, 1, 0, None);
+        one_node.master_addr = "127.0.0.1".into();
+        let (store, port) = host_agent_store(&one_node).unwrap();
+        assert_ne!(port, 0, "the OS-picked port is reported");
+        // The port is taken while the store lives: nothing else can bind it.
+        assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_err());
+        // A rank joins it as a client and sees what another client wrote.
+        let t = Duration::from_secs(10);
+        let a = super::super::ffi::Store::tcp("127.0.0.1", port, false, 2, t).unwrap();
+        let b = super::super::ffi::Store::tcp("127.0.0.1", port, false, 2, t).unwrap();
+        a.set("k", b"v").unwrap();
+        assert_eq!(b.get("k", t).unwrap(), b"v");
+        drop((a, b, store));
     }
 }

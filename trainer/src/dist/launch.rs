@@ -105,8 +105,8 @@ const AGENT_STORE_TIMEOUT: Duration = Duration::from_secs(300);
 /// binding until the job ends, so no other process can take the port between its choice and the
 /// ranks' rendezvous (which a port probed, released and handed on allows). The ranks get
 /// TORCHELASTIC_USE_AGENT_STORE and join it as clients, rank 0 included.
-fn host_agent_store(spec: &LaunchSpec) -> Result<(super::ffi::Store, u16), LaunchError> {
-    super::ffi::Store::tcp_server_any_port(
+fn host_agent_store(spec: &LaunchSpec) -> Result<(super::StoreHost, u16), LaunchError> {
+    super::host_store(
         &spec.master_addr,
         spec.nnodes * spec.nproc_per_node,
         AGENT_STORE_TIMEOUT,

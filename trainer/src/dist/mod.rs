@@ -677,6 +677,31 @@ impl StoreClient {
     }
 }
 
+/// A TCPStore server hosted by a process that is not a rank (the launcher, a test harness),
+/// as torchrun's agent hosts one: it serves until dropped.
+pub struct StoreHost {
+    _store: ffi::Store,
+}
+
+impl std::fmt::Debug for StoreHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreHost").finish_non_exhaustive()
+    }
+}
+
+/// Host the rendezvous store of a `world`-rank group on `host` at a port the OS picks, and that
+/// port. The ranks join it as clients: MASTER_PORT = the port and
+/// TORCHELASTIC_USE_AGENT_STORE=true ([`DistEnv::agent_store`]). The port is held from binding
+/// on, so nothing can take it between its choice and the rendezvous.
+pub fn host_store(
+    host: &str,
+    world: usize,
+    timeout: Duration,
+) -> std::result::Result<(StoreHost, u16), String> {
+    ffi::Store::tcp_server_any_port(host, world, timeout)
+        .map(|(s, port)| (StoreHost { _store: s }, port))
+}
+
 /// Connect to the TCPStore at `host:port` (of a `world`-process group) as a client.
 pub fn store_client(
     host: &str,

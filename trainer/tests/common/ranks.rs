@@ -1,6 +1,7 @@
 //! Tests that run as several ranks: the test binary re-executes itself once per rank with the
-//! variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and an env
-//! var naming the test each child runs, then checks every rank passed.
+//! variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+//! TORCHELASTIC_USE_AGENT_STORE: this process hosts the store) and an env var naming the test
+//! each child runs, then checks every rank passed.
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -19,7 +20,10 @@ pub struct Spawn {
 /// Run test `name` of this binary as `world` ranks; every rank's output, in rank order. A rank
 /// still running after `limit` is killed (and fails the test).
 pub fn run_ranks(spawn: Spawn, name: &str, world: usize, limit: Duration) -> Vec<Output> {
-    let port = super::free_port().to_string();
+    // This process hosts the store, as a launcher's agent does: the port is held from binding
+    // on, so another test cannot take it before the ranks rendezvous.
+    let (_store, port) = trainer::dist::host_store("127.0.0.1", world, limit).unwrap();
+    let port = port.to_string();
     let exe = std::env::current_exe().unwrap();
     let mut children: Vec<_> = (0..world)
         .map(|rank| {
@@ -32,6 +36,7 @@ pub fn run_ranks(spawn: Spawn, name: &str, world: usize, limit: Duration) -> Vec
                 .env("WORLD_SIZE", world.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
+                .env("TORCHELASTIC_USE_AGENT_STORE", "true")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()

@@ -8,11 +8,8 @@ use std::collections::{HashMap, HashSet};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::domain::trajectory::{SegmentKind, Trajectory};
+use crate::domain::trajectory::{SegmentKind, Trajectory, finish};
 use crate::infra::db::DbError;
-
-/// The finish reason of a trajectory whose token budget ran out before a closed answer.
-pub use crate::domain::trajectory::finish::LENGTH as OVERLONG;
 
 /// Advantage statistics of a batch, per stage (over model tokens' sequences).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -150,7 +147,7 @@ pub fn assemble(
         if t.num_model_tokens() == 0 {
             continue;
         }
-        if overlong_filter && t.finish_reason == OVERLONG {
+        if overlong_filter && t.finish_reason == finish::LENGTH {
             stats.overlong_filtered += 1;
             continue;
         }
@@ -287,9 +284,9 @@ mod tests {
         // ones carry positive advantages computed against it). Task b: one finished member at
         // advantage 0 and one cut member: once the cut one is out, the group is degenerate.
         let mut ta = [traj(a), traj(a), traj(a)];
-        ta[2].finish_reason = OVERLONG.into();
+        ta[2].finish_reason = finish::LENGTH.into();
         let mut tb = [traj(b), traj(b)];
-        tb[1].finish_reason = OVERLONG.into();
+        tb[1].finish_reason = finish::LENGTH.into();
         let mut adv = HashMap::new();
         adv.insert(ta[0].id, [0.7; 4]);
         adv.insert(ta[1].id, [0.7; 4]);

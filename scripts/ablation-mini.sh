@@ -7,6 +7,9 @@
 #   usage: scripts/ablation-mini.sh
 #   ABLATION_RESUME  an experiment id: continue it (both orchestrators resume it)
 #   ABLATION_PAIRS   1 or 2 (default 2) server pairs and orchestrators
+#   ABLATION_PORT    the first pair's trainer port (default 8100; its policy server takes
+#                    PORT+1, the second pair PORT+100 and PORT+101), so two experiments can run
+#                    side by side on other ports
 #   ABLATION_ARGS    extra `orchestrator run` arguments for a new experiment (e.g. --set ...)
 #   ABLATION_DIR     where logs, checkpoints and published versions go (runs/ablation-mini)
 #   BIN              directory of the release binaries (default target/release; built if absent)
@@ -20,10 +23,15 @@ cd "$ROOT"
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rubricem}"
 OUT="${ABLATION_DIR:-runs/ablation-mini}"
 PAIRS="${ABLATION_PAIRS:-2}"
+PORT="${ABLATION_PORT:-8100}"
 MODEL="${ABLATION_MODEL:-runs/smoke/model-sft}"
 say() { echo "ablation-mini: $*" >&2; }
 if [[ "$PAIRS" != 1 && "$PAIRS" != 2 ]]; then
   say "ABLATION_PAIRS = $PAIRS; allowed: 1, 2"
+  exit 2
+fi
+if [[ ! "$PORT" =~ ^[0-9]+$ ]] || ((PORT < 1024 || PORT > 65434)); then
+  say "ABLATION_PORT = $PORT; allowed: 1024 to 65434 (the pairs use PORT to PORT+101)"
   exit 2
 fi
 if [[ ! -f "$MODEL/model.safetensors" ]]; then
@@ -52,13 +60,13 @@ orchestrate() { # port name [run args...]
 }
 
 ORCH_PIDS=()
-start_split_pair 8100 "$MODEL" "$OUT/a"
+start_split_pair "$PORT" "$MODEL" "$OUT/a"
 if [[ -n "${ABLATION_RESUME:-}" ]]; then
   EXP="$ABLATION_RESUME"
-  orchestrate 8100 a --resume "$EXP"
+  orchestrate "$PORT" a --resume "$EXP"
 else
   # shellcheck disable=SC2086
-  orchestrate 8100 a ${ABLATION_ARGS:-}
+  orchestrate "$PORT" a ${ABLATION_ARGS:-}
   EXP=""
   for _ in $(seq 1 600); do
     EXP=$(grep -ao 'registered as [0-9a-f-]*' "$OUT/a/run.log" 2>/dev/null | awk '{print $3}' | tail -1 || true)
@@ -73,8 +81,8 @@ else
 fi
 say "experiment $EXP (logs under $OUT)"
 if [[ "$PAIRS" == 2 ]]; then
-  start_split_pair 8200 "$MODEL" "$OUT/b"
-  orchestrate 8200 b --resume "$EXP"
+  start_split_pair $((PORT + 100)) "$MODEL" "$OUT/b"
+  orchestrate $((PORT + 100)) b --resume "$EXP"
 fi
 status=0
 for p in "${ORCH_PIDS[@]}"; do

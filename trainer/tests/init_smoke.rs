@@ -315,3 +315,107 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
         "refused before splitting"
     );
 }
+
+/// What a grader matches in a world task: its rubrics' key terms, and the answer of a
+/// short-answer task.
+fn entities(task: &serde_json::Value) -> std::collections::HashSet<String> {
+    let mut out: std::collections::HashSet<String> = task["rubrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["key_terms"].as_array().unwrap().iter())
+        .map(|t| t.as_str().unwrap().trim().to_lowercase())
+        .collect();
+    if task["answer_format"] == "exact" {
+        out.insert(task["answer"].as_str().unwrap().trim().to_lowercase());
+    }
+    out
+}
+
+/// scripts/disjoint-eval-tasks.py on a world split by lineage as issue 25's experiments split
+/// it (SFT lineages; RL lineages; lineages neither trains on): a pool task is kept exactly when
+/// it shares no entity with a training task, and a pool that overlaps the training lineages is
+/// refused. The check is written from the world's task format, independently of the script.
+#[test]
+fn the_unseen_lineage_eval_set_shares_no_entity_with_training_tasks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = tmp.path();
+    let run = |cmd: &mut Command| -> std::process::Output {
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    run(Command::new(orchestrator_bin())
+        .args(["world", "generate", "--seed", "17", "--docs", "800"])
+        .args(["--tasks", "300", "--held-out", "16", "--out"])
+        .arg(w));
+    let script = |name: &str| workspace().join("scripts").join(name);
+    let split = |input: &str, first: &str, second: &str, m: &str, r: &str| {
+        run(Command::new("python3")
+            .arg(script("split-tasks-by-lineage.py"))
+            .args([w.join(input), w.join(first), w.join(second)])
+            .args(["--mod", m, "--rem", r]));
+    };
+    // As in BENCHMARKS.md (issue 25, session 32): lineage % 3 == 2 is RL's side, and half of
+    // it (lineage % 6 == 5) is kept from RL too.
+    split("tasks.jsonl", "sft.jsonl", "rl.jsonl", "3", "2");
+    split("rl.jsonl", "rl-train.jsonl", "pool.jsonl", "6", "5");
+    let out = run(Command::new("python3")
+        .arg(script("disjoint-eval-tasks.py"))
+        .args([w.join("pool.jsonl"), w.join("eval.jsonl")])
+        .arg("--train")
+        .args([w.join("sft.jsonl"), w.join("rl-train.jsonl")]));
+    let report = String::from_utf8_lossy(&out.stderr);
+
+    let train: Vec<serde_json::Value> = ["sft.jsonl", "rl-train.jsonl"]
+        .iter()
+        .flat_map(|f| jsonl(&w.join(f)))
+        .collect();
+    let seen: std::collections::HashSet<String> = train.iter().flat_map(entities).collect();
+    let train_lineages: std::collections::HashSet<u64> = train.iter().map(lineage).collect();
+    let pool = jsonl(&w.join("pool.jsonl"));
+    let kept = jsonl(&w.join("eval.jsonl"));
+    assert!(!kept.is_empty(), "{report}");
+    assert!(kept.len() < pool.len(), "nothing was dropped: {report}");
+    assert!(
+        report.contains(&format!("kept {} tasks", kept.len())),
+        "{report}"
+    );
+    let kept_ids: std::collections::HashSet<&str> =
+        kept.iter().map(|t| t["id"].as_str().unwrap()).collect();
+    for t in &pool {
+        assert!(!train_lineages.contains(&lineage(t)), "{}", t["id"]);
+        let e = entities(t);
+        let shared: Vec<&String> = e.iter().filter(|x| seen.contains(*x)).collect();
+        // Kept exactly when nothing is shared: the set is as large as the rule allows.
+        assert_eq!(
+            kept_ids.contains(t["id"].as_str().unwrap()),
+            shared.is_empty(),
+            "task {} shares {shared:?}",
+            t["id"]
+        );
+    }
+    // Two-hop questions name only their own lineage's gene, protein and compound: all kept.
+    assert!(
+        pool.iter()
+            .filter(|t| t["hops"] == 2)
+            .all(|t| kept_ids.contains(t["id"].as_str().unwrap()))
+    );
+
+    // A pool whose lineages a training file covers is refused, naming the task.
+    let bad = Command::new("python3")
+        .arg(script("disjoint-eval-tasks.py"))
+        .args([w.join("rl-train.jsonl"), w.join("bad.jsonl")])
+        .arg("--train")
+        .arg(w.join("rl-train.jsonl"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("which a training file also covers"), "{err}");
+    assert!(!w.join("bad.jsonl").exists());
+}

@@ -69,9 +69,10 @@ def main() -> None:
     kept, dropped = [], collections.Counter()
     hops, kept_lineages = collections.Counter(), set()
     for line, t in rows(a.pool):
-        if lineages(t) & train_lineages:
+        li = lineages(t)
+        if li & train_lineages:
             raise SystemExit(
-                f"{a.pool}: task {t.get('id')!r} is about lineage {sorted(lineages(t))}, "
+                f"{a.pool}: task {t.get('id')!r} is about lineage {sorted(li)}, "
                 "which a training file also covers; split the lineages first"
             )
         if entities(t) & seen:
@@ -79,7 +80,7 @@ def main() -> None:
             continue
         kept.append(line if line.endswith("\n") else line + "\n")
         hops[t.get("hops")] += 1
-        kept_lineages |= lineages(t)
+        kept_lineages |= li
     if not kept:
         raise SystemExit(f"{a.pool}: every task shares an entity with the training tasks")
     with open(a.out, "w") as f:

@@ -41,6 +41,7 @@ COPY --from=build /src/target/release/orchestrator /usr/local/bin/orchestrator
 COPY scripts/init-smoke.sh /opt/rubricem/scripts/init-smoke.sh
 COPY scripts/tokenizer-corpus.py /opt/rubricem/scripts/tokenizer-corpus.py
 COPY scripts/split-tasks-by-lineage.py /opt/rubricem/scripts/split-tasks-by-lineage.py
+COPY scripts/world_tasks.py /opt/rubricem/scripts/world_tasks.py
 COPY trainer/configs/small.json /opt/rubricem/trainer/configs/small.json
 WORKDIR /
 ENTRYPOINT ["/opt/rubricem/scripts/init-smoke.sh"]

@@ -20,22 +20,9 @@ lineages.
 """
 import argparse
 import collections
-import json
-import re
 import sys
 
-LINEAGE = re.compile(r"^(?:gene|protein|compound|institute)-(\d+)$")
-
-
-def rows(path: str):
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield line, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}:{n}: not JSON ({e})")
+from world_tasks import lineages, rows
 
 
 def entities(task: dict) -> set:
@@ -44,15 +31,6 @@ def entities(task: dict) -> set:
         out.add(task["answer"].strip().lower())
     out.discard("")
     return out
-
-
-def lineages(task: dict) -> set:
-    return {
-        int(m.group(1))
-        for r in task.get("rubrics", [])
-        for e in r.get("evidence", [])
-        if (m := LINEAGE.match(e))
-    }
 
 
 def main() -> None:

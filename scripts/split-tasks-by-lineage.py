@@ -4,8 +4,7 @@ SFT warm start and the RL phase see different genes, proteins, compounds and ins
 (issue 25: does RL on lineages the warm start never saw train a skill that transfers to the
 held-out lineages, where RL on the SFT's own tasks may only reinforce recall?).
 
-A task's lineage is the number in its rubrics' evidence ids (`gene-00012`, `protein-00012`,
-... all name lineage 12). Lineage L goes to the second file when L % MOD == REM, else to the
+A task's lineage is the number in its rubrics' evidence ids (world_tasks.py). Lineage L goes to the second file when L % MOD == REM, else to the
 first. Cities are shared between the two halves (the world draws them from one pool for all
 training lineages); held-out tasks keep their own lineages and cities, untouched here.
 
@@ -13,20 +12,13 @@ usage: split-tasks-by-lineage.py TASKS FIRST_OUT SECOND_OUT [--mod 3] [--rem 2]
 Standard library only. Prints the counts of tasks and lineages on each side.
 """
 import argparse
-import json
-import re
 import sys
 
-LINEAGE = re.compile(r"^(?:gene|protein|compound|institute)-(\d+)$")
+from world_tasks import lineages, rows
 
 
 def lineage(task: dict) -> int:
-    found = set()
-    for r in task.get("rubrics", []):
-        for e in r.get("evidence", []):
-            m = LINEAGE.match(e)
-            if m:
-                found.add(int(m.group(1)))
+    found = lineages(task)
     if len(found) != 1:
         raise SystemExit(
             f"task {task.get('id')!r}: evidence names lineages {sorted(found)}; expected one"
@@ -45,25 +37,18 @@ def main() -> None:
     if a.mod < 2 or not 0 <= a.rem < a.mod:
         raise SystemExit(f"--mod {a.mod} --rem {a.rem}: need mod >= 2 and 0 <= rem < mod")
     sides = ([], [])
-    lineages = (set(), set())
-    with open(a.tasks) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                t = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"{a.tasks}:{n}: not JSON ({e})")
-            li = lineage(t)
-            side = 1 if li % a.mod == a.rem else 0
-            sides[side].append(line if line.endswith("\n") else line + "\n")
-            lineages[side].add(li)
-    for path, rows in zip((a.first_out, a.second_out), sides):
+    covered = (set(), set())
+    for line, t in rows(a.tasks):
+        li = lineage(t)
+        side = 1 if li % a.mod == a.rem else 0
+        sides[side].append(line if line.endswith("\n") else line + "\n")
+        covered[side].add(li)
+    for path, side_rows in zip((a.first_out, a.second_out), sides):
         with open(path, "w") as out:
-            out.writelines(rows)
+            out.writelines(side_rows)
     print(
-        f"first: {len(sides[0])} tasks over {len(lineages[0])} lineages -> {a.first_out}; "
-        f"second: {len(sides[1])} tasks over {len(lineages[1])} lineages -> {a.second_out}",
+        f"first: {len(sides[0])} tasks over {len(covered[0])} lineages -> {a.first_out}; "
+        f"second: {len(sides[1])} tasks over {len(covered[1])} lineages -> {a.second_out}",
         file=sys.stderr,
     )
 

@@ -33,6 +33,10 @@
 #                steps, about 28 minutes; content copying forms after a plateau, at step ~5,560
 #                in BENCHMARKS.md's issue 25 session 16 run, and 48,000 stopped on the plateau;
 #                0 skips the exercise)
+#   INIT_COPY_LR  the exercise's constant rate after 20 warm-up steps (default 1e-3; 3e-3 and
+#                5e-3 were still on the plateau after 2,500 steps: BENCHMARKS.md, session 33)
+# A warm start stopped part way (a session out of time) resumes at the first model stage whose
+# directory is missing: model-copy, model-sft1 and model-sft are each written whole or not at all.
 # Needs python3 (standard library only) to assemble the tokenizer corpus. No database.
 # Writes DIR/provenance.txt: the CPU model, the commit and the SHA-256 of every stage's output.
 set -euo pipefail
@@ -42,6 +46,7 @@ TRAINER="${TRAINER_BIN:-trainer}"
 say() { echo "init-smoke: $*" >&2; }
 TASKS="${INIT_TASKS:-1536}"
 COPY_ROWS="${INIT_COPY_ROWS:-96000}"
+COPY_LR="${INIT_COPY_LR:-1e-3}"
 TOK_NAMES="${INIT_TOKENIZER_NAMES:-corpus}"
 PASSES="${INIT_SFT_PASSES:-2}"
 SPLIT="${INIT_SFT_SPLIT:-}"
@@ -115,20 +120,30 @@ if [[ ! -f "$DIR/sft.jsonl" ]]; then
 fi
 if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
   say "tokenizer + small model + SFT warm start"
-  python3 "$(dirname "${BASH_SOURCE[0]}")/tokenizer-corpus.py" "$DIR" --names "$TOK_NAMES"
-  CONFIG="${SMALL_CONFIG:-$(dirname "${BASH_SOURCE[0]}")/../trainer/configs/small.json}"
-  "$TRAINER" tokenizer train --corpus "$DIR/tokenizer-corpus.txt" --vocab "${INIT_VOCAB:-2048}" \
-    --out "$DIR/tokenizer"
-  "$TRAINER" init --config "$CONFIG" --tokenizer "$DIR/tokenizer" --out "$DIR/model-init"
+  # Each model stage below is skipped when its directory holds a model: the trainer writes a
+  # model directory atomically, so one that exists is whole, and a warm start stopped during
+  # the SFT resumes there instead of repeating the copying exercise. The tokenizer and the
+  # random init take seconds and are redone together unless model-init is complete (its
+  # generation_config.json is written last).
+  if [[ ! -f "$DIR/model-init/generation_config.json" ]]; then
+    python3 "$(dirname "${BASH_SOURCE[0]}")/tokenizer-corpus.py" "$DIR" --names "$TOK_NAMES"
+    CONFIG="${SMALL_CONFIG:-$(dirname "${BASH_SOURCE[0]}")/../trainer/configs/small.json}"
+    "$TRAINER" tokenizer train --corpus "$DIR/tokenizer-corpus.txt" \
+      --vocab "${INIT_VOCAB:-2048}" --out "$DIR/tokenizer"
+    "$TRAINER" init --config "$CONFIG" --tokenizer "$DIR/tokenizer" --out "$DIR/model-init"
+  fi
   START="$DIR/model-init"
   MIX=()
   if [[ "$COPY_ROWS" != 0 ]]; then
     # A model from random weights cannot copy a name it has seen once in its context (issue
     # 25: no warm start so far named the question's entity in its search); a random span
     # repeated at a random distance is the exercise for it (BENCHMARKS.md, session 15).
-    say "copying exercise"
-    "$TRAINER" sft --copy-rows "$COPY_ROWS" --copy-length 32 --model "$START" \
-      --out "$DIR/model-copy" --epochs 1 --batch 16 --lr 1e-3 --warmup-steps 20 --device cpu
+    if [[ ! -f "$DIR/model-copy/model.safetensors" ]]; then
+      say "copying exercise"
+      "$TRAINER" sft --copy-rows "$COPY_ROWS" --copy-length 32 --model "$START" \
+        --out "$DIR/model-copy" --epochs 1 --batch 16 --lr "$COPY_LR" --warmup-steps 20 \
+        --device cpu
+    fi
     START="$DIR/model-copy"
     # One copy row per demonstration keeps the circuit through the SFT (random-distance top-1
     # 0.724 before, 0.696 after).
@@ -136,9 +151,11 @@ if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
   fi
   OUT="$DIR/model-sft"
   if [[ "$PASSES" == 2 ]]; then OUT="$DIR/model-sft1"; fi
-  "$TRAINER" sft --data "$DIR/sft.jsonl" ${MIX[@]+"${MIX[@]}"} --model "$START" \
-    --out "$OUT" --epochs "${SMOKE_SFT_EPOCHS:-1}" --batch 8 --lr 2e-3 \
-    --schedule cosine --warmup-steps 10 --device cpu
+  if [[ ! -f "$OUT/model.safetensors" ]]; then
+    "$TRAINER" sft --data "$DIR/sft.jsonl" ${MIX[@]+"${MIX[@]}"} --model "$START" \
+      --out "$OUT" --epochs "${SMOKE_SFT_EPOCHS:-1}" --batch 8 --lr 2e-3 \
+      --schedule cosine --warmup-steps 10 --device cpu
+  fi
   if [[ "$PASSES" == 2 ]]; then
     # A second pass at half the rate, other row order: greedy on the held-out tasks the model
     # then answers 7 of 16 (4 after one pass) and scores 0.125 (0.000): fewer trajectories run

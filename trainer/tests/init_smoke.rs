@@ -305,6 +305,20 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
         stamp,
         "a second run rebuilds nothing"
     );
+    // A warm start stopped after its first SFT pass resumes there: neither the copying
+    // exercise nor the first pass runs again, the second pass does.
+    let stamp_of = |f: &str| std::fs::metadata(dir.join(f)).unwrap().modified().unwrap();
+    let copy = stamp_of("model-copy/model.safetensors");
+    let sft1 = stamp_of("model-sft1/model.safetensors");
+    std::fs::remove_dir_all(dir.join("model-sft")).unwrap();
+    let resumed = run_init(&dir, &config);
+    let log = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "resume failed:\n{log}");
+    assert_eq!(stamp_of("model-copy/model.safetensors"), copy, "{log}");
+    assert_eq!(stamp_of("model-sft1/model.safetensors"), sft1, "{log}");
+    assert!(!log.contains("copying exercise"), "{log}");
+    assert!(log.contains("second SFT pass"), "{log}");
+    assert!(dir.join("model-sft/model.safetensors").exists());
     // Resuming it with a split would keep every lineage's data under the split's name.
     let mixed = run_init_with(&dir, &config, &[("INIT_SFT_SPLIT", "2:1")]);
     assert_eq!(mixed.status.code(), Some(2));

@@ -70,6 +70,27 @@ struct Micro {
     old: Option<(Tensor, Option<Tensor>)>,
 }
 
+impl Micro {
+    /// The flattened positions `keep` only, in their order: what the head needs of a
+    /// micro-batch whose other positions carry no loss (`ids` is not per position and stays).
+    fn select(&self, keep: &Tensor) -> Micro {
+        let sel = |t: &Tensor| t.index_select(0, keep);
+        Micro {
+            ids: self.ids.shallow_clone(),
+            targets: sel(&self.targets),
+            mask: sel(&self.mask),
+            weights: sel(&self.weights),
+            adv: sel(&self.adv),
+            behaviour: self.behaviour.as_ref().map(sel),
+            reference: self.reference.as_ref().map(sel),
+            old: self
+                .old
+                .as_ref()
+                .map(|(vals, usable)| (sel(vals), usable.as_ref().map(sel))),
+        }
+    }
+}
+
 /// What kind of update a step is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -1107,8 +1128,8 @@ impl Trainer {
     }
 
     /// Head: final norm, then a fused linear + log-softmax + loss per chunk of `logit_chunk`
-    /// positions of the micro-batch (rows flattened, so a chunk's [c, V] size does not grow
-    /// with the batch). The softmax of a chunk serves the entropy metric and the analytic
+    /// of the micro-batch's positions that carry a loss mask (rows flattened, so a chunk's
+    /// [c, V] size does not grow with the batch). The softmax of a chunk serves the entropy metric and the analytic
     /// gradient dℓ/dlogits = g·(onehot − p), applied without forming it: dℓ/dh = g·(W[y] − p·W)
     /// and dℓ/dW = Σ g·h at the targets' rows − pᵀ·(g·h), so no [c, V] pass beyond the
     /// log-softmax and its exp, which reuses the logits' storage. No [T, V] tensor outlives its
@@ -1120,7 +1141,18 @@ impl Trainer {
         let size = h.size();
         let hidden = size[2];
         let (hd, wd) = (h.detach().reshape([-1, hidden]), w.detach());
-        let n = hd.size()[0];
+        let all = hd.size()[0];
+        // Only positions with a loss mask reach the loss, its gradient or a metric (every term
+        // is weighted by the mask), so the head runs on those alone: a prompt, the tool outputs
+        // and the padding cost no [c, V] work. Their gradient rows stay zero.
+        let keep = m.mask.gt(0.0).nonzero().squeeze_dim(1);
+        let kept = keep.size()[0];
+        let compact = (kept < all).then(|| m.select(&keep));
+        let (hd, m) = match &compact {
+            Some(c) => (hd.index_select(0, &keep), c),
+            None => (hd, m),
+        };
+        let n = kept;
         let chunk = self.cfg.logit_chunk.max(1);
         let mut grad_h = Vec::new();
         let mut grad_w: Option<Tensor> = None;
@@ -1174,7 +1206,17 @@ impl Trainer {
             });
             s += c;
         }
-        let grad_h = Tensor::cat(&grad_h, 0).view(size.as_slice());
+        let grad_h = if grad_h.is_empty() {
+            h.detach().zeros_like()
+        } else if compact.is_some() {
+            let kept_rows = Tensor::cat(&grad_h, 0);
+            kept_rows
+                .new_zeros([all, hidden], (kept_rows.kind(), kept_rows.device()))
+                .index_copy(0, &keep, &kept_rows)
+                .view(size.as_slice())
+        } else {
+            Tensor::cat(&grad_h, 0).view(size.as_slice())
+        };
         let mut root = if h.requires_grad() {
             Some((&h * grad_h).sum(Kind::Float))
         } else {

@@ -176,6 +176,77 @@ fn sft_overfits_and_masked_tokens_get_no_gradient() {
     assert!(last < 0.2, "SFT did not overfit: {first} -> {last}");
 }
 
+/// The head runs only on positions that carry a loss mask; the step's loss and every gradient
+/// (the tied embedding's too) must still be those of plain autograd through the whole logits,
+/// row by row without padding.
+#[test]
+fn the_head_on_masked_positions_only_gives_the_full_heads_loss_and_gradients() {
+    let mk = |tokens: Vec<i64>, prompt: usize, tool: std::ops::Range<usize>| Sequence {
+        loss_mask: (0..tokens.len())
+            .map(|t| t >= prompt && !tool.contains(&t))
+            .collect(),
+        stages: vec![],
+        behaviour_logprobs: vec![],
+        advantages: vec![],
+        tokens,
+    };
+    // Rows of 23 and 15 tokens share a micro-batch (the shorter padded); chunks of 7 positions
+    // cut across kept and dropped positions.
+    let data = vec![
+        mk((0..23).map(|t| (t * 13 + 5) % 64).collect(), 6, 11..17),
+        mk((0..15).map(|t| (t * 29 + 3) % 64).collect(), 4, 8..10),
+    ];
+    let fresh = || {
+        let m = Qwen3::random(tiny_cfg(), 21, 0.2, Device::Cpu, Kind::Float).unwrap();
+        m.set_trainable(true);
+        m
+    };
+    let mut tr = trainer(fresh(), 0.0, 0.0);
+    let loss = tr.sft_step(&data).unwrap().loss;
+    let ours: Vec<(String, Tensor)> = tr
+        .model
+        .trainable()
+        .into_iter()
+        .map(|(n, p)| (n, p.grad().copy()))
+        .collect();
+
+    let reference = fresh();
+    let counted: usize = data
+        .iter()
+        .map(|s| s.loss_mask[1..].iter().filter(|&&m| m).count())
+        .sum();
+    let mut total = Tensor::zeros([], (Kind::Float, Device::Cpu));
+    for s in &data {
+        let n = s.tokens.len() as i64;
+        let ids = Tensor::from_slice(&s.tokens).view([1, n]);
+        let logp = reference
+            .logits(&ids.narrow(1, 0, n - 1), Fwd::TRAIN)
+            .log_softmax(-1, Kind::Float)
+            .squeeze_dim(0)
+            .gather(1, &ids.narrow(1, 1, n - 1).view([-1, 1]), false)
+            .squeeze_dim(1);
+        let mask: Vec<f32> = s.loss_mask[1..]
+            .iter()
+            .map(|&m| f32::from(u8::from(m)))
+            .collect();
+        total -= (logp * Tensor::from_slice(&mask)).sum(Kind::Float);
+    }
+    let total = total / counted as f64;
+    total.backward();
+    let want = total.double_value(&[]);
+    assert!(
+        (loss - want).abs() < 1e-5 * want.abs(),
+        "loss {loss} vs {want}"
+    );
+    for (name, p) in reference.trainable() {
+        let g = &ours.iter().find(|(n, _)| *n == name).unwrap().1;
+        let scale = p.grad().abs().max().double_value(&[]);
+        let d = (g - p.grad()).abs().max().double_value(&[]);
+        assert!(scale > 0.0, "{name}: no gradient");
+        assert!(d <= 1e-5 * scale, "{name}: max |diff| {d} (scale {scale})");
+    }
+}
+
 #[test]
 fn micro_batches_keep_the_budget_and_do_not_pad_short_rows_to_long_ones() {
     use trainer::train::micro_batches;

@@ -33,8 +33,9 @@
 #                steps, about 28 minutes; content copying forms after a plateau, at step ~5,560
 #                in BENCHMARKS.md's issue 25 session 16 run, and 48,000 stopped on the plateau;
 #                0 skips the exercise)
-#   INIT_COPY_LR  the exercise's constant rate after 20 warm-up steps (default 1e-3; 3e-3 and
-#                5e-3 were still on the plateau after 2,500 steps: BENCHMARKS.md, session 33)
+#   INIT_COPY_LR  the exercise's constant rate after 20 warm-up steps (default 1e-3; at 3e-3
+#                copying formed ~2,000 steps sooner, but the weights grew ~5x and the SFT from
+#                that model looped on every held-out task: BENCHMARKS.md, session 33)
 # A warm start stopped part way (a session out of time) resumes at the first model stage whose
 # directory is missing: model-copy, model-sft1 and model-sft are each written whole or not at all.
 # Needs python3 (standard library only) to assemble the tokenizer corpus. No database.

@@ -4,8 +4,8 @@ SFT warm start and the RL phase see different genes, proteins, compounds and ins
 (issue 25: does RL on lineages the warm start never saw train a skill that transfers to the
 held-out lineages, where RL on the SFT's own tasks may only reinforce recall?).
 
-A task's lineage is the number in its rubrics' evidence ids (world_tasks.py). Lineage L goes to the second file when L % MOD == REM, else to the
-first. Cities are shared between the two halves (the world draws them from one pool for all
+A task's lineage is the number in its rubrics' evidence ids (world_tasks.py). Lineage L goes
+to the second file when L % MOD == REM, else to the first. Cities are shared between the two halves (the world draws them from one pool for all
 training lineages); held-out tasks keep their own lineages and cities, untouched here.
 
 usage: split-tasks-by-lineage.py TASKS FIRST_OUT SECOND_OUT [--mod 3] [--rem 2]

@@ -1129,8 +1129,8 @@ impl Trainer {
 
     /// Head: final norm, then a fused linear + log-softmax + loss per chunk of `logit_chunk`
     /// of the micro-batch's positions that carry a loss mask (rows flattened, so a chunk's
-    /// [c, V] size does not grow with the batch). The softmax of a chunk serves the entropy metric and the analytic
-    /// gradient dℓ/dlogits = g·(onehot − p), applied without forming it: dℓ/dh = g·(W[y] − p·W)
+    /// [c, V] size does not grow with the batch). The softmax of a chunk serves the entropy
+    /// metric and the analytic gradient dℓ/dlogits = g·(onehot − p), applied without forming it: dℓ/dh = g·(W[y] − p·W)
     /// and dℓ/dW = Σ g·h at the targets' rows − pᵀ·(g·h), so no [c, V] pass beyond the
     /// log-softmax and its exp, which reuses the logits' storage. No [T, V] tensor outlives its
     /// chunk and autograd never stores logits. Gradients reach x (and the norm and lm weights)
@@ -1146,13 +1146,12 @@ impl Trainer {
         // is weighted by the mask), so the head runs on those alone: a prompt, the tool outputs
         // and the padding cost no [c, V] work. Their gradient rows stay zero.
         let keep = m.mask.gt(0.0).nonzero().squeeze_dim(1);
-        let kept = keep.size()[0];
-        let compact = (kept < all).then(|| m.select(&keep));
+        let n = keep.size()[0];
+        let compact = (n < all).then(|| m.select(&keep));
         let (hd, m) = match &compact {
             Some(c) => (hd.index_select(0, &keep), c),
             None => (hd, m),
         };
-        let n = kept;
         let chunk = self.cfg.logit_chunk.max(1);
         let mut grad_h = Vec::new();
         let mut grad_w: Option<Tensor> = None;
@@ -1206,16 +1205,18 @@ impl Trainer {
             });
             s += c;
         }
+        // The kept positions' rows, scattered back among zero rows when some were left out.
         let grad_h = if grad_h.is_empty() {
             h.detach().zeros_like()
-        } else if compact.is_some() {
-            let kept_rows = Tensor::cat(&grad_h, 0);
-            kept_rows
-                .new_zeros([all, hidden], (kept_rows.kind(), kept_rows.device()))
-                .index_copy(0, &keep, &kept_rows)
-                .view(size.as_slice())
         } else {
-            Tensor::cat(&grad_h, 0).view(size.as_slice())
+            let rows = Tensor::cat(&grad_h, 0);
+            match compact {
+                Some(_) => rows
+                    .new_zeros([all, hidden], (rows.kind(), rows.device()))
+                    .index_copy(0, &keep, &rows),
+                None => rows,
+            }
+            .view(size.as_slice())
         };
         let mut root = if h.requires_grad() {
             Some((&h * grad_h).sum(Kind::Float))

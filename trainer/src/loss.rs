@@ -105,6 +105,27 @@ pub fn token_logprobs(hidden: &Tensor, lm_weight: &Tensor, targets: &Tensor, chu
     Tensor::cat(&lps, 1)
 }
 
+/// [`token_logprobs`] at the positions `keep` (indices into the row-major flattening of
+/// `hidden`'s [B, T]) only; every other entry of the [B, T] result is 0. The head's [c, V]
+/// work then scales with the positions that carry a loss, not with the prompt, the tool
+/// outputs and the padding, whose log-probs nothing reads.
+pub fn token_logprobs_at(
+    hidden: &Tensor,
+    lm_weight: &Tensor,
+    targets: &Tensor,
+    keep: &Tensor,
+    chunk: i64,
+) -> Tensor {
+    let size = hidden.size();
+    let (b, t, d) = (size[0], size[1], size[2]);
+    let h = hidden.reshape([-1, d]).index_select(0, keep).unsqueeze(0);
+    let tg = targets.reshape([-1]).index_select(0, keep).unsqueeze(0);
+    let lp = token_logprobs(&h, lm_weight, &tg, chunk).squeeze_dim(0);
+    Tensor::zeros([b * t], (lp.kind(), lp.device()))
+        .index_copy(0, keep, &lp)
+        .view([b, t])
+}
+
 /// log-softmax picked at the targets without materialising log_softmax.
 pub fn logprobs_of_logits(logits: &Tensor, targets: &Tensor) -> Tensor {
     let lse = logits.logsumexp([-1i64], false);
@@ -234,6 +255,30 @@ mod tests {
         assert_eq!(g, vec![0.5, 0.5, 0.0]);
         let e = per_token_advantages(&[1.0, 2.0, 3.0, 4.0], &[-1], &[true]).unwrap_err();
         assert!(e.to_string().contains("stage -1"), "{e}");
+    }
+
+    #[test]
+    fn log_probs_at_kept_positions_equal_the_full_heads_and_are_zero_elsewhere() {
+        tch::manual_seed(3);
+        let (b, t, d, v) = (2i64, 9i64, 6i64, 11i64);
+        let hidden = Tensor::randn([b, t, d], (Kind::Float, tch::Device::Cpu));
+        let w = Tensor::randn([v, d], (Kind::Float, tch::Device::Cpu));
+        let targets = Tensor::randint(v, [b, t], (Kind::Int64, tch::Device::Cpu));
+        let full = token_logprobs(&hidden, &w, &targets, 4).reshape([-1]);
+        // Row 0 keeps positions 3..9, row 1 positions 1..5: uneven, across chunk edges.
+        let keep: Vec<i64> = (3..9).chain(t + 1..t + 5).collect();
+        let at = token_logprobs_at(&hidden, &w, &targets, &Tensor::from_slice(&keep), 4);
+        assert_eq!(at.size(), [b, t]);
+        let at = Vec::<f32>::try_from(at.reshape([-1])).unwrap();
+        let full = Vec::<f32>::try_from(full).unwrap();
+        for (i, (&a, &f)) in at.iter().zip(&full).enumerate() {
+            if keep.contains(&(i as i64)) {
+                assert!((a - f).abs() < 1e-6, "position {i}: {a} against {f}");
+                assert!(a < 0.0, "position {i}: a log-prob of {a}");
+            } else {
+                assert_eq!(a, 0.0, "position {i} is not kept");
+            }
+        }
     }
 
     #[test]

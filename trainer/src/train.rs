@@ -789,7 +789,8 @@ impl Trainer {
     }
 
     /// Log-probs of every sequence's tokens under the current policy (no grad, no dropout),
-    /// shifted: entry t is log p(token t+1 | prefix). Batched by the micro-batch budget.
+    /// shifted: entry t is log p(token t+1 | prefix). Batched by the micro-batch budget. Only
+    /// tokens with a loss mask are computed (the ratio reads no other); the rest are 0.
     fn start_logprobs(&self, seqs: &[Sequence]) -> Result<Vec<Vec<f32>>> {
         let dev = self.model.device;
         let lens: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
@@ -800,10 +801,25 @@ impl Trainer {
                 let ids = pad_2d(&ids, 0i64, dev);
                 let t = ids.size()[1];
                 let h = self.model.hidden(&ids.narrow(1, 0, t - 1), Fwd::POLICY);
-                let lp = loss::token_logprobs(
+                let mask: Vec<Vec<f32>> = group
+                    .iter()
+                    .map(|&i| {
+                        seqs[i].loss_mask[1..]
+                            .iter()
+                            .map(|&m| f32::from(u8::from(m)))
+                            .collect()
+                    })
+                    .collect();
+                let keep = pad_2d(&mask, 0.0f32, dev)
+                    .reshape([-1])
+                    .gt(0.0)
+                    .nonzero()
+                    .squeeze_dim(1);
+                let lp = loss::token_logprobs_at(
                     &h,
                     self.model.lm_weight(),
                     &ids.narrow(1, 1, t - 1),
+                    &keep,
                     self.cfg.logit_chunk,
                 )
                 .to_kind(Kind::Float)
@@ -1048,21 +1064,25 @@ impl Trainer {
         let t = ids_t.size()[1];
         let targets = ids_t.narrow(1, 1, t - 1);
         let inputs = ids_t.narrow(1, 0, t - 1);
+        let flat = |t: Tensor| t.reshape([-1]);
+        let mask = flat(pad_2d(&mask, 0.0f32, dev));
         let reference = if rl && self.cfg.loss.kl_coef > 0.0 {
-            // The frozen copy of a full fine-tune, or the base with adapters off (LoRA).
+            // The frozen copy of a full fine-tune, or the base with adapters off (LoRA). Its
+            // head runs on the loss positions only, as the policy's does (`head_backward`):
+            // nothing reads the reference elsewhere.
             let refm = self.reference.as_ref().unwrap_or(&self.model);
             Some(tch::no_grad(|| {
                 let h = refm.hidden(&inputs, Fwd::REFERENCE);
-                loss::token_logprobs(&h, refm.lm_weight(), &targets, self.cfg.logit_chunk)
+                let keep = mask.gt(0.0).nonzero().squeeze_dim(1);
+                loss::token_logprobs_at(&h, refm.lm_weight(), &targets, &keep, self.cfg.logit_chunk)
             }))
         } else {
             None
         };
-        let flat = |t: Tensor| t.reshape([-1]);
         Ok(Micro {
             ids: inputs,
             targets: flat(targets),
-            mask: flat(pad_2d(&mask, 0.0f32, dev)),
+            mask,
             weights: flat(pad_2d(&weights, 0.0f32, dev)),
             adv: flat(pad_2d(&adv, 0.0f32, dev)),
             behaviour: behaviour.map(|b| flat(pad_2d(&b, 0.0f32, dev))),

@@ -37,7 +37,9 @@
 #                copying formed ~2,000 steps sooner, but the weights grew ~5x and the SFT from
 #                that model looped on every held-out task: BENCHMARKS.md, session 33)
 # A warm start stopped part way (a session out of time) resumes at the first model stage whose
-# directory is missing: model-copy, model-sft1 and model-sft are each written whole or not at all.
+# directory is missing: model-copy, model-sft1 and model-sft are each written whole or not at all,
+# and within that stage from its last checkpoint (`trainer sft --save-every`, in
+# DIR/model-*.resume; every 500 copy steps, every 64 SFT steps), exactly as if never stopped.
 # Needs python3 (standard library only) to assemble the tokenizer corpus. No database.
 # Writes DIR/provenance.txt: the CPU model, the commit and the SHA-256 of every stage's output.
 set -euo pipefail
@@ -143,7 +145,7 @@ if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
       say "copying exercise"
       "$TRAINER" sft --copy-rows "$COPY_ROWS" --copy-length 32 --model "$START" \
         --out "$DIR/model-copy" --epochs 1 --batch 16 --lr "$COPY_LR" --warmup-steps 20 \
-        --device cpu
+        --save-every 500 --device cpu
     fi
     START="$DIR/model-copy"
     # One copy row per demonstration keeps the circuit through the SFT (random-distance top-1
@@ -155,7 +157,7 @@ if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
   if [[ ! -f "$OUT/model.safetensors" ]]; then
     "$TRAINER" sft --data "$DIR/sft.jsonl" ${MIX[@]+"${MIX[@]}"} --model "$START" \
       --out "$OUT" --epochs "${SMOKE_SFT_EPOCHS:-1}" --batch 8 --lr 2e-3 \
-      --schedule cosine --warmup-steps 10 --device cpu
+      --schedule cosine --warmup-steps 10 --save-every 64 --device cpu
   fi
   if [[ "$PASSES" == 2 ]]; then
     # A second pass at half the rate, other row order: greedy on the held-out tasks the model
@@ -165,7 +167,7 @@ if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
     say "second SFT pass"
     "$TRAINER" sft --data "$DIR/sft.jsonl" ${MIX[@]+"${MIX[@]}"} --model "$OUT" \
       --out "$DIR/model-sft" --epochs 1 --batch 8 --lr 1e-3 --schedule cosine \
-      --warmup-steps 10 --seed 1 --device cpu
+      --warmup-steps 10 --seed 1 --save-every 64 --device cpu
   fi
 fi
 # Provenance: what each stage wrote, with the machine that ran it, so two warm starts can be

@@ -121,6 +121,14 @@ pub enum Command {
         /// Linear warm-up steps (either schedule).
         #[arg(long, env = "TRAINER_SFT_WARMUP_STEPS", default_value_t = 0)]
         warmup_steps: u64,
+        /// Every N steps write a checkpoint to OUT.resume/ (weights, AdamW state, step); the
+        /// same command run again continues from it exactly. 0: never.
+        #[arg(long, env = "TRAINER_SFT_SAVE_EVERY", default_value_t = 0)]
+        save_every: usize,
+        /// End this invocation after N steps with a checkpoint in OUT.resume/ (OUT is not
+        /// written); the same command without it continues.
+        #[arg(long)]
+        stop_after: Option<usize>,
     },
     /// Serve the policy: train steps over HTTP, checkpoints, publishing to inference servers,
     /// and OpenAI-compatible generation (the embedded policy server).

@@ -182,6 +182,8 @@ impl Task {
                 dist_timeout_secs,
                 schedule,
                 warmup_steps,
+                save_every,
+                stop_after,
             } => {
                 let cosine = match schedule.as_str() {
                     "constant" => false,
@@ -214,6 +216,8 @@ impl Task {
                     dist_timeout: std::time::Duration::from_secs(dist_timeout_secs),
                     cosine,
                     warmup_steps,
+                    save_every,
+                    stop_after,
                 }))
             }
             Command::Serve(a) => {

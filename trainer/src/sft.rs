@@ -11,6 +11,13 @@
 //! only, so the one way to predict it is to find the first by its content and copy (the
 //! induction-head task of Olsson et al., 2022). The papers' policy starts from pretrained
 //! weights that copy; the smoke model must learn it here (issue 25).
+//!
+//! `--save-every N` makes a run resumable: every N steps the weights, the AdamW state and the
+//! step are written to `OUT.resume/` (a checkpoint directory, the latest kept), and a run of
+//! the same command that finds one continues from it exactly (the same rows in the same order:
+//! the copy rows and every epoch's shuffle replay from the seed). `--stop-after N` ends an
+//! invocation after N steps with such a checkpoint, without writing OUT. A checkpoint written
+//! by another run (other data, seed, batch, schedule...) is refused, naming what differs.
 
 use std::path::{Path, PathBuf};
 
@@ -72,6 +79,10 @@ pub struct SftOptions {
     /// learning rate is constant. Either starts with `warmup_steps` of linear warm-up.
     pub cosine: bool,
     pub warmup_steps: u64,
+    /// Write a resumable checkpoint to `OUT.resume/` every this many steps (0: never).
+    pub save_every: usize,
+    /// Stop this invocation after this many steps, leaving a checkpoint, without writing OUT.
+    pub stop_after: Option<usize>,
 }
 
 /// The fraction of the peak learning rate the cosine schedule ends at.
@@ -90,6 +101,11 @@ pub struct SftReport {
     pub last_loss: f64,
     pub seconds: f64,
     pub out: PathBuf,
+    /// The step a resumed run continued from (`tokens`, `trained_tokens` and the losses count
+    /// this invocation's steps only; `steps` is the run's position).
+    pub resumed_from: Option<usize>,
+    /// The run stopped at `--stop-after` with a checkpoint in `OUT.resume/`; OUT is not written.
+    pub stopped: bool,
     /// This process's rank (0 when alone); only rank 0 writes `out` and reports.
     #[serde(skip)]
     pub rank: usize,
@@ -215,6 +231,120 @@ pub fn ordinary_ids(tokenizer: &tokenizers::Tokenizer) -> Vec<i64> {
 }
 
 /// Full-weight SFT of the model directory; writes a servable model directory to `out`.
+/// Where a run writing `out` keeps its resumable checkpoints: `OUT.resume` beside it.
+pub fn resume_dir(out: &Path) -> PathBuf {
+    let mut name = out
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(".resume");
+    out.with_file_name(name)
+}
+
+/// What must be equal for a checkpoint to continue a run: everything that decides the rows,
+/// their order and the optimizer's course. Written as `sft.json` in each checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct RunKey {
+    model: String,
+    /// FNV-1a over every kept sequence's tokens and loss mask, in file order, before the copy
+    /// rows (which the seed decides).
+    data: String,
+    sequences: usize,
+    copy_rows: usize,
+    copy_length: usize,
+    epochs: usize,
+    batch: usize,
+    seed: u64,
+    lr: f64,
+    cosine: bool,
+    warmup_steps: u64,
+    total_steps: usize,
+}
+
+impl RunKey {
+    /// The first field where `self` (this run) and `saved` differ, as "name = here (there)".
+    fn difference(&self, saved: &RunKey) -> Option<String> {
+        let a = serde_json::to_value(self).unwrap_or_default();
+        let b = serde_json::to_value(saved).unwrap_or_default();
+        let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+            return Some("unreadable".into());
+        };
+        a.iter().find(|(k, v)| b.get(*k) != Some(*v)).map(|(k, v)| {
+            format!(
+                "{k} = {v} here, {} in the checkpoint",
+                b.get(k).unwrap_or(&serde_json::Value::Null)
+            )
+        })
+    }
+}
+
+fn fnv1a(seqs: &[Sequence]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |x: u64| {
+        for b in x.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for s in seqs {
+        eat(s.tokens.len() as u64);
+        for (&t, &m) in s.tokens.iter().zip(&s.loss_mask) {
+            eat(t as u64);
+            eat(u64::from(m));
+        }
+    }
+    format!("{h:016x}")
+}
+
+/// The checkpoint to continue from, if `root` holds one; an error when it belongs to another
+/// run.
+fn find_resume(root: &Path, key: &RunKey) -> Result<Option<(PathBuf, usize)>> {
+    crate::checkpoint::clean_partial(root);
+    let Some(dir) = crate::checkpoint::latest(root)? else {
+        return Ok(None);
+    };
+    let p = dir.join("sft.json");
+    let text = std::fs::read_to_string(&p).map_err(TrainerError::io(&p))?;
+    let saved: RunKey = serde_json::from_str(&text).map_err(TrainerError::json(&p))?;
+    if let Some(d) = key.difference(&saved) {
+        return Err(TrainerError::Config(format!(
+            "{} was written by another run ({d}); remove {} to start over, or rerun the command \
+             that wrote it",
+            dir.display(),
+            root.display()
+        )));
+    }
+    let step = crate::checkpoint::read_state(&dir)?.step as usize;
+    Ok(Some((dir, step)))
+}
+
+/// Write the checkpoint of step `step` into `root` and remove the older ones.
+fn save_resume(root: &Path, trainer: &Trainer, key: &RunKey, step: usize) -> Result<()> {
+    let state = crate::checkpoint::CheckpointState {
+        step: step as u64,
+        policy_version: 0,
+        seed: key.seed as i64,
+        mode: "full".into(),
+        base: key.model.clone(),
+    };
+    let dir = crate::checkpoint::save_with(root, trainer, None, &state, |tmp| {
+        trainer.opt.save(tmp)?;
+        let p = tmp.join("sft.json");
+        let text = serde_json::to_string_pretty(key).map_err(TrainerError::json(&p))?;
+        std::fs::write(&p, text).map_err(TrainerError::io(&p))
+    })?;
+    if let Ok(rd) = std::fs::read_dir(root) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with("step-") && e.path() != dir {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    tracing::info!(step, checkpoint = %dir.display(), "sft checkpoint");
+    Ok(())
+}
+
 pub fn run(opts: &SftOptions) -> Result<SftReport> {
     if opts.epochs == 0 || opts.batch == 0 {
         return Err(TrainerError::Config(format!(
@@ -225,6 +355,11 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
     if opts.data.is_none() && opts.copy_rows == 0 {
         return Err(TrainerError::Config(
             "nothing to train on: give --data, --copy-rows N (N >= 1), or both".into(),
+        ));
+    }
+    if opts.stop_after == Some(0) {
+        return Err(TrainerError::Config(
+            "--stop-after = 0; allowed: 1 or more steps (leave it out to run to the end)".into(),
         ));
     }
     if opts.copy_rows > 0 && opts.copy_length < 2 {
@@ -264,6 +399,8 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
             opts.max_len
         )));
     }
+    let data_hash = fnv1a(&kept);
+    let data_sequences = kept.len();
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     if opts.copy_rows > 0 {
         let ids = ordinary_ids(&tokenizer);
@@ -285,9 +422,30 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
     let env = crate::dist::DistEnv::from_env()?.filter(|e| e.world > 1);
     let device = env.as_ref().map_or(opts.device, |e| e.device(opts.device));
     let kind = crate::default_kind(device);
-    let model = Qwen3::load(dir, device, kind)?;
-    model.set_trainable(true);
     let total_steps = opts.epochs * kept.len().div_ceil(opts.batch);
+    let key = RunKey {
+        model: dir.display().to_string(),
+        data: data_hash,
+        sequences: data_sequences,
+        copy_rows: opts.copy_rows,
+        copy_length: opts.copy_length,
+        epochs: opts.epochs,
+        batch: opts.batch,
+        seed: opts.seed,
+        lr: opts.train.optim.lr,
+        cosine: opts.cosine,
+        warmup_steps: opts.warmup_steps,
+        total_steps,
+    };
+    let resume_root = resume_dir(&opts.out);
+    // Every rank reads the same checkpoint (one machine, or a shared file system).
+    let resume = find_resume(&resume_root, &key)?;
+    let model = Qwen3::load(
+        resume.as_ref().map_or(dir.as_path(), |r| &r.0),
+        device,
+        kind,
+    )?;
+    model.set_trainable(true);
     let mut train = opts.train.clone();
     if opts.cosine {
         train.optim.schedule = crate::optim::Schedule::Cosine {
@@ -301,6 +459,14 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
         };
     }
     let mut trainer = Trainer::new(model, train)?;
+    let resumed_from = match &resume {
+        Some((ck, step)) => {
+            trainer.opt.load(ck)?;
+            tracing::info!(step, checkpoint = %ck.display(), "sft resumes");
+            Some(*step)
+        }
+        None => None,
+    };
     let mut rank = 0;
     if let Some(env) = &env {
         trainer.set_collective(Box::new(env.join(device, None, opts.dist_timeout)?));
@@ -309,9 +475,22 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
     let mut order: Vec<usize> = (0..kept.len()).collect();
     let (mut steps, mut tokens, mut trained) = (0usize, 0usize, 0usize);
     let (mut first, mut last) = (f64::NAN, f64::NAN);
-    for epoch in 0..opts.epochs {
+    let start = resumed_from.unwrap_or(0);
+    let mut taken = 0usize;
+    let mut stopped = false;
+    'epochs: for epoch in 0..opts.epochs {
+        // Every epoch's shuffle is drawn, also those a resumed run skips, so the order is the
+        // uninterrupted run's.
         order.shuffle(&mut rng);
         for chunk in order.chunks(opts.batch) {
+            if steps < start {
+                steps += 1;
+                continue;
+            }
+            if opts.stop_after == Some(taken) {
+                stopped = true;
+                break 'epochs;
+            }
             let batch: Vec<Sequence> = chunk.iter().map(|&i| kept[i].clone()).collect();
             tokens += batch.iter().map(|s| s.tokens.len()).sum::<usize>();
             trained += batch
@@ -323,11 +502,17 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
             } else {
                 trainer.follow_step(opts.dist_timeout)?
             };
-            if steps == 0 {
+            if taken == 0 {
                 first = m.loss;
             }
             last = m.loss;
             steps += 1;
+            taken += 1;
+            let stop_next = opts.stop_after == Some(taken) && steps < total_steps;
+            let periodic = opts.save_every > 0 && steps % opts.save_every == 0;
+            if rank == 0 && steps < total_steps && (periodic || stop_next) {
+                save_resume(&resume_root, &trainer, &key, steps)?;
+            }
             if steps % 10 == 0 || steps == total_steps {
                 tracing::info!(
                     epoch,
@@ -341,7 +526,7 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
         }
     }
     // Every rank holds the same weights; rank 0 writes them.
-    if rank == 0 {
+    if rank == 0 && !stopped {
         crate::checkpoint::write_dir_atomically(&opts.out, |tmp| {
             trainer.model.save(tmp)?;
             for f in [
@@ -356,6 +541,10 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
             }
             Ok(())
         })?;
+        // OUT is whole: the checkpoints that led to it are spent.
+        if resume_root.exists() {
+            std::fs::remove_dir_all(&resume_root).map_err(TrainerError::io(&resume_root))?;
+        }
     }
     Ok(SftReport {
         rows,
@@ -368,6 +557,8 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
         last_loss: last,
         seconds: t0.elapsed().as_secs_f64(),
         out: opts.out.clone(),
+        resumed_from,
+        stopped,
         rank,
     })
 }

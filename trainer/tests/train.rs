@@ -2,8 +2,8 @@
 //! GRPO; positive advantages raise log-probs and negative lower them; SFT overfits and masked
 //! tokens get no gradient; copy sequences repeat a span at varying distances; micro-batches
 //! keep the budget without padding short rows to long ones; optimizer + adapter checkpoints
-//! continue exactly; the tokenizer trainer and `init` write a directory transformers loads with
-//! the same logits.
+//! continue exactly, and so does a stopped `trainer sft`; the tokenizer trainer and `init`
+//! write a directory transformers loads with the same logits.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -299,6 +299,130 @@ fn copy_sequences_repeat_a_span_at_varying_distances() {
     let again =
         trainer::sft::copy_sequences(64, 8, &ids, &mut rand::rngs::StdRng::seed_from_u64(3));
     assert!(rows.iter().zip(&again).all(|(a, b)| a.tokens == b.tokens));
+}
+
+/// A tiny model directory with a trained tokenizer and chat template under `dir`, as
+/// `trainer init` writes it.
+fn tiny_model_dir(dir: &Path) -> PathBuf {
+    let corpus = dir.join("corpus.txt");
+    let lines: String = (0..200)
+        .map(|i| format!("Entry {i}: the TN{i} gene encodes a transposase studied in yeast.\n"))
+        .collect();
+    std::fs::write(&corpus, lines).unwrap();
+    let tok = dir.join("tok");
+    trainer::smallmodel::train_tokenizer(&corpus, 320, &tok).unwrap();
+    let cfg_path = dir.join("config.json");
+    std::fs::write(&cfg_path, serde_json::to_string(&tiny_cfg()).unwrap()).unwrap();
+    let out = dir.join("model-init");
+    trainer::smallmodel::init_model(&cfg_path, &tok, &out, 5).unwrap();
+    out
+}
+
+fn sft_options(model: &Path, out: &Path) -> trainer::sft::SftOptions {
+    let mut train = trainer::train::TrainConfig::default();
+    train.optim.lr = 3e-3;
+    train.loss.kl_coef = 0.0;
+    trainer::sft::SftOptions {
+        data: None,
+        copy_rows: 40,
+        copy_length: 8,
+        model_dir: model.to_path_buf(),
+        out: out.to_path_buf(),
+        epochs: 2,
+        batch: 8,
+        max_len: 4096,
+        train,
+        device: Device::Cpu,
+        seed: 3,
+        nproc_per_node: 1,
+        dist_timeout: std::time::Duration::from_secs(30),
+        cosine: true,
+        warmup_steps: 2,
+        save_every: 0,
+        stop_after: None,
+    }
+}
+
+fn weights(dir: &Path) -> Vec<(String, Tensor)> {
+    let m = Qwen3::load(dir, Device::Cpu, Kind::Float).unwrap();
+    m.base_tensors()
+        .into_iter()
+        .map(|(n, t)| (n, t.detach().copy()))
+        .collect()
+}
+
+fn max_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|((na, ta), (nb, tb))| {
+            assert_eq!(na, nb);
+            (ta - tb).abs().max().double_value(&[])
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn a_stopped_sft_resumes_from_its_checkpoint_exactly() {
+    // `trainer sft --save-every N` / `--stop-after N`: 10 steps (40 copy rows, batch 8, two
+    // epochs, cosine with warm-up), stopped after 4 of them (mid-epoch: the first epoch has 5)
+    // and run again, must end on the uninterrupted run's weights. It fails when the resumed run
+    // replays another row order, restarts AdamW's moments or step (the schedule), or retrains
+    // the steps it skipped.
+    let tmp = tempfile::tempdir().unwrap();
+    let init = tiny_model_dir(tmp.path());
+    let whole = tmp.path().join("whole");
+    let r = trainer::sft::run(&sft_options(&init, &whole)).unwrap();
+    assert_eq!((r.steps, r.resumed_from, r.stopped), (10, None, false));
+
+    let out = tmp.path().join("parts");
+    let resume = trainer::sft::resume_dir(&out);
+    let mut o = sft_options(&init, &out);
+    o.save_every = 3;
+    o.stop_after = Some(4);
+    let r = trainer::sft::run(&o).unwrap();
+    assert_eq!((r.steps, r.stopped), (4, true));
+    assert!(!out.exists(), "a stopped run writes no model");
+    assert_eq!(
+        std::fs::read_to_string(resume.join("latest"))
+            .unwrap()
+            .trim(),
+        "step-000004"
+    );
+    assert!(
+        !resume.join("step-000003").exists(),
+        "only the latest checkpoint is kept"
+    );
+    let at4 = weights(&resume.join("step-000004"));
+
+    // Another seed is another row order: refused, naming it.
+    let mut other = o.clone();
+    other.seed = 4;
+    other.stop_after = None;
+    let e = trainer::sft::run(&other).unwrap_err().to_string();
+    assert!(e.contains("seed = 4 here, 3 in the checkpoint"), "{e}");
+    let e = trainer::sft::run(&trainer::sft::SftOptions {
+        stop_after: Some(0),
+        ..o.clone()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--stop-after = 0"), "{e}");
+
+    o.stop_after = None;
+    let r = trainer::sft::run(&o).unwrap();
+    assert_eq!((r.steps, r.resumed_from, r.stopped), (10, Some(4), false));
+    assert!(
+        !resume.exists(),
+        "the checkpoints go once the model is written"
+    );
+    let (a, b) = (weights(&whole), weights(&out));
+    assert!(
+        max_diff(&b, &at4) > 1e-3,
+        "the resumed run trained past step 4"
+    );
+    let d = max_diff(&a, &b);
+    assert!(d <= 1e-6, "resumed against uninterrupted: max diff {d}");
 }
 
 #[test]

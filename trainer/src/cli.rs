@@ -97,6 +97,10 @@ pub enum Command {
         batch: usize,
         #[arg(long, default_value_t = 1e-3)]
         lr: f64,
+        /// AdamW's decoupled weight decay (each step multiplies the decayed weights by
+        /// 1 - lr x this; norms and biases are not decayed).
+        #[arg(long, default_value_t = 0.0)]
+        weight_decay: f64,
         /// Rows longer than this many tokens are dropped (and counted).
         #[arg(long, default_value_t = 4096)]
         max_len: usize,

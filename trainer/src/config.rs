@@ -174,6 +174,7 @@ impl Task {
                 epochs,
                 batch,
                 lr,
+                weight_decay,
                 max_len,
                 seed,
                 device,
@@ -196,8 +197,14 @@ impl Task {
                          {dist_timeout_secs}; allowed: 1 or more each"
                     );
                 }
+                if !(0.0..1.0).contains(&weight_decay) || lr * weight_decay >= 1.0 {
+                    bail!(
+                        "--weight-decay = {weight_decay}; allowed: 0 <= it < 1 (and lr x it < 1)"
+                    );
+                }
                 let mut train = TrainConfig::default();
                 train.optim.lr = lr;
+                train.optim.weight_decay = weight_decay;
                 train.grad_checkpoint = grad_checkpoint;
                 train.loss.kl_coef = 0.0; // SFT: no reference policy
                 Task::Sft(Box::new(SftOptions {
@@ -466,6 +473,11 @@ mod tests {
         };
         let o = parse(&[]).unwrap();
         assert!(!o.cosine && o.warmup_steps == 0, "constant by default");
+        assert_eq!(o.train.optim.weight_decay, 0.0, "no decay unless asked");
+        let o = parse(&["--weight-decay", "0.1"]).unwrap();
+        assert_eq!(o.train.optim.weight_decay, 0.1);
+        let e = parse(&["--weight-decay=-0.1"]).unwrap_err().to_string();
+        assert!(e.contains("--weight-decay = -0.1"), "{e}");
         let o = parse(&["--schedule", "cosine", "--warmup-steps", "10"]).unwrap();
         assert!(o.cosine && o.warmup_steps == 10);
         let e = parse(&["--schedule", "linear"]).unwrap_err().to_string();

@@ -230,7 +230,6 @@ pub fn ordinary_ids(tokenizer: &tokenizers::Tokenizer) -> Vec<i64> {
     ids
 }
 
-/// Full-weight SFT of the model directory; writes a servable model directory to `out`.
 /// Where a run writing `out` keeps its resumable checkpoints: `OUT.resume` beside it.
 pub fn resume_dir(out: &Path) -> PathBuf {
     let mut name = out
@@ -263,7 +262,8 @@ struct RunKey {
 }
 
 impl RunKey {
-    /// The first field where `self` (this run) and `saved` differ, as "name = here (there)".
+    /// The first field where `self` (this run) and `saved` differ, as
+    /// "name = VALUE here, VALUE in the checkpoint".
     fn difference(&self, saved: &RunKey) -> Option<String> {
         let a = serde_json::to_value(self).unwrap_or_default();
         let b = serde_json::to_value(saved).unwrap_or_default();
@@ -346,6 +346,7 @@ fn save_resume(root: &Path, trainer: &Trainer, key: &RunKey, step: usize) -> Res
     Ok(())
 }
 
+/// Full-weight SFT of the model directory; writes a servable model directory to `out`.
 pub fn run(opts: &SftOptions) -> Result<SftReport> {
     if opts.epochs == 0 || opts.batch == 0 {
         return Err(TrainerError::Config(format!(

@@ -338,6 +338,12 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
     Ok(micro as usize)
 }
 
+/// The flattened positions whose loss mask `mask` is set (> 0): the only positions whose
+/// log-probs a loss, a gradient or a metric reads.
+fn loss_positions(mask: &Tensor) -> Tensor {
+    mask.reshape([-1]).gt(0.0).nonzero().squeeze_dim(1)
+}
+
 fn pad_2d<T: Copy + tch::kind::Element>(rows: &[Vec<T>], pad: T, device: Device) -> Tensor {
     let t = rows.iter().map(Vec::len).max().unwrap_or(0);
     let mut flat = Vec::with_capacity(rows.len() * t);
@@ -801,20 +807,11 @@ impl Trainer {
                 let ids = pad_2d(&ids, 0i64, dev);
                 let t = ids.size()[1];
                 let h = self.model.hidden(&ids.narrow(1, 0, t - 1), Fwd::POLICY);
-                let mask: Vec<Vec<f32>> = group
+                let mask: Vec<Vec<bool>> = group
                     .iter()
-                    .map(|&i| {
-                        seqs[i].loss_mask[1..]
-                            .iter()
-                            .map(|&m| f32::from(u8::from(m)))
-                            .collect()
-                    })
+                    .map(|&i| seqs[i].loss_mask[1..].to_vec())
                     .collect();
-                let keep = pad_2d(&mask, 0.0f32, dev)
-                    .reshape([-1])
-                    .gt(0.0)
-                    .nonzero()
-                    .squeeze_dim(1);
+                let keep = loss_positions(&pad_2d(&mask, false, dev));
                 let lp = loss::token_logprobs_at(
                     &h,
                     self.model.lm_weight(),
@@ -1073,7 +1070,7 @@ impl Trainer {
             let refm = self.reference.as_ref().unwrap_or(&self.model);
             Some(tch::no_grad(|| {
                 let h = refm.hidden(&inputs, Fwd::REFERENCE);
-                let keep = mask.gt(0.0).nonzero().squeeze_dim(1);
+                let keep = loss_positions(&mask);
                 loss::token_logprobs_at(&h, refm.lm_weight(), &targets, &keep, self.cfg.logit_chunk)
             }))
         } else {
@@ -1165,7 +1162,7 @@ impl Trainer {
         // Only positions with a loss mask reach the loss, its gradient or a metric (every term
         // is weighted by the mask), so the head runs on those alone: a prompt, the tool outputs
         // and the padding cost no [c, V] work. Their gradient rows stay zero.
-        let keep = m.mask.gt(0.0).nonzero().squeeze_dim(1);
+        let keep = loss_positions(&m.mask);
         let n = keep.size()[0];
         let compact = (n < all).then(|| m.select(&keep));
         let (hd, m) = match &compact {

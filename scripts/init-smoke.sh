@@ -36,6 +36,13 @@
 #   INIT_COPY_LR  the exercise's constant rate after 20 warm-up steps (default 1e-3; at 3e-3
 #                copying formed ~2,000 steps sooner, but the weights grew ~5x and the SFT from
 #                that model looped on every held-out task: BENCHMARKS.md, session 33)
+#   INIT_WARM_START  a saved warm start (a model directory holding the provenance.txt of the
+#                init-smoke run that trained it; warm-starts/split-3-2 is one, with
+#                INIT_SFT_SPLIT=3:2) copied to DIR/model-sft instead of training one: the world,
+#                the SFT data and the tokenizer are generated as always and must hash as that
+#                provenance records, or the script stops naming the file that differs. This
+#                machine takes 60-160 minutes to train the warm start (BENCHMARKS.md, issue 25),
+#                and the same inputs give another model on another CPU (session 23).
 # A warm start stopped part way (a session out of time) resumes at the first model stage whose
 # directory is missing: model-copy, model-sft1 and model-sft are each written whole or not at all,
 # and within that stage from its last checkpoint (`trainer sft --save-every`, in
@@ -53,6 +60,7 @@ COPY_LR="${INIT_COPY_LR:-1e-3}"
 TOK_NAMES="${INIT_TOKENIZER_NAMES:-corpus}"
 PASSES="${INIT_SFT_PASSES:-2}"
 SPLIT="${INIT_SFT_SPLIT:-}"
+WARM="${INIT_WARM_START:-}"
 if [[ -n "$SPLIT" && ! "$SPLIT" =~ ^[0-9]+:[0-9]+$ ]]; then
   say "INIT_SFT_SPLIT = $SPLIT; expected MOD:REM, e.g. 3:2"
   exit 2
@@ -121,6 +129,46 @@ if [[ ! -f "$DIR/sft.jsonl" ]]; then
     say "$DEMOS demonstrations of $(wc -l <"$SFT_TASKS") tasks, repeated to $TASKS rows"
   fi
 fi
+tokenizer() { # the tokenizer from this DIR's corpus (the documents, then the SFT text)
+  python3 "$(dirname "${BASH_SOURCE[0]}")/tokenizer-corpus.py" "$DIR" --names "$TOK_NAMES"
+  "$TRAINER" tokenizer train --corpus "$DIR/tokenizer-corpus.txt" \
+    --vocab "${INIT_VOCAB:-2048}" --out "$DIR/tokenizer"
+}
+if [[ -n "$WARM" && ! -f "$DIR/model-sft/model.safetensors" ]]; then
+  for f in config.json model.safetensors tokenizer.json tokenizer_config.json provenance.txt; do
+    if [[ ! -f "$WARM/$f" ]]; then
+      say "INIT_WARM_START = $WARM has no $f (a model directory with its provenance.txt)"
+      exit 2
+    fi
+  done
+  tokenizer
+  # The inputs the saved model was trained from, as its provenance recorded them, against the
+  # ones this DIR has just generated.
+  INPUTS="$(grep -E '^[0-9a-f]{64}  (world/tasks(-sft|-rl)?\.jsonl|sft-demos\.jsonl|sft\.jsonl|tokenizer/tokenizer\.json)$' \
+    "$WARM/provenance.txt" || true)"
+  if ! grep -q '  sft\.jsonl$' <<<"$INPUTS" || ! grep -q '  tokenizer/tokenizer\.json$' <<<"$INPUTS"; then
+    say "INIT_WARM_START = $WARM: its provenance.txt records no hash of sft.jsonl or"
+    say "tokenizer/tokenizer.json, so what it was trained from cannot be checked"
+    exit 2
+  fi
+  if ! DIFF="$(cd "$DIR" && sha256sum --check --quiet <<<"$INPUTS" 2>&1)"; then
+    say "INIT_WARM_START = $WARM was trained from other inputs than $DIR now holds:"
+    say "$DIFF"
+    say "(the world generator, the split, the teacher or the tokenizer recipe changed since it"
+    say "was saved: train the warm start again without INIT_WARM_START)"
+    exit 2
+  fi
+  if ! cmp -s "$WARM/tokenizer.json" "$DIR/tokenizer/tokenizer.json"; then
+    say "INIT_WARM_START = $WARM: its tokenizer.json is not the tokenizer its provenance records"
+    exit 2
+  fi
+  rm -rf "$DIR/model-sft.part"
+  mkdir -p "$DIR/model-sft.part"
+  cp "$WARM"/*.json "$WARM/model.safetensors" "$DIR/model-sft.part/"
+  cp "$WARM/provenance.txt" "$DIR/model-sft.part/warm-start-provenance.txt"
+  mv "$DIR/model-sft.part" "$DIR/model-sft"
+  say "warm start taken from $WARM: its $(wc -l <<<"$INPUTS") recorded inputs match this DIR's"
+fi
 if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
   say "tokenizer + small model + SFT warm start"
   # Each model stage below is skipped when its directory holds a model: the trainer writes a
@@ -129,10 +177,8 @@ if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
   # random init take seconds and are redone together unless model-init is complete (its
   # generation_config.json is written last).
   if [[ ! -f "$DIR/model-init/generation_config.json" ]]; then
-    python3 "$(dirname "${BASH_SOURCE[0]}")/tokenizer-corpus.py" "$DIR" --names "$TOK_NAMES"
+    tokenizer
     CONFIG="${SMALL_CONFIG:-$(dirname "${BASH_SOURCE[0]}")/../trainer/configs/small.json}"
-    "$TRAINER" tokenizer train --corpus "$DIR/tokenizer-corpus.txt" \
-      --vocab "${INIT_VOCAB:-2048}" --out "$DIR/tokenizer"
     "$TRAINER" init --config "$CONFIG" --tokenizer "$DIR/tokenizer" --out "$DIR/model-init"
   fi
   START="$DIR/model-init"
@@ -178,6 +224,9 @@ fi
   echo "# init-smoke provenance, $(date -u +%FT%TZ)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
   echo "git at start: $GIT_AT_START"
+  if [[ -f "$DIR/model-sft/warm-start-provenance.txt" ]]; then
+    echo "model-sft: a saved warm start, trained as model-sft/warm-start-provenance.txt records"
+  fi
   for f in world/tasks.jsonl world/corpus.jsonl world/tasks-sft.jsonl world/tasks-rl.jsonl \
     sft-demos.jsonl sft.jsonl tokenizer/tokenizer.json \
     model-init/model.safetensors model-copy/model.safetensors model-sft1/model.safetensors \

@@ -141,6 +141,72 @@ fn a_split_warm_start_learns_from_its_own_lineages_only() {
     );
 }
 
+/// A saved warm start (the model directory and the provenance of the run that trained it) is
+/// copied in instead of training one, but only where the world, the SFT data and the tokenizer
+/// this run generates hash as that provenance records.
+#[test]
+fn a_saved_warm_start_is_taken_only_for_the_inputs_it_was_trained_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path());
+    let split = ("INIT_SFT_SPLIT", "2:1");
+    let first = tmp.path().join("runs/first");
+    let out = run_init_with(&first, &config, &[split]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let saved = tmp.path().join("saved");
+    std::fs::create_dir_all(&saved).unwrap();
+    for entry in std::fs::read_dir(first.join("model-sft")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, saved.join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::copy(first.join("provenance.txt"), saved.join("provenance.txt")).unwrap();
+    let saved_str = saved.to_str().unwrap();
+    let warm = ("INIT_WARM_START", saved_str);
+
+    let second = tmp.path().join("runs/second");
+    let out = run_init_with(&second, &config, &[split, warm]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("warm start taken from"), "{log}");
+    assert!(!log.contains("copying exercise"), "{log}");
+    for skipped in ["model-init", "model-copy", "model-sft1"] {
+        assert!(!second.join(skipped).exists(), "{skipped} trained: {log}");
+    }
+    assert_eq!(
+        std::fs::read(second.join("model-sft/model.safetensors")).unwrap(),
+        std::fs::read(first.join("model-sft/model.safetensors")).unwrap()
+    );
+    assert!(second.join("model-sft/warm-start-provenance.txt").exists());
+    let weights = trainer::model::weights::read_model_dir(
+        &second.join("model-sft"),
+        tch::Device::Cpu,
+        tch::Kind::Float,
+    )
+    .unwrap();
+    assert!(!weights.is_empty());
+
+    // Another world (two more training tasks): refused, naming what differs, nothing copied.
+    let third = tmp.path().join("runs/third");
+    let bad = run_init_with(&third, &config, &[split, warm, ("INIT_TASKS", "8")]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(err.contains("was trained from other inputs"), "{err}");
+    assert!(err.contains("world/tasks.jsonl: FAILED"), "{err}");
+    assert!(!third.join("model-sft").exists());
+    // The same world without the split: the split's files it was trained from are missing.
+    let fourth = tmp.path().join("runs/fourth");
+    let bad = run_init_with(&fourth, &config, &[warm]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(err.contains("world/tasks-sft.jsonl"), "{err}");
+    assert!(!fourth.join("model-sft").exists());
+    // A model directory without the provenance to check it against.
+    std::fs::remove_file(saved.join("provenance.txt")).unwrap();
+    let bad = run_init_with(&tmp.path().join("runs/fifth"), &config, &[split, warm]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(err.contains("has no provenance.txt"), "{err}");
+}
+
 #[test]
 fn the_init_script_prepares_the_smoke_inputs_once() {
     let tmp = tempfile::tempdir().unwrap();

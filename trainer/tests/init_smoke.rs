@@ -151,7 +151,11 @@ fn a_saved_warm_start_is_taken_only_for_the_inputs_it_was_trained_from() {
     let split = ("INIT_SFT_SPLIT", "2:1");
     let first = tmp.path().join("runs/first");
     let out = run_init_with(&first, &config, &[split]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let saved = tmp.path().join("saved");
     std::fs::create_dir_all(&saved).unwrap();
     for entry in std::fs::read_dir(first.join("model-sft")).unwrap() {

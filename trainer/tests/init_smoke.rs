@@ -67,6 +67,12 @@ fn jsonl(path: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// A model directory as `trainer serve` loads it (CPU, f32).
+fn load_model(dir: &Path) -> std::collections::BTreeMap<String, tch::Tensor> {
+    trainer::model::weights::read_model_dir(dir, tch::Device::Cpu, tch::Kind::Float)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
 /// A task's lineage: the number in its rubrics' evidence ids (`gene-00012` is lineage 12).
 fn lineage(task: &serde_json::Value) -> u64 {
     let ids: std::collections::BTreeSet<u64> = task["rubrics"]
@@ -180,35 +186,30 @@ fn a_saved_warm_start_is_taken_only_for_the_inputs_it_was_trained_from() {
         std::fs::read(first.join("model-sft/model.safetensors")).unwrap()
     );
     assert!(second.join("model-sft/warm-start-provenance.txt").exists());
-    let weights = trainer::model::weights::read_model_dir(
-        &second.join("model-sft"),
-        tch::Device::Cpu,
-        tch::Kind::Float,
-    )
-    .unwrap();
-    assert!(!weights.is_empty());
+    assert!(!load_model(&second.join("model-sft")).is_empty());
 
-    // Another world (two more training tasks): refused, naming what differs, nothing copied.
-    let third = tmp.path().join("runs/third");
-    let bad = run_init_with(&third, &config, &[split, warm, ("INIT_TASKS", "8")]);
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert_eq!(bad.status.code(), Some(2), "{err}");
-    assert!(err.contains("was trained from other inputs"), "{err}");
-    assert!(err.contains("world/tasks.jsonl: FAILED"), "{err}");
-    assert!(!third.join("model-sft").exists());
+    // Each refusal: exit code 2, the messages named, no model copied.
+    let refused = |name: &str, env: &[(&str, &str)], messages: &[&str]| {
+        let dir = tmp.path().join("runs").join(name);
+        let bad = run_init_with(&dir, &config, env);
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert_eq!(bad.status.code(), Some(2), "{name}: {err}");
+        for m in messages {
+            assert!(err.contains(m), "{name}: {m} not in {err}");
+        }
+        assert!(!dir.join("model-sft").exists(), "{name}");
+    };
+    // Another world (two more training tasks).
+    refused(
+        "third",
+        &[split, warm, ("INIT_TASKS", "8")],
+        &["was trained from other inputs", "world/tasks.jsonl: FAILED"],
+    );
     // The same world without the split: the split's files it was trained from are missing.
-    let fourth = tmp.path().join("runs/fourth");
-    let bad = run_init_with(&fourth, &config, &[warm]);
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert_eq!(bad.status.code(), Some(2), "{err}");
-    assert!(err.contains("world/tasks-sft.jsonl"), "{err}");
-    assert!(!fourth.join("model-sft").exists());
+    refused("fourth", &[warm], &["world/tasks-sft.jsonl"]);
     // A model directory without the provenance to check it against.
     std::fs::remove_file(saved.join("provenance.txt")).unwrap();
-    let bad = run_init_with(&tmp.path().join("runs/fifth"), &config, &[split, warm]);
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert_eq!(bad.status.code(), Some(2), "{err}");
-    assert!(err.contains("has no provenance.txt"), "{err}");
+    refused("fifth", &[split, warm], &["has no provenance.txt"]);
 }
 
 #[test]
@@ -307,13 +308,7 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
         assert!(line.starts_with(&hex), "{f}: {line} vs {hex}");
     }
     // What `trainer serve` loads.
-    let weights = trainer::model::weights::read_model_dir(
-        &dir.join("model-sft"),
-        tch::Device::Cpu,
-        tch::Kind::Float,
-    )
-    .unwrap();
-    assert!(!weights.is_empty());
+    assert!(!load_model(&dir.join("model-sft")).is_empty());
     let stamp = std::fs::metadata(dir.join("model-sft/model.safetensors"))
         .unwrap()
         .modified()
@@ -356,11 +351,10 @@ fn the_init_script_prepares_the_smoke_inputs_once() {
         let (a, b) = (r1[k].as_f64().unwrap(), r2[k].as_f64().unwrap());
         assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{k}: {a} vs {b}");
     }
-    let load = |name: &str| {
-        trainer::model::weights::read_model_dir(&dir.join(name), tch::Device::Cpu, tch::Kind::Float)
-            .unwrap()
-    };
-    let (w1, w2) = (load("sft-one"), load("sft-two"));
+    let (w1, w2) = (
+        load_model(&dir.join("sft-one")),
+        load_model(&dir.join("sft-two")),
+    );
     for (k, a) in &w1 {
         let d = (a - &w2[k]).abs().max().double_value(&[]);
         assert!(d < 1e-4, "{k}: max |diff| {d}");

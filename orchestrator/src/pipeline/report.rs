@@ -6,6 +6,7 @@
 //! is labelled as such). PNG text uses a system TrueType font when one is found; without one
 //! the PNGs carry no labels (the SVGs always do).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -13,6 +14,7 @@ use plotters::prelude::*;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::domain::eval::paired::{Paired, mean_sd};
 use crate::infra::db::{self, DbError};
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +55,8 @@ struct RunData {
     tool_calls: [Series; 4],
     answer_chars: Series,
     evals: Vec<db::evaluations::EvalRow>,
+    /// Per subset, the paired change from the first to the last evaluated version.
+    paired: BTreeMap<String, Paired>,
 }
 
 pub(crate) fn font_registered() -> bool {
@@ -416,16 +420,20 @@ Training reward = mean reward of the step that produced the version (the trainin
     Ok(())
 }
 
-/// A held-out evaluation: (policy version, score, exact-match rate).
-pub type HeldOut = (i32, Option<f64>, Option<f64>);
+/// An evaluation of one version on one subset: (policy version, score, exact-match rate).
+pub type EvalPoint = (i32, Option<f64>, Option<f64>);
 
 /// One run reduced to what the by-recipe table compares across seeds.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SeedRun {
     pub recipe: String,
     pub seed: i64,
-    /// Held-out evaluations by version.
-    pub held_out: Vec<HeldOut>,
+    /// Evaluations by subset (the held-out file and every `[[eval.sets]]`), sorted by version.
+    pub evals: BTreeMap<String, Vec<EvalPoint>>,
+    /// Per subset, the run's score change from its first to its last evaluated version, paired
+    /// over the tasks scored at both (its standard error is the task-sampling noise of that
+    /// one run; the spread over seeds is the RL's own).
+    pub paired: BTreeMap<String, Paired>,
     /// Reward per stage (plan, research, review, answer), mean over the last three steps.
     pub stage_reward: [f64; 4],
     /// Parse failures per trajectory, over all steps.
@@ -445,17 +453,21 @@ impl SeedRun {
         // `+ 0.0`: a float sum of nothing is -0.0.
         let total = |s: &Series| s.iter().map(|p| p.1).sum::<f64>() + 0.0;
         let trajectories = total(&d.trajectories).max(1.0);
-        let mut held_out: Vec<HeldOut> = d
-            .evals
-            .iter()
-            .filter(|e| e.subset == super::evaluate::HELD_OUT)
-            .map(|e| (e.policy_version, e.score, e.exact))
-            .collect();
-        held_out.sort_by_key(|p| p.0);
+        let mut evals: BTreeMap<String, Vec<EvalPoint>> = BTreeMap::new();
+        for e in &d.evals {
+            evals
+                .entry(e.subset.clone())
+                .or_default()
+                .push((e.policy_version, e.score, e.exact));
+        }
+        for points in evals.values_mut() {
+            points.sort_by_key(|p| p.0);
+        }
         Self {
             recipe: d.row.recipe.clone(),
             seed: d.row.seed,
-            held_out,
+            evals,
+            paired: d.paired.clone(),
             stage_reward: std::array::from_fn(|k| head_tail(&d.rewards[k]).1),
             parse_rate: total(&d.parse_failures) / trajectories,
             tool_calls: std::array::from_fn(|k| total(&d.tool_calls[k]) / trajectories),
@@ -465,29 +477,61 @@ impl SeedRun {
     }
 }
 
-/// Mean and sample standard deviation (n - 1); no spread from one value.
-fn spread(xs: &[f64]) -> (f64, Option<f64>) {
-    let n = xs.len() as f64;
-    let m = xs.iter().sum::<f64>() / n.max(1.0);
-    let sd = (xs.len() > 1)
-        .then(|| (xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt());
-    (m, sd)
-}
-
 fn pm(xs: &[f64], digits: usize) -> String {
-    match spread(xs) {
-        (m, _) if xs.is_empty() || m.is_nan() => "—".to_string(),
-        (m, Some(sd)) => format!("{m:.digits$} ± {sd:.digits$}"),
-        (m, None) => format!("{m:.digits$}"),
+    match mean_sd(xs) {
+        None => "—".to_string(),
+        Some((m, _)) if m.is_nan() => "—".to_string(),
+        Some((m, Some(sd))) => format!("{m:.digits$} ± {sd:.digits$}"),
+        Some((m, None)) => format!("{m:.digits$}"),
     }
 }
 
+/// The relation of two recipes' mean changes over seeds (`a` ranked above or equal to `b`):
+/// `>` when the gap is at least twice the standard error of the difference of the two means
+/// (sqrt(sd_a²/n_a + sd_b²/n_b)), `≳` when it is smaller (the seeds do not separate them),
+/// `=` when the means are equal, and `>` by the means alone when a recipe has one seed (no
+/// spread to weigh the gap against; the ordering line says so).
+fn relation(a: &(&str, Vec<f64>), b: &(&str, Vec<f64>)) -> &'static str {
+    let (Some((ma, sa)), Some((mb, sb))) = (mean_sd(&a.1), mean_sd(&b.1)) else {
+        return "?";
+    };
+    if ma <= mb {
+        return "=";
+    }
+    match (sa, sb) {
+        (Some(sa), Some(sb)) => {
+            let se = (sa * sa / a.1.len() as f64 + sb * sb / b.1.len() as f64).sqrt();
+            if ma - mb >= 2.0 * se { ">" } else { "≳" }
+        }
+        _ => ">",
+    }
+}
+
+/// `r`'s evaluations on `subset` (none when it was not evaluated there).
+fn points_of<'a>(r: &'a SeedRun, subset: &str) -> &'a [EvalPoint] {
+    r.evals.get(subset).map_or(&[], Vec::as_slice)
+}
+
+/// The subsets the runs were evaluated on: the held-out file first, then the others by name.
+fn subsets(runs: &[SeedRun]) -> Vec<&str> {
+    let mut names: Vec<&str> = runs
+        .iter()
+        .flat_map(|r| r.evals.keys().map(String::as_str))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    names.sort_by_key(|n| *n != super::evaluate::HELD_OUT);
+    names
+}
+
 /// The recipes compared over their seeds (markdown; empty for a single run; a recipe run on one
-/// seed shows its values without a spread): held-out score and exact-match rate per policy version as mean ± sample
-/// standard deviation over seeds (versions every seed of the recipe reached), the change from
-/// the first to the last version, the ordering by that change, and beside it what explains it:
-/// reward per stage (last three steps), parse failures and tool calls per stage per trajectory,
-/// answer length, and the share of trajectories whose stage credit fell back to the answer score.
+/// seed shows its values without a spread). Per evaluation subset: score and exact-match rate
+/// per policy version as mean ± sample standard deviation over seeds (versions every seed of
+/// the recipe reached), the change from the first to the last version over seeds, each seed's
+/// change paired over tasks with its standard error (the noise of the task sample), and the
+/// ordering by the change with [`relation`]'s test of each gap. Then what explains it: reward per
+/// stage (last three steps), parse failures and tool calls per stage per trajectory, answer
+/// length, and the share of trajectories whose stage credit fell back to the answer score.
 pub fn by_recipe(runs: &[SeedRun]) -> String {
     let mut recipes: Vec<&str> = Vec::new();
     for r in runs {
@@ -501,80 +545,128 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
         return String::new();
     }
     let mut md = String::from(
-        "\n## Recipes over seeds (completed runs; mean ± sample sd over seeds; one seed: its value)\n\n\
-         Held-out score (exact-match rate) by policy version, over the versions every seed of the \
-         recipe reached; change = last version − first, per seed.\n\n\
-         | recipe | seeds | held-out score by version | exact by version | change |\n|---|---|---|---|---|\n",
+        "\n## Recipes over seeds (completed runs; mean ± sample sd over seeds; one seed: its value)\n",
     );
-    let mut order: Vec<(&str, f64, Option<f64>)> = Vec::new();
-    for name in &recipes {
-        let g = group(name);
-        let mut versions: Vec<i32> = g[0].held_out.iter().map(|p| p.0).collect();
-        versions.retain(|v| g.iter().all(|r| r.held_out.iter().any(|p| p.0 == *v)));
-        let at = |v: i32, pick: fn(&HeldOut) -> Option<f64>| -> Vec<f64> {
-            g.iter()
-                .filter_map(|r| r.held_out.iter().find(|p| p.0 == v).and_then(pick))
-                .collect()
-        };
-        let scores: Vec<String> = versions
-            .iter()
-            .map(|&v| format!("v{v} {}", pm(&at(v, |p| p.1), 4)))
-            .collect();
-        let exact: Vec<String> = versions
-            .iter()
-            .map(|&v| format!("v{v} {}", pm(&at(v, |p| p.2), 3)))
-            .collect();
-        let change: Vec<f64> = match (versions.first(), versions.last()) {
-            (Some(&a), Some(&b)) if a != b => g
+    for subset in subsets(runs) {
+        let _ = writeln!(
+            md,
+            "\n### `{subset}`: score (exact-match rate) by policy version\n\n\
+             Over the versions every seed of the recipe reached; change = last version − first, \
+             per seed; per seed = that seed's change paired over the tasks scored at both \
+             versions, ± its standard error over tasks (tasks).\n\n\
+             | recipe | seeds | score by version | exact by version | change | per seed |\n\
+             |---|---|---|---|---|---|"
+        );
+        let mut order: Vec<(&str, Vec<f64>)> = Vec::new();
+        for name in &recipes {
+            let g: Vec<&SeedRun> = group(name)
+                .into_iter()
+                .filter(|r| r.evals.contains_key(subset))
+                .collect();
+            if g.is_empty() {
+                continue;
+            }
+            let mut versions: Vec<i32> = points_of(g[0], subset).iter().map(|p| p.0).collect();
+            versions.retain(|v| {
+                g.iter()
+                    .all(|r| points_of(r, subset).iter().any(|p| p.0 == *v))
+            });
+            let at = |v: i32, pick: fn(&EvalPoint) -> Option<f64>| -> Vec<f64> {
+                g.iter()
+                    .filter_map(|r| {
+                        points_of(r, subset)
+                            .iter()
+                            .find(|p| p.0 == v)
+                            .and_then(pick)
+                    })
+                    .collect()
+            };
+            let scores: Vec<String> = versions
+                .iter()
+                .map(|&v| format!("v{v} {}", pm(&at(v, |p| p.1), 4)))
+                .collect();
+            let exact: Vec<String> = versions
+                .iter()
+                .map(|&v| format!("v{v} {}", pm(&at(v, |p| p.2), 3)))
+                .collect();
+            let change: Vec<f64> = match (versions.first(), versions.last()) {
+                (Some(&a), Some(&b)) if a != b => g
+                    .iter()
+                    .filter_map(|r| {
+                        let f = |v: i32| {
+                            points_of(r, subset)
+                                .iter()
+                                .find(|p| p.0 == v)
+                                .and_then(|p| p.1)
+                        };
+                        Some(f(b)? - f(a)?)
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if !change.is_empty() {
+                order.push((name, change.clone()));
+            }
+            let seeds: Vec<String> = g.iter().map(|r| r.seed.to_string()).collect();
+            let per_seed: Vec<String> = g
                 .iter()
                 .filter_map(|r| {
-                    let f = |v: i32| r.held_out.iter().find(|p| p.0 == v).and_then(|p| p.1);
-                    Some(f(b)? - f(a)?)
+                    let p = r.paired.get(subset)?;
+                    Some(format!(
+                        "{}: {:+.4} ± {:.4} ({})",
+                        r.seed, p.diff, p.se, p.tasks
+                    ))
                 })
-                .collect(),
-            _ => Vec::new(),
+                .collect();
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {} | {} | {} |",
+                seeds.join(", "),
+                scores.join("; "),
+                exact.join("; "),
+                pm(&change, 4),
+                if per_seed.is_empty() {
+                    "—".to_string()
+                } else {
+                    per_seed.join("; ")
+                }
+            );
+        }
+        let mean_of = |c: &[f64]| mean_sd(c).map_or(f64::NAN, |m| m.0);
+        order.sort_by(|a, b| mean_of(&b.1).total_cmp(&mean_of(&a.1)));
+        if order.is_empty() {
+            continue;
+        }
+        let shown = |(n, c): &(&str, Vec<f64>)| match mean_sd(c) {
+            Some((m, Some(sd))) => format!("{n} ({m:+.4} ± {sd:.4})"),
+            Some((m, None)) => format!("{n} ({m:+.4})"),
+            None => format!("{n} (—)"),
         };
-        if !change.is_empty() {
-            let (m, sd) = spread(&change);
-            order.push((name, m, sd));
+        let mut joined = shown(&order[0]);
+        for k in 1..order.len() {
+            let _ = write!(
+                joined,
+                " {} {}",
+                relation(&order[k - 1], &order[k]),
+                shown(&order[k])
+            );
         }
-        let seeds: Vec<String> = g.iter().map(|r| r.seed.to_string()).collect();
+        let one_seed = order.iter().any(|(_, c)| c.len() < 2);
         let _ = writeln!(
             md,
-            "| {name} | {} | {} | {} | {} |",
-            seeds.join(", "),
-            scores.join("; "),
-            exact.join("; "),
-            pm(&change, 4)
-        );
-    }
-    order.sort_by(|a, b| b.1.total_cmp(&a.1));
-    if !order.is_empty() {
-        let parts: Vec<String> = order
-            .iter()
-            .map(|(n, m, sd)| match sd {
-                Some(sd) => format!("{n} ({m:+.4} ± {sd:.4})"),
-                None => format!("{n} ({m:+.4})"),
-            })
-            .collect();
-        // Equal changes are a tie, not an order.
-        let mut joined = parts[0].clone();
-        for (k, p) in parts.iter().enumerate().skip(1) {
-            joined.push_str(if order[k].1 < order[k - 1].1 {
-                " > "
+            "\nOrdering by `{subset}` change: {joined}. (`>`: the gap is at least twice the \
+             standard error of the difference of the two means over seeds; `≳`: it is not, so \
+             the seeds do not order them{}. The paper's ordering: full above meta-policy and \
+             ss-grpo, both above baseline-rl.)",
+            if one_seed {
+                "; a recipe with one seed is ordered by its value alone"
             } else {
-                " = "
-            });
-            joined.push_str(p);
-        }
-        let _ = writeln!(
-            md,
-            "\nOrdering by held-out change: {joined}. (The paper's ordering: full above meta-policy and \
-             ss-grpo, both above baseline-rl; a gap smaller than the spreads is not an ordering.)"
+                ""
+            }
         );
     }
     md.push_str(
-        "\n| recipe | reward plan | research | review | answer (last 3 steps) | parse failures / trajectory | tool calls / trajectory: plan | research | review | answer | answer chars | stage scores from R4 (share of trajectories) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n### What explains it\n\n| recipe | reward plan | research | review | answer (last 3 steps) | parse failures / trajectory | tool calls / trajectory: plan | research | review | answer | answer chars | stage scores from R4 (share of trajectories) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for name in &recipes {
         let g = group(name);
@@ -632,6 +724,15 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
             tool_calls[k] = series(pool, row.id, &format!("rollout/tool_calls/{st}")).await?;
         }
         let evals = db::evaluations::for_run(pool, row.id).await?;
+        let mut paired = BTreeMap::new();
+        let names: std::collections::BTreeSet<&str> =
+            evals.iter().map(|e| e.subset.as_str()).collect();
+        for subset in names {
+            let change = super::evaluate::change(pool, row.id, subset).await?;
+            if let Some(p) = change.and_then(|c| c.score) {
+                paired.insert(subset.to_string(), p);
+            }
+        }
         data.push(RunData {
             trajectories: series(pool, row.id, "rollout/trajectories").await?,
             parse_failures: series(pool, row.id, "rollout/parse_failures").await?,
@@ -645,6 +746,7 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
             rewards,
             times,
             evals,
+            paired,
         });
     }
     let mut md = String::new();
@@ -806,7 +908,7 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
 
 #[cfg(test)]
 mod tests {
-    use super::{SeedRun, by_recipe, fixed4, head_tail};
+    use super::{Paired, SeedRun, by_recipe, fixed4, head_tail};
 
     #[test]
     fn a_run_with_no_steps_shows_dashes_not_nan() {
@@ -820,10 +922,15 @@ mod tests {
         SeedRun {
             recipe: recipe.into(),
             seed,
-            held_out: held_out
-                .iter()
-                .map(|&(v, s, e)| (v, Some(s), Some(e)))
-                .collect(),
+            evals: [(
+                "held-out".to_string(),
+                held_out
+                    .iter()
+                    .map(|&(v, s, e)| (v, Some(s), Some(e)))
+                    .collect(),
+            )]
+            .into(),
+            paired: Default::default(),
             stage_reward: [0.0, 0.1, 0.2, seed as f64 / 100.0],
             parse_rate: parse,
             tool_calls: [0.0, 2.0, 0.5, 0.0],
@@ -842,7 +949,7 @@ mod tests {
         ];
         let md = by_recipe(&runs);
         assert!(
-            md.contains("| full | 17, 18 | v0 0.1000 ± 0.0000; v12 0.2500 ± 0.0707 | v0 0.000 ± 0.000; v12 0.125 ± 0.177 | 0.1500 ± 0.0707 |"),
+            md.contains("| full | 17, 18 | v0 0.1000 ± 0.0000; v12 0.2500 ± 0.0707 | v0 0.000 ± 0.000; v12 0.125 ± 0.177 | 0.1500 ± 0.0707 | — |"),
             "{md}"
         );
         assert!(
@@ -850,7 +957,7 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("Ordering by held-out change: full (+0.1500 ± 0.0707) > baseline-rl (-0.0500 ± 0.0707)."),
+            md.contains("Ordering by `held-out` change: full (+0.1500 ± 0.0707) > baseline-rl (-0.0500 ± 0.0707)."),
             "{md}"
         );
         // Per-recipe explanation: parse failures 0.5 / 0.7 -> 0.600 ± 0.141; answer reward of
@@ -870,7 +977,7 @@ mod tests {
         ];
         let md = by_recipe(&runs);
         assert!(
-            md.contains("| full | 17, 18 | v0 0.1000 ± 0.0000 | v0 0.000 ± 0.000 | — |"),
+            md.contains("| full | 17, 18 | v0 0.1000 ± 0.0000 | v0 0.000 ± 0.000 | — | — |"),
             "{md}"
         );
         assert!(!md.contains("Ordering"), "{md}");
@@ -882,11 +989,11 @@ mod tests {
         ];
         let md = by_recipe(&one);
         assert!(
-            md.contains("| full | 17 | v0 0.1000; v12 0.3000 | v0 0.000; v12 0.250 | 0.2000 |"),
+            md.contains("| full | 17 | v0 0.1000; v12 0.3000 | v0 0.000; v12 0.250 | 0.2000 | — |"),
             "{md}"
         );
         assert!(
-            md.contains("Ordering by held-out change: full (+0.2000) > baseline-rl (+0.0000)."),
+            md.contains("Ordering by `held-out` change: full (+0.2000) > baseline-rl (+0.0000)."),
             "{md}"
         );
         let tied = [
@@ -898,5 +1005,59 @@ mod tests {
             "{}",
             by_recipe(&tied)
         );
+    }
+
+    #[test]
+    fn every_evaluation_set_is_compared_and_a_gap_within_the_seeds_spread_is_no_order() {
+        // Two seeds a recipe on the held-out file and on a second set, `unseen`.
+        let with_unseen = |recipe: &str, seed: i64, held: f64, unseen: (f64, f64), se: f64| {
+            let mut r = run(recipe, seed, &[(0, 0.3, 0.5), (12, held, 0.5)], 0.0);
+            r.evals.insert(
+                "unseen".into(),
+                vec![
+                    (0, Some(unseen.0), Some(0.5)),
+                    (12, Some(unseen.1), Some(0.5)),
+                ],
+            );
+            r.paired.insert(
+                "unseen".into(),
+                Paired {
+                    tasks: 64,
+                    before: unseen.0,
+                    after: unseen.1,
+                    diff: unseen.1 - unseen.0,
+                    se,
+                },
+            );
+            r
+        };
+        let runs = [
+            with_unseen("baseline-rl", 17, 0.2, (0.6, 0.62), 0.02),
+            with_unseen("baseline-rl", 18, 0.1, (0.6, 0.58), 0.021),
+            with_unseen("full", 17, 0.4, (0.6, 0.63), 0.02),
+            with_unseen("full", 18, 0.3, (0.6, 0.60), 0.02),
+        ];
+        let md = by_recipe(&runs);
+        // The held-out file comes first, then the other set, each with its own ordering.
+        let held = md.find("### `held-out`").expect("held-out section");
+        let unseen = md.find("### `unseen`").expect("unseen section");
+        assert!(held < unseen, "{md}");
+        // held-out: full +0.05 ± 0.0707, baseline -0.15 ± 0.0707; gap 0.2 >= 2 x 0.0707.
+        assert!(
+            md.contains("Ordering by `held-out` change: full (+0.0500 ± 0.0707) > baseline-rl (-0.1500 ± 0.0707)."),
+            "{md}"
+        );
+        // unseen: full +0.015 ± 0.0212, baseline 0.000 ± 0.0283; gap 0.015 < 2 x 0.0250.
+        assert!(
+            md.contains("Ordering by `unseen` change: full (+0.0150 ± 0.0212) ≳ baseline-rl (+0.0000 ± 0.0283)."),
+            "{md}"
+        );
+        assert!(
+            md.contains("| baseline-rl | 17, 18 | v0 0.6000 ± 0.0000; v12 0.6000 ± 0.0283 | v0 0.500 ± 0.000; v12 0.500 ± 0.000 | 0.0000 ± 0.0283 | 17: +0.0200 ± 0.0200 (64); 18: -0.0200 ± 0.0210 (64) |"),
+            "{md}"
+        );
+        // The explanation table once, after every set.
+        assert_eq!(md.matches("### What explains it").count(), 1, "{md}");
+        assert!(md.find("### What explains it").unwrap() > unseen, "{md}");
     }
 }

@@ -54,6 +54,12 @@ struct RunData {
     broadcast: Series,
     tool_calls: [Series; 4],
     answer_chars: Series,
+    /// Per step: reflection candidates and their valid share, bank items, and the reflection
+    /// sequences the step's batch carried (Phase A); empty for a recipe without reflection.
+    reflection_candidates: Series,
+    reflection_valid: Series,
+    bank_items: Series,
+    reflection_sequences: Series,
     evals: Vec<db::evaluations::EvalRow>,
     /// Per subset, the paired change from the first to the last evaluated version.
     paired: BTreeMap<String, Paired>,
@@ -442,6 +448,11 @@ pub struct SeedRun {
     pub tool_calls: [f64; 4],
     /// Mean characters of an answer, over the steps' means.
     pub answer_chars: f64,
+    /// The meta-policy's memory, for a recipe that reflects (`None` otherwise): valid share of
+    /// its reflection candidates, bank items at the last step, and the reflection sequences
+    /// trained (Phase A) over all steps. With no valid candidate every group is degenerate, no
+    /// Phase A update happens and the bank stays empty: the recipe is then its base recipe.
+    pub reflection: Option<[f64; 3]>,
     /// Share of judged trajectories with at least one stage that had no rubric of its own and
     /// took the answer score (method.md A.4.4's fallback), over all steps: 1.0 means every
     /// trajectory had such a stage, whose SS-GRPO credit is then the terminal reward's.
@@ -472,6 +483,23 @@ impl SeedRun {
             parse_rate: total(&d.parse_failures) / trajectories,
             tool_calls: std::array::from_fn(|k| total(&d.tool_calls[k]) / trajectories),
             answer_chars: mean(&d.answer_chars),
+            reflection: (!d.reflection_candidates.is_empty()).then(|| {
+                let candidates = total(&d.reflection_candidates);
+                let valid: f64 = d
+                    .reflection_candidates
+                    .iter()
+                    .filter_map(|(step, n)| {
+                        let f = d.reflection_valid.iter().find(|p| p.0 == *step)?.1;
+                        Some(n * f)
+                    })
+                    .sum::<f64>()
+                    + 0.0;
+                [
+                    valid / candidates.max(1.0),
+                    d.bank_items.last().map_or(0.0, |p| p.1),
+                    total(&d.reflection_sequences),
+                ]
+            }),
             stage_fallback: total(&d.broadcast) / total(&d.judged).max(1.0),
         }
     }
@@ -666,7 +694,7 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
         );
     }
     md.push_str(
-        "\n### What explains it\n\n| recipe | reward plan | research | review | answer (last 3 steps) | parse failures / trajectory | tool calls / trajectory: plan | research | review | answer | answer chars | stage scores from R4 (share of trajectories) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n### What explains it\n\n| recipe | reward plan | research | review | answer (last 3 steps) | parse failures / trajectory | tool calls / trajectory: plan | research | review | answer | answer chars | stage scores from R4 (share of trajectories) | valid reflections (share) | bank items (last step) | reflection sequences trained |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for name in &recipes {
         let g = group(name);
@@ -675,14 +703,23 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
         };
         let rewards: Vec<String> = (0..4).map(|k| col(&|r| r.stage_reward[k], 4)).collect();
         let tools: Vec<String> = (0..4).map(|k| col(&|r| r.tool_calls[k], 2)).collect();
+        let memory: Vec<String> = if g.iter().all(|r| r.reflection.is_some()) {
+            [(0, 3), (1, 0), (2, 0)]
+                .iter()
+                .map(|&(k, digits)| col(&|r| r.reflection.map_or(f64::NAN, |m| m[k]), digits))
+                .collect()
+        } else {
+            vec!["—".to_string(); 3]
+        };
         let _ = writeln!(
             md,
-            "| {name} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} |",
             rewards.join(" | "),
             col(&|r| r.parse_rate, 3),
             tools.join(" | "),
             col(&|r| r.answer_chars, 0),
-            col(&|r| r.stage_fallback, 3)
+            col(&|r| r.stage_fallback, 3),
+            memory.join(" | ")
         );
     }
     md
@@ -739,6 +776,10 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
             judged: series(pool, row.id, "judge/trajectories").await?,
             broadcast: series(pool, row.id, "judge/broadcast").await?,
             answer_chars: series(pool, row.id, "rollout/answer_chars").await?,
+            reflection_candidates: series(pool, row.id, "reflection/candidates").await?,
+            reflection_valid: series(pool, row.id, "reflection/valid_fraction").await?,
+            bank_items: series(pool, row.id, "bank/items").await?,
+            reflection_sequences: series(pool, row.id, "batch/reflection_sequences").await?,
             tool_calls,
             row,
             judge,
@@ -935,6 +976,7 @@ mod tests {
             parse_rate: parse,
             tool_calls: [0.0, 2.0, 0.5, 0.0],
             answer_chars: 100.0,
+            reflection: None,
             stage_fallback: parse / 2.0,
         }
     }
@@ -963,7 +1005,7 @@ mod tests {
         // Per-recipe explanation: parse failures 0.5 / 0.7 -> 0.600 ± 0.141; answer reward of
         // seeds 17 / 18 -> 0.1750 ± 0.0071.
         assert!(
-            md.contains("| baseline-rl | 0.0000 ± 0.0000 | 0.1000 ± 0.0000 | 0.2000 ± 0.0000 | 0.1750 ± 0.0071 | 0.600 ± 0.141 | 0.00 ± 0.00 | 2.00 ± 0.00 | 0.50 ± 0.00 | 0.00 ± 0.00 | 100 ± 0 | 0.300 ± 0.071 |"),
+            md.contains("| baseline-rl | 0.0000 ± 0.0000 | 0.1000 ± 0.0000 | 0.2000 ± 0.0000 | 0.1750 ± 0.0071 | 0.600 ± 0.141 | 0.00 ± 0.00 | 2.00 ± 0.00 | 0.50 ± 0.00 | 0.00 ± 0.00 | 100 ± 0 | 0.300 ± 0.071 | — | — | — |"),
             "{md}"
         );
     }
@@ -1031,13 +1073,22 @@ mod tests {
             );
             r
         };
-        let runs = [
+        let mut runs = [
             with_unseen("baseline-rl", 17, 0.2, (0.6, 0.62), 0.02),
             with_unseen("baseline-rl", 18, 0.1, (0.6, 0.58), 0.021),
             with_unseen("full", 17, 0.4, (0.6, 0.63), 0.02),
             with_unseen("full", 18, 0.3, (0.6, 0.60), 0.02),
         ];
+        // Full reflects: seed 17 wrote no valid reflection (empty bank, no Phase A sequence),
+        // seed 18 a quarter valid, 4 bank items, 8 sequences trained.
+        runs[2].reflection = Some([0.0, 0.0, 0.0]);
+        runs[3].reflection = Some([0.25, 4.0, 8.0]);
         let md = by_recipe(&runs);
+        assert!(
+            md.contains("| 0.000 ± 0.000 | 0.125 ± 0.177 | 2 ± 3 | 4 ± 6 |\n"),
+            "{md}"
+        );
+        assert!(md.contains("| 0.000 ± 0.000 | — | — | — |\n"), "{md}");
         // The held-out file comes first, then the other set, each with its own ordering.
         let held = md.find("### `held-out`").expect("held-out section");
         let unseen = md.find("### `unseen`").expect("unseen section");

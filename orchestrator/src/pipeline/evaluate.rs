@@ -390,11 +390,22 @@ impl std::fmt::Display for Change {
 
 /// [`Change`] of `run_id` on `subset`; `None` until two versions are evaluated.
 pub async fn change(pool: &PgPool, run_id: Uuid, subset: &str) -> Result<Option<Change>, DbError> {
+    let evals = crate::infra::db::evaluations::for_run(pool, run_id).await?;
+    change_from(pool, run_id, &evals, subset).await
+}
+
+/// [`change`] from the run's evaluation rows already read (`evaluations::for_run`): only the
+/// per-task means of its first and last version on `subset` are queried.
+pub async fn change_from(
+    pool: &PgPool,
+    run_id: Uuid,
+    evals: &[crate::infra::db::evaluations::EvalRow],
+    subset: &str,
+) -> Result<Option<Change>, DbError> {
     use std::collections::BTreeMap;
-    let versions: Vec<i32> = crate::infra::db::evaluations::for_run(pool, run_id)
-        .await?
-        .into_iter()
-        .filter(|e| e.subset == subset)
+    let versions: Vec<i32> = evals
+        .iter()
+        .filter(|e| e.run_id == run_id && e.subset == subset)
         .map(|e| e.policy_version)
         .collect();
     let (Some(&first), Some(&last)) = (versions.iter().min(), versions.iter().max()) else {

@@ -540,6 +540,14 @@ fn points_of<'a>(r: &'a SeedRun, subset: &str) -> &'a [EvalPoint] {
     r.evals.get(subset).map_or(&[], Vec::as_slice)
 }
 
+/// The figure `pick` takes from `r`'s evaluation of version `v` on `subset`, if there is one.
+fn value_at(r: &SeedRun, subset: &str, v: i32, pick: fn(&EvalPoint) -> Option<f64>) -> Option<f64> {
+    points_of(r, subset)
+        .iter()
+        .find(|p| p.0 == v)
+        .and_then(pick)
+}
+
 /// The subsets the runs were evaluated on: the held-out file first, then the others by name.
 fn subsets(runs: &[SeedRun]) -> Vec<&str> {
     let mut names: Vec<&str> = runs
@@ -601,12 +609,7 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
             });
             let at = |v: i32, pick: fn(&EvalPoint) -> Option<f64>| -> Vec<f64> {
                 g.iter()
-                    .filter_map(|r| {
-                        points_of(r, subset)
-                            .iter()
-                            .find(|p| p.0 == v)
-                            .and_then(pick)
-                    })
+                    .filter_map(|r| value_at(r, subset, v, pick))
                     .collect()
             };
             let scores: Vec<String> = versions
@@ -621,20 +624,12 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
                 (Some(&a), Some(&b)) if a != b => g
                     .iter()
                     .filter_map(|r| {
-                        let f = |v: i32| {
-                            points_of(r, subset)
-                                .iter()
-                                .find(|p| p.0 == v)
-                                .and_then(|p| p.1)
-                        };
-                        Some(f(b)? - f(a)?)
+                        let score = |v: i32| value_at(r, subset, v, |p| p.1);
+                        Some(score(b)? - score(a)?)
                     })
                     .collect(),
                 _ => Vec::new(),
             };
-            if !change.is_empty() {
-                order.push((name, change.clone()));
-            }
             let seeds: Vec<String> = g.iter().map(|r| r.seed.to_string()).collect();
             let per_seed: Vec<String> = g
                 .iter()
@@ -659,6 +654,9 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
                     per_seed.join("; ")
                 }
             );
+            if !change.is_empty() {
+                order.push((name, change));
+            }
         }
         let mean_of = |c: &[f64]| mean_sd(c).map_or(f64::NAN, |m| m.0);
         order.sort_by(|a, b| mean_of(&b.1).total_cmp(&mean_of(&a.1)));
@@ -765,7 +763,7 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
         let names: std::collections::BTreeSet<&str> =
             evals.iter().map(|e| e.subset.as_str()).collect();
         for subset in names {
-            let change = super::evaluate::change(pool, row.id, subset).await?;
+            let change = super::evaluate::change_from(pool, row.id, &evals, subset).await?;
             if let Some(p) = change.and_then(|c| c.score) {
                 paired.insert(subset.to_string(), p);
             }

@@ -189,6 +189,11 @@ pub struct SftDataArgs {
     /// Use at most this many tasks.
     #[arg(long, env = "ORCH_SFT_LIMIT")]
     pub limit: Option<usize>,
+    /// Also write one reflection demonstration per kept trajectory here (offline teacher only):
+    /// the meta-policy's prompt over the trajectory, every second one cut after an earlier
+    /// search, and the teacher's post-mortem of what it shows (no gold rubric or answer).
+    #[arg(long, env = "ORCH_SFT_REFLECTIONS_OUT")]
+    pub reflections_out: Option<PathBuf>,
     /// The search tool the offline teacher calls (default: the experiment's data.index_tool).
     #[arg(long, env = "ORCH_SFT_TOOL")]
     pub tool: Option<String>,

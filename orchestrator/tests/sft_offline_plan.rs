@@ -12,7 +12,7 @@ use orchestrator::domain::scaffold::Scaffold;
 use orchestrator::domain::scaffold::parse::parse;
 use orchestrator::infra::prompts::system_prompt;
 use orchestrator::infra::tools::setup::{ToolSetup, build};
-use orchestrator::pipeline::sft::offline;
+use orchestrator::pipeline::sft::{SftRow, offline, reflection_rows};
 
 /// Every `<structured_plan>…</structured_plan>` of a trace, lowercased.
 fn plans(trace: &str) -> Vec<String> {
@@ -98,6 +98,7 @@ async fn the_offline_plan_sees_the_question_only() {
         .collect();
     for tasks in [&world.tasks, &marked] {
         let (rows, stats) = offline(tasks, &docs, &tools, "google_search", &system, 10).await;
+        reflections_read_the_attempt_only(tasks, &rows);
         assert_eq!(stats.written, tasks.len(), "every task kept: {stats:?}");
         for (row, t) in rows.iter().zip(tasks) {
             assert_eq!(row.id, t.id);
@@ -126,6 +127,57 @@ async fn the_offline_plan_sees_the_question_only() {
                     t.id
                 );
             }
+        }
+    }
+}
+
+/// The reflection demonstrations of the taught rows (`reflection_rows`): one per row, half on an
+/// attempt cut after an earlier search; each is the meta-policy's own prompt over the attempt and
+/// a valid post-mortem that `demo` derives from that attempt's text alone, so no gold rubric text
+/// reaches it, and a cut attempt's post-mortem names where its chain stopped without the known
+/// answer.
+fn reflections_read_the_attempt_only(tasks: &[WorldTask], rows: &[SftRow]) {
+    use orchestrator::domain::reflection::{STOP, demo, parse};
+    let refl = reflection_rows(tasks, rows, 12_000).unwrap();
+    assert_eq!(refl.len(), rows.len());
+    let cut: Vec<&SftRow> = refl
+        .iter()
+        .filter(|r| r.id.contains("#reflect-cut"))
+        .collect();
+    assert_eq!(cut.len(), rows.len() / 2, "every second attempt is cut");
+    for (r, t) in refl.iter().zip(tasks) {
+        assert!(r.id.starts_with(&t.id));
+        let text = &r.segments[0].text;
+        assert_eq!(r.segments.len(), 1);
+        assert!(parse(text).is_some() && text.ends_with(STOP), "{text}");
+        let user = &r.messages[1].content;
+        let attempt = user
+            .split("## The attempt (the agent's work, ending in its answer)")
+            .nth(1)
+            .unwrap();
+        let (system, _) = orchestrator::pipeline::reflection::prompt(&t.query, "x").unwrap();
+        assert_eq!(
+            r.messages[0].content, system,
+            "the meta-policy's own prompt"
+        );
+        // A function of the question and the attempt only.
+        let again = demo::write(&t.query, &demo::read(attempt), t.answer_format == "exact");
+        assert_eq!(&again, text, "{}", t.id);
+        let lower = text.to_lowercase();
+        assert!(!lower.contains("gold criterion") && !lower.contains("gold description"));
+        if r.id.contains("#reflect-cut") {
+            assert!(
+                !demo::read(attempt).boxed,
+                "the cut answer is not boxed: {attempt}"
+            );
+            assert!(text.contains("Pitfalls: answered after"), "{text}");
+            let q = t.query.to_lowercase();
+            let a = t.answer.to_lowercase();
+            if t.answer_format == "exact" && !has_words(&q, &a) {
+                assert!(!has_words(&lower, &a), "{}: {a:?} in {text}", t.id);
+            }
+        } else {
+            assert!(text.contains("Pitfalls: none seen;"), "{text}");
         }
     }
 }

@@ -43,6 +43,11 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
         &runner.specs(),
         cfg.rollout.max_tool_calls,
     )?;
+    anyhow::ensure!(
+        args.reflections_out.is_none() || args.teacher_url.is_none(),
+        "--reflections-out is written by the offline teacher only (it reads the research world's trajectories); drop --teacher-url or --reflections-out"
+    );
+    let mut reflections = Vec::new();
     let (rows, stats) = match &args.teacher_url {
         Some(url) => {
             let mut tasks = crate::domain::data::tasks::load(&tasks_path)?;
@@ -115,7 +120,7 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
                 tool,
                 runner.names().join(", ")
             );
-            crate::pipeline::sft::offline(
+            let (rows, stats) = crate::pipeline::sft::offline(
                 &tasks,
                 &docs,
                 &runner,
@@ -123,20 +128,30 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
                 &system,
                 cfg.rollout.max_tool_calls,
             )
-            .await
+            .await;
+            if args.reflections_out.is_some() {
+                reflections = crate::pipeline::sft::reflection_rows(
+                    &tasks,
+                    &rows,
+                    cfg.reflection.max_trajectory_chars,
+                )?;
+            }
+            (rows, stats)
         }
     };
-    if let Some(parent) = args.out.parent() {
-        std::fs::create_dir_all(parent)?;
+    if let Some(path) = &args.reflections_out {
+        write_rows(path, &reflections)?;
+        out(format!(
+            "sft-data: {} reflection demonstrations ({} on a cut attempt) written to {}",
+            reflections.len(),
+            reflections
+                .iter()
+                .filter(|r| r.id.contains("#reflect-cut"))
+                .count(),
+            path.display()
+        ));
     }
-    let mut f = std::io::BufWriter::new(
-        std::fs::File::create(&args.out)
-            .with_context(|| format!("creating {}", args.out.display()))?,
-    );
-    for r in &rows {
-        writeln!(f, "{}", serde_json::to_string(r)?)?;
-    }
-    f.flush()?;
+    write_rows(&args.out, &rows)?;
     out(format!(
         "sft-data: {} of {} tasks written to {} (rejected: {})",
         stats.written,
@@ -145,4 +160,18 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
         serde_json::to_string(&stats.rejected)?
     ));
     Ok(ExitCode::SUCCESS)
+}
+
+fn write_rows(path: &std::path::Path, rows: &[crate::pipeline::sft::SftRow]) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    for r in rows {
+        writeln!(f, "{}", serde_json::to_string(r)?)?;
+    }
+    f.flush()?;
+    Ok(())
 }

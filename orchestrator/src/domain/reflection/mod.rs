@@ -9,6 +9,7 @@
 //! advantages); the job that generates, grades and stores candidates is
 //! `pipeline::reflection`.
 
+pub mod demo;
 pub mod parse;
 pub mod utility;
 

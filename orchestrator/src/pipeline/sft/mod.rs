@@ -253,3 +253,118 @@ pub async fn offline(
     stats.written = rows.len();
     (rows, stats)
 }
+
+/// The attempt a reflection demonstration reads: the taught trajectory whole (`cut` None), or
+/// cut after its first `cut` searches and answered from what those found, without a box (a
+/// flawed attempt whose flaw shows in its text). None when `cut` is not below the row's
+/// searches.
+fn attempt(row: &SftRow, cut: Option<usize>) -> Option<Vec<SftSegment>> {
+    let Some(k) = cut else {
+        return Some(row.segments.clone());
+    };
+    let searches = row
+        .segments
+        .iter()
+        .filter(|s| s.kind == "tool_output")
+        .count();
+    if k == 0 || k >= searches {
+        return None;
+    }
+    let kept: Vec<SftSegment> = row.segments[..2 * k].to_vec();
+    let outputs: String = kept
+        .iter()
+        .filter(|s| s.kind == "tool_output")
+        .map(|s| s.text.as_str())
+        .collect();
+    let last = &row.segments.last()?.text;
+    let answer = last
+        .split("<answer>")
+        .nth(1)
+        .and_then(|a| a.split("</answer>").next())
+        .unwrap_or_default();
+    // The full answer's claims whose snippet the kept searches returned.
+    let claims: Vec<&str> = answer
+        .lines()
+        .filter(|l| {
+            l.strip_prefix("<cite id=\"")
+                .and_then(|r| r.split('"').next())
+                .is_some_and(|id| outputs.contains(id))
+        })
+        .collect();
+    let ids: Vec<&str> = claims
+        .iter()
+        .filter_map(|l| l.strip_prefix("<cite id=\"")?.split('"').next())
+        .collect();
+    let mut out = kept;
+    out.push(SftSegment {
+        kind: "model",
+        text: format!(
+            "<think>\nAnswer from what was found.\n</think>\n<review>\n<rubric_review>\n- Found: {}.\n</rubric_review>\n<writing_plan>\nWhat was found, cited.\n</writing_plan>\n</review>\n<answer>\n{}\n</answer>",
+            ids.join(", "),
+            claims.join("\n")
+        ),
+    });
+    Some(out)
+}
+
+/// One reflection demonstration per taught trajectory (`rows`, matched to `tasks` by id): the
+/// meta-policy's prompt over the attempt as the reflection job shows it (every segment, clipped
+/// to `max_chars` head and tail) and the offline teacher's post-mortem of that attempt
+/// (`domain::reflection::demo`), the row's one model segment. Every second trajectory with two
+/// or more searches is first cut after an earlier search (`attempt`), so half the post-mortems
+/// diagnose a chain that stopped short.
+pub fn reflection_rows(
+    tasks: &[WorldTask],
+    rows: &[SftRow],
+    max_chars: usize,
+) -> Result<Vec<SftRow>, minijinja::Error> {
+    let by_id: HashMap<&str, &WorldTask> = tasks.iter().map(|t| (t.id.as_str(), t)).collect();
+    let mut out = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter().enumerate() {
+        let Some(task) = by_id.get(row.id.as_str()) else {
+            continue;
+        };
+        let searches = row
+            .segments
+            .iter()
+            .filter(|s| s.kind == "tool_output")
+            .count();
+        let cut = (i % 2 == 1 && searches >= 2).then(|| 1 + (i / 2) % (searches - 1));
+        let Some(segments) = attempt(row, cut) else {
+            continue;
+        };
+        let full: String = segments.iter().map(|s| s.text.as_str()).collect();
+        let shown = crate::domain::judge::view::clip_middle(&full, max_chars);
+        let (system, user) = crate::infra::prompts::reflection_prompt(&task.query, &shown)?;
+        let text = crate::domain::reflection::demo::write(
+            &task.query,
+            &crate::domain::reflection::demo::read(&full),
+            format_of(task) == AnswerFormat::Exact,
+        );
+        out.push(SftRow {
+            id: match cut {
+                Some(k) => format!("{}#reflect-cut{k}", row.id),
+                None => format!("{}#reflect", row.id),
+            },
+            messages: vec![
+                SftMessage {
+                    role: "system",
+                    content: system,
+                },
+                SftMessage {
+                    role: "user",
+                    content: user,
+                },
+                SftMessage {
+                    role: "assistant",
+                    content: text.clone(),
+                },
+            ],
+            segments: vec![SftSegment {
+                kind: "model",
+                text,
+            }],
+        });
+    }
+    Ok(out)
+}

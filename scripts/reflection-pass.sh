@@ -7,27 +7,35 @@
 # of the attempts cut after an earlier search, and a post-mortem of what the attempt shows, never
 # of gold rubrics or the known answer); REFLECT_ROWS of them, interleaved with as many of the
 # agent demonstrations so the agent's skill is rehearsed, make one more SFT pass from
-# DIR/model-sft into DIR/model-reflect. Skipped when DIR/model-reflect exists.
+# DIR/model-sft into DIR/model-reflect. Each step is skipped when its output exists.
 #
 #   usage: reflection-pass.sh DIR      (DIR made by scripts/init-smoke.sh)
 #   REFLECT_ROWS  reflection demonstrations used (default 512; as many agent rows beside them)
 #   REFLECT_LR    peak learning rate (default 5e-4; cosine to a tenth, 10 warm-up steps)
+#   REFLECT_FROM, REFLECT_OUT  the model the pass starts from and the one it writes, under DIR
+#                 (default model-sft and model-reflect; e.g. model-reflect and model-reflect2
+#                 for a second pass)
+#   REFLECT_SEED  the trainer's row-order seed (default 2)
 #   ORCH_BIN, TRAINER_BIN  the binaries (default: on PATH)
 # Writes DIR/sft-reflect-demos.jsonl (every reflection demonstration), DIR/sft-reflect.jsonl
-# (the pass's rows), DIR/model-reflect and DIR/provenance-reflect.txt (the SHA-256 of each).
+# (the pass's rows), DIR/model-reflect and DIR/provenance-model-reflect.txt (the SHA-256 of
+# each).
 set -euo pipefail
 DIR="${1:?usage: reflection-pass.sh DIR}"
 ORCH="${ORCH_BIN:-orchestrator}"
 TRAINER="${TRAINER_BIN:-trainer}"
 ROWS="${REFLECT_ROWS:-512}"
 LR="${REFLECT_LR:-5e-4}"
+FROM="${REFLECT_FROM:-model-sft}"
+OUT="${REFLECT_OUT:-model-reflect}"
+SEED="${REFLECT_SEED:-2}"
 say() { echo "reflection-pass: $*" >&2; }
 if [[ ! "$ROWS" =~ ^[0-9]+$ ]] || ((ROWS < 8)); then
   say "REFLECT_ROWS = $ROWS; expected a whole number of at least 8 (one batch)"
   exit 2
 fi
-if [[ ! -f "$DIR/model-sft/model.safetensors" || ! -f "$DIR/index/meta.json" ]]; then
-  say "$DIR has no warm start or no index: run scripts/init-smoke.sh $DIR first"
+if [[ ! -f "$DIR/$FROM/model.safetensors" || ! -f "$DIR/index/meta.json" ]]; then
+  say "$DIR has no $FROM or no index: run scripts/init-smoke.sh $DIR first"
   exit 2
 fi
 SFT_TASKS="$DIR/world/tasks.jsonl"
@@ -47,17 +55,17 @@ if [[ ! -f "$DIR/sft-reflect.jsonl" ]]; then
   mv "$DIR/sft-reflect.jsonl.part" "$DIR/sft-reflect.jsonl"
   rm -f "$DIR/sft-reflect-agent.jsonl"
 fi
-if [[ ! -f "$DIR/model-reflect/model.safetensors" ]]; then
-  say "SFT pass on $(wc -l <"$DIR/sft-reflect.jsonl") rows from $DIR/model-sft"
-  "$TRAINER" sft --data "$DIR/sft-reflect.jsonl" --model "$DIR/model-sft" \
-    --out "$DIR/model-reflect" --epochs 1 --batch 8 --lr "$LR" --schedule cosine \
-    --warmup-steps 10 --seed 2 --save-every 64 --device cpu
+if [[ ! -f "$DIR/$OUT/model.safetensors" ]]; then
+  say "SFT pass on $(wc -l <"$DIR/sft-reflect.jsonl") rows from $DIR/$FROM"
+  "$TRAINER" sft --data "$DIR/sft-reflect.jsonl" --model "$DIR/$FROM" \
+    --out "$DIR/$OUT" --epochs 1 --batch 8 --lr "$LR" --schedule cosine \
+    --warmup-steps 10 --seed "$SEED" --save-every 64 --device cpu
 fi
 {
-  echo "# reflection-pass provenance, $(date -u +%FT%TZ), REFLECT_ROWS=$ROWS REFLECT_LR=$LR"
+  echo "# reflection-pass provenance, $(date -u +%FT%TZ), REFLECT_ROWS=$ROWS REFLECT_LR=$LR REFLECT_SEED=$SEED"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
   echo "git: $(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  (cd "$DIR" && sha256sum model-sft/model.safetensors sft-reflect-demos.jsonl sft-reflect.jsonl \
-    model-reflect/model.safetensors)
-} >"$DIR/provenance-reflect.txt"
-say "ready: $DIR/model-reflect (hashes in $DIR/provenance-reflect.txt)"
+  (cd "$DIR" && sha256sum "$FROM/model.safetensors" sft-reflect-demos.jsonl sft-reflect.jsonl \
+    "$OUT/model.safetensors")
+} >"$DIR/provenance-$OUT.txt"
+say "ready: $DIR/$OUT (hashes in $DIR/provenance-$OUT.txt)"

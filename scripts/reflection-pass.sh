@@ -5,19 +5,24 @@
 # teacher writes one reflection demonstration per demonstration of the SFT tasks
 # (`orchestrator sft-data --reflections-out`: the meta-policy's own prompt over the attempt, half
 # of the attempts cut after an earlier search, and a post-mortem of what the attempt shows, never
-# of gold rubrics or the known answer); REFLECT_ROWS of them, interleaved with as many of the
-# agent demonstrations so the agent's skill is rehearsed, make one more SFT pass from
-# DIR/model-sft into DIR/model-reflect. Each step is skipped when its output exists.
+# of gold rubrics or the known answer); REFLECT_ROWS of them, interleaved with as many agent
+# demonstrations with the rubric bank's `<reference_examples>` block in front of the question
+# (`--injected-out`: a meta-policy run injects that block into every question once the bank
+# has items, and a warm start that never saw it fell to reward 0 under it) and as many plain
+# ones, make one more SFT pass from DIR/model-sft into DIR/model-reflect. Each step is skipped
+# when its output exists.
 #
 #   usage: reflection-pass.sh DIR      (DIR made by scripts/init-smoke.sh)
-#   REFLECT_ROWS  reflection demonstrations used (default 512; as many agent rows beside them)
+#   REFLECT_ROWS  reflection demonstrations used (default 512; as many injected and as many
+#                 plain agent rows beside them)
 #   REFLECT_LR    peak learning rate (default 5e-4; cosine to a tenth, 10 warm-up steps)
 #   REFLECT_FROM, REFLECT_OUT  the model the pass starts from and the one it writes, under DIR
 #                 (default model-sft and model-reflect; e.g. model-reflect and model-reflect2
 #                 for a second pass)
 #   REFLECT_SEED  the trainer's row-order seed (default 2)
 #   ORCH_BIN, TRAINER_BIN  the binaries (default: on PATH)
-# Writes DIR/sft-reflect-demos.jsonl (every reflection demonstration), DIR/sft-reflect.jsonl
+# Writes DIR/sft-reflect-demos.jsonl (every reflection demonstration),
+# DIR/sft-reflect-injected.jsonl (every agent demonstration with a block), DIR/sft-reflect.jsonl
 # (the pass's rows), DIR/model-reflect and DIR/provenance-model-reflect.txt (the SHA-256 of
 # each).
 set -euo pipefail
@@ -43,14 +48,19 @@ if [[ -f "$DIR/world/tasks-sft.jsonl" ]]; then SFT_TASKS="$DIR/world/tasks-sft.j
 if [[ ! -f "$DIR/sft-reflect.jsonl" ]]; then
   "$ORCH" sft-data --experiment smoke --set "data.tasks=$SFT_TASKS" \
     --set "data.index=$DIR/index" --out "$DIR/sft-reflect-agent.jsonl" \
-    --reflections-out "$DIR/sft-reflect-demos.jsonl"
-  HAVE=$(wc -l <"$DIR/sft-reflect-demos.jsonl")
-  if ((HAVE < ROWS)); then
-    say "REFLECT_ROWS = $ROWS, but the teacher wrote $HAVE reflection demonstrations"
-    exit 2
-  fi
-  # One reflection row, then one agent row, in the teacher's order (the trainer shuffles).
+    --reflections-out "$DIR/sft-reflect-demos.jsonl" \
+    --injected-out "$DIR/sft-reflect-injected.jsonl"
+  for f in sft-reflect-demos sft-reflect-injected; do
+    HAVE=$(wc -l <"$DIR/$f.jsonl")
+    if ((HAVE < ROWS)); then
+      say "REFLECT_ROWS = $ROWS, but the teacher wrote $HAVE rows to $DIR/$f.jsonl"
+      exit 2
+    fi
+  done
+  # A reflection row, an agent row with the bank's block injected, a plain agent row, in the
+  # teacher's order (the trainer shuffles).
   paste -d '\n' <(head -n "$ROWS" "$DIR/sft-reflect-demos.jsonl") \
+    <(head -n "$ROWS" "$DIR/sft-reflect-injected.jsonl") \
     <(head -n "$ROWS" "$DIR/sft-reflect-agent.jsonl") >"$DIR/sft-reflect.jsonl.part"
   mv "$DIR/sft-reflect.jsonl.part" "$DIR/sft-reflect.jsonl"
   rm -f "$DIR/sft-reflect-agent.jsonl"
@@ -65,7 +75,7 @@ fi
   echo "# reflection-pass provenance, $(date -u +%FT%TZ), REFLECT_ROWS=$ROWS REFLECT_LR=$LR REFLECT_SEED=$SEED"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
   echo "git: $(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  (cd "$DIR" && sha256sum "$FROM/model.safetensors" sft-reflect-demos.jsonl sft-reflect.jsonl \
-    "$OUT/model.safetensors")
+  (cd "$DIR" && sha256sum "$FROM/model.safetensors" sft-reflect-demos.jsonl \
+    sft-reflect-injected.jsonl sft-reflect.jsonl "$OUT/model.safetensors")
 } >"$DIR/provenance-$OUT.txt"
 say "ready: $DIR/$OUT (hashes in $DIR/provenance-$OUT.txt)"

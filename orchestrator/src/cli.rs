@@ -194,6 +194,11 @@ pub struct SftDataArgs {
     /// search, and the teacher's post-mortem of what it shows (no gold rubric or answer).
     #[arg(long, env = "ORCH_SFT_REFLECTIONS_OUT")]
     pub reflections_out: Option<PathBuf>,
+    /// Also write the agent demonstrations again with a `<reference_examples>` block of the
+    /// teacher's post-mortems prepended to the question, as the rubric bank injects it (every
+    /// second one its own task's, the rest two other tasks'); needs --reflections-out.
+    #[arg(long, env = "ORCH_SFT_INJECTED_OUT", requires = "reflections_out")]
+    pub injected_out: Option<PathBuf>,
     /// The search tool the offline teacher calls (default: the experiment's data.index_tool).
     #[arg(long, env = "ORCH_SFT_TOOL")]
     pub tool: Option<String>,

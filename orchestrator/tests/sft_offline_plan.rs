@@ -12,7 +12,7 @@ use orchestrator::domain::scaffold::Scaffold;
 use orchestrator::domain::scaffold::parse::parse;
 use orchestrator::infra::prompts::system_prompt;
 use orchestrator::infra::tools::setup::{ToolSetup, build};
-use orchestrator::pipeline::sft::{SftRow, offline, reflection_rows};
+use orchestrator::pipeline::sft::{SftRow, injected_rows, offline, reflection_rows};
 
 /// Every `<structured_plan>…</structured_plan>` of a trace, lowercased.
 fn plans(trace: &str) -> Vec<String> {
@@ -140,6 +140,32 @@ fn reflections_read_the_attempt_only(tasks: &[WorldTask], rows: &[SftRow]) {
     use orchestrator::domain::reflection::{STOP, demo, parse};
     let refl = reflection_rows(tasks, rows, 12_000).unwrap();
     assert_eq!(refl.len(), rows.len());
+    // The agent rows again with the bank's block in front of the question.
+    let inj = injected_rows(tasks, rows, &refl).unwrap();
+    let within = inj.iter().filter(|r| r.id.ends_with("#within")).count();
+    let cross = inj.iter().filter(|r| r.id.ends_with("#cross")).count();
+    assert_eq!((within, cross), (rows.len().div_ceil(2), rows.len() / 2));
+    for r in &inj {
+        let base = r.id.rsplit_once('#').unwrap().0;
+        let plain = rows.iter().find(|a| a.id == base).unwrap();
+        let t = tasks.iter().find(|t| t.id == base).unwrap();
+        assert_eq!(r.segments, plain.segments, "the same demonstration");
+        let user = &r.messages[1].content;
+        assert!(user.starts_with("<reference_examples>"), "{user}");
+        assert!(user.ends_with(&plain.messages[1].content));
+        if r.id.ends_with("#within") {
+            let own = refl
+                .iter()
+                .find(|x| x.id == format!("{base}#reflect"))
+                .unwrap();
+            let own_blocks = parse(&own.segments[0].text).unwrap();
+            assert!(user.contains(&own_blocks.rubrics), "its own post-mortem");
+        } else {
+            assert_eq!(user.matches("## Similar Question").count(), 2, "{user}");
+            assert!(!user.contains(&format!("Question 1: {}\n", t.query)));
+            assert!(!user.contains(&format!("Question 2: {}\n", t.query)));
+        }
+    }
     let cut: Vec<&SftRow> = refl
         .iter()
         .filter(|r| r.id.contains("#reflect-cut"))

@@ -48,6 +48,7 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
         "--reflections-out is written by the offline teacher only (it reads the research world's trajectories); drop --teacher-url or --reflections-out"
     );
     let mut reflections = Vec::new();
+    let mut injected = Vec::new();
     let (rows, stats) = match &args.teacher_url {
         Some(url) => {
             let mut tasks = crate::domain::data::tasks::load(&tasks_path)?;
@@ -136,6 +137,9 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
                     cfg.reflection.max_trajectory_chars,
                 )?;
             }
+            if args.injected_out.is_some() {
+                injected = crate::pipeline::sft::injected_rows(&tasks, &rows, &reflections)?;
+            }
             (rows, stats)
         }
     };
@@ -148,6 +152,14 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
                 .iter()
                 .filter(|r| r.id.contains("#reflect-cut"))
                 .count(),
+            path.display()
+        ));
+    }
+    if let Some(path) = &args.injected_out {
+        write_rows(path, &injected)?;
+        out(format!(
+            "sft-data: {} demonstrations with an injected bank block written to {}",
+            injected.len(),
             path.display()
         ));
     }

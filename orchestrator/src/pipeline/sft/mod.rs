@@ -368,3 +368,73 @@ pub fn reflection_rows(
     }
     Ok(out)
 }
+
+/// Agent demonstrations with the rubric bank's `<reference_examples>` block prepended to the
+/// question, exactly as a meta-policy run injects it (`Retrieved::inject`), so a warm start has
+/// seen the block before RL puts it in front of every question (without such rows the smoke
+/// model's rollouts under injection fell to reward 0: BENCHMARKS.md, issue 25 session 37). The
+/// items are the offline teacher's post-mortems of full attempts (`reflection_rows`' rows
+/// without a cut): every second row gets its own task's item (the `within` block of a replayed
+/// question; skipped when its task has none), the others two other tasks' items (`cross`, as
+/// the bank's nearest questions).
+pub fn injected_rows(
+    tasks: &[WorldTask],
+    rows: &[SftRow],
+    reflections: &[SftRow],
+) -> Result<Vec<SftRow>, crate::domain::bank::BankError> {
+    use crate::domain::bank::{BankItem, Retrieved, question_hash};
+    let queries: HashMap<&str, &str> = tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.query.as_str()))
+        .collect();
+    let items: Vec<(String, BankItem)> = reflections
+        .iter()
+        .filter_map(|r| {
+            let id = r.id.strip_suffix("#reflect")?;
+            let blocks = crate::domain::reflection::parse(&r.segments.first()?.text)?;
+            let question = queries.get(id)?.to_string();
+            Some((
+                id.to_string(),
+                BankItem {
+                    task_id: uuid::Uuid::nil(),
+                    question_sha256: question_hash(&question),
+                    question,
+                    embedding: vec![],
+                    rubrics: blocks.rubrics,
+                    takeaways: blocks.takeaways,
+                    score: 0.0,
+                    step: 0,
+                    reflection_id: None,
+                },
+            ))
+        })
+        .collect();
+    let mut out = Vec::new();
+    if items.len() < 3 {
+        return Ok(out);
+    }
+    for (i, row) in rows.iter().enumerate() {
+        let got = if i % 2 == 0 {
+            let Some((_, own)) = items.iter().find(|(id, _)| *id == row.id) else {
+                continue;
+            };
+            Retrieved::Within(own.clone())
+        } else {
+            Retrieved::Cross(
+                (1..=items.len())
+                    .map(|k| &items[(i / 2 + k) % items.len()])
+                    .filter(|(id, _)| *id != row.id)
+                    .take(2)
+                    .map(|(_, it)| (it.clone(), 1.0))
+                    .collect(),
+            )
+        };
+        let mut r = row.clone();
+        for m in r.messages.iter_mut().filter(|m| m.role == "user") {
+            m.content = got.inject(&m.content)?;
+        }
+        r.id = format!("{}#{}", row.id, got.mode().as_str());
+        out.push(r);
+    }
+    Ok(out)
+}

@@ -20,54 +20,33 @@ pub struct Seen {
     pub boxed: bool,
 }
 
-fn between<'a>(text: &'a str, open: &str, close: &str) -> Option<&'a str> {
-    let start = text.find(open)? + open.len();
-    let end = start + text[start..].find(close)?;
-    Some(&text[start..end])
-}
-
-/// Read a trajectory's text (every segment, model and tool, in order).
+/// Read a trajectory's text (every segment, model and tool, in order) with the scaffold parser
+/// the judge and the rollout summaries use: closed tool calls only, and the answer's citations
+/// and box only when its block is closed.
 pub fn read(trajectory: &str) -> Seen {
-    let checklist = between(trajectory, "Knowledge checklist:", "</rubric>")
-        .map(|b| {
-            b.lines()
-                .take_while(|l| !l.trim_start().starts_with("Analytical criteria:"))
-                .filter(|l| l.trim_start().starts_with("- "))
-                .count()
-        })
-        .unwrap_or(0);
-    let mut searches = Vec::new();
-    let mut rest = trajectory;
-    while let Some(i) = rest.find("<call_tool") {
-        let after = &rest[i..];
-        let Some(gt) = after.find('>') else { break };
-        let body = &after[gt + 1..];
-        let Some(end) = body.find("</call_tool>") else {
-            break;
-        };
-        searches.push(body[..end].trim().to_string());
-        rest = &body[end..];
-    }
-    let answer = between(trajectory, "<answer>", "</answer>");
-    let mut cited = Vec::new();
-    if let Some(a) = answer {
-        let mut r = a;
-        while let Some(i) = r.find("<cite id=\"") {
-            let s = &r[i + 10..];
-            let Some(q) = s.find('"') else { break };
-            for id in s[..q].split(',').map(str::trim).filter(|x| !x.is_empty()) {
-                if !cited.iter().any(|c| c == id) {
-                    cited.push(id.to_string());
-                }
+    let p = crate::domain::scaffold::parse::parse(trajectory, &|_| true);
+    let mut cited: Vec<String> = Vec::new();
+    if p.answer_closed {
+        for id in p.citations.iter().flat_map(|c| &c.ids) {
+            if !cited.contains(id) {
+                cited.push(id.clone());
             }
-            r = &s[q..];
         }
     }
     Seen {
-        checklist,
-        searches,
-        answered: answer.is_some(),
-        boxed: answer.is_some_and(|a| a.contains("\\boxed{")),
+        checklist: p
+            .plan
+            .as_ref()
+            .and_then(|pl| pl.rubric.as_ref())
+            .map_or(0, |r| r.knowledge.len()),
+        searches: p
+            .tool_calls
+            .iter()
+            .filter(|t| t.closed)
+            .map(|t| t.query.trim().to_string())
+            .collect(),
+        answered: p.answer_closed,
+        boxed: p.answer_closed && p.boxed.is_some(),
         cited,
     }
 }

@@ -807,3 +807,199 @@ async fn lexical_judge_scores_chinese_reports_like_english_ones() {
     assert_eq!(score(&zh, zh_off).await, 0);
     assert_eq!(score(&en, en_off).await, 0);
 }
+
+/// A research-world rollout: searches, receives the snippets `docs` (none: "No results"), and
+/// answers `answer`.
+fn world_rollout(run: Uuid, task: Uuid, i: i32, docs: &[&str], answer: &str) -> Trajectory {
+    let output = if docs.is_empty() {
+        "<tool_output>\nNo results.\n</tool_output>".to_string()
+    } else {
+        let mut o = String::from("<tool_output>");
+        for d in docs {
+            o.push_str(&format!(
+                "<snippet id={d}>\nTitle: {d}\nSnippet: a page of the world\n</snippet>\n"
+            ));
+        }
+        o + "</tool_output>"
+    };
+    let segments = vec![
+        segment(
+            SegmentKind::Model,
+            Some(Stage::Plan),
+            "<structured_plan>find the gene, then the protein</structured_plan>",
+        ),
+        segment(
+            SegmentKind::Model,
+            Some(Stage::Research),
+            "<call_tool name=\"google_search\">KASUROX5 gene</call_tool>",
+        ),
+        segment(SegmentKind::ToolOutput, None, &output),
+        segment(
+            SegmentKind::Model,
+            Some(Stage::Review),
+            "<review>ready</review>",
+        ),
+        segment(
+            SegmentKind::Model,
+            Some(Stage::Answer),
+            &format!("<answer>{answer}</answer>"),
+        ),
+    ];
+    Trajectory {
+        id: Uuid::now_v7(),
+        run_id: run,
+        step: 0,
+        task_id: task,
+        sample_index: i,
+        policy_version: 0,
+        server: "fake".into(),
+        server_version: None,
+        prompt_token_ids: vec![1, 2, 3],
+        segments,
+        finish_reason: "answer".into(),
+        parsed: serde_json::json!({"answer": answer, "tool_calls": [{"name": "google_search"}]}),
+        timings: serde_json::json!({}),
+    }
+}
+
+/// `judge.research_evidence`: each task's buffer also holds persistent Research rubrics from its
+/// evidence chain, so R2 is the share of the chain the rollout retrieved, not R4 broadcast, and
+/// SS-GRPO credits a rollout that found the evidence but answered wrong above one that found
+/// nothing. Off (the paper's A.4.1), the same step broadcasts R4 to Research.
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn evidence_rubrics_give_research_its_own_score(pool: PgPool) {
+    let judge = LexicalJudge::new("lexical-v1");
+    let task = db::tasks::upsert(
+        &pool,
+        &[db::tasks::NewTask {
+            source: "world".into(),
+            external_id: "w17-00003".into(),
+            prompt: "Which compound is bound by the protein that the KASUROX5 gene encodes?".into(),
+            answer_format: "exact".into(),
+            persistent_rubrics: serde_json::json!([
+                {"title": "protein", "description": "Identifies Tammimor as the protein encoded by KASUROX5",
+                 "weight": 1.0, "key_terms": ["Tammimor"], "evidence": ["gene-00704"]},
+                {"title": "compound", "description": "States that Tammimor binds Selboveine",
+                 "weight": 1.0, "key_terms": ["Selboveine"], "evidence": ["protein-00704"]}
+            ]),
+            metadata: serde_json::json!({}),
+        }],
+    )
+    .await
+    .unwrap()[0];
+    let exp = db::runs::create_experiment(&pool, "exp", "smoke", &serde_json::json!({}))
+        .await
+        .unwrap();
+    // (retrieved, answer, R2 with the evidence rubrics, R4)
+    let rollouts: [(&[&str], &str, f32, f32); 4] = [
+        (
+            &["gene-00704", "protein-00704"],
+            "Tammimor binds Selboveine.",
+            1.0,
+            1.0,
+        ),
+        (
+            &["gene-00704", "protein-00704"],
+            "It binds nothing known.",
+            1.0,
+            0.0,
+        ),
+        (
+            &["gene-00704", "gene-00011"],
+            "Tammimor, which binds Kobershiine.",
+            0.5,
+            0.5,
+        ),
+        (&[], "It binds nothing known.", 0.0, 0.0),
+    ];
+    let mut research_adv = Vec::new();
+    for on in [true, false] {
+        let run = db::runs::create_run(
+            &pool,
+            exp,
+            &format!("ss-grpo-{on}"),
+            "ss-grpo",
+            &serde_json::json!({}),
+            1,
+        )
+        .await
+        .unwrap();
+        db::runs::begin_step(&pool, run, 0, 0, &[task])
+            .await
+            .unwrap();
+        let trajs: Vec<Trajectory> = rollouts
+            .iter()
+            .enumerate()
+            .map(|(i, (docs, answer, _, _))| world_rollout(run, task, i as i32, docs, answer))
+            .collect();
+        db::trajectories::insert_batch(&pool, &trajs).await.unwrap();
+        let mut opts = StepOptions::for_recipe(Recipe::SsGrpo, Lambda::default(), false);
+        // Only the persistent rubrics: R2 is then exactly the share of the chain retrieved.
+        opts.group.generate = false;
+        opts.research_evidence = on;
+        let r = judge_step(&pool, &judge, &opts, run, 0).await.unwrap();
+        assert_eq!(r.failed_calls, 0);
+        let mut adv = Vec::new();
+        for (t, (_, _, r2, r4)) in trajs.iter().zip(&rollouts) {
+            let rows = stage_scores(&pool, t.id).await;
+            let (research, answer) = (&rows[1], &rows[3]);
+            assert_eq!((research.0, answer.0), (1, 3));
+            assert!((answer.1 - r4).abs() < 1e-6, "R4 {} != {r4}", answer.1);
+            let want = if on { *r2 } else { *r4 };
+            assert!(
+                (research.1 - want).abs() < 1e-6,
+                "on={on}: R2 {} != {want}",
+                research.1
+            );
+            adv.push(research.3);
+        }
+        research_adv.push(adv);
+        let stored: Vec<(i16, String, Vec<String>)> = sqlx::query_as(
+            "SELECT r.stage, b.state, r.key_terms FROM rubric_buffers b JOIN rubrics r ON r.id = b.rubric_id
+             WHERE b.run_id = $1 AND r.stage = 1 ORDER BY r.created_at, r.id",
+        )
+        .bind(run)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        if on {
+            let keys: Vec<&str> = stored.iter().map(|s| s.2[0].as_str()).collect();
+            assert_eq!(keys.len(), 2);
+            assert!(keys.contains(&"gene-00704") && keys.contains(&"protein-00704"));
+            assert!(stored.iter().all(|s| s.1 == "persistent"));
+        } else {
+            assert!(stored.is_empty(), "{stored:?}");
+        }
+    }
+    // With the evidence rubrics the wrong answer that found the evidence (rollout 1) gets
+    // Research credit above the rollout that found nothing (3); broadcast, the two are equal.
+    let (on, off) = (&research_adv[0], &research_adv[1]);
+    assert!(on[1] > on[3] + 0.1, "{on:?}");
+    assert!((off[1] - off[3]).abs() < 1e-6, "{off:?}");
+    // The answer-only DR Tulu recipe ignores the option: it judges no Research stage, and its
+    // judge would find the ids in the answer's citations instead.
+    let run = db::runs::create_run(&pool, exp, "drtulu-on", "drtulu", &serde_json::json!({}), 1)
+        .await
+        .unwrap();
+    db::runs::begin_step(&pool, run, 0, 0, &[task])
+        .await
+        .unwrap();
+    let trajs: Vec<Trajectory> = rollouts
+        .iter()
+        .enumerate()
+        .map(|(i, (docs, answer, _, _))| world_rollout(run, task, i as i32, docs, answer))
+        .collect();
+    db::trajectories::insert_batch(&pool, &trajs).await.unwrap();
+    let mut opts = StepOptions::for_recipe(Recipe::Drtulu, Lambda::default(), false);
+    opts.research_evidence = true;
+    judge_step(&pool, &judge, &opts, run, 0).await.unwrap();
+    let research: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM rubric_buffers b JOIN rubrics r ON r.id = b.rubric_id
+         WHERE b.run_id = $1 AND r.stage = 1",
+    )
+    .bind(run)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(research, 0);
+}

@@ -28,6 +28,7 @@ pub(super) async fn judge(args: &JudgeArgs) -> anyhow::Result<ExitCode> {
     };
     let mut opts = StepOptions::for_recipe(recipe, cfg.credit.lambda, cfg.credit.citation);
     opts.group.generate = args.generate;
+    opts.research_evidence = cfg.judge.research_evidence;
     let judge = crate::infra::llm::judge::from_config(&cfg)?;
     let steps: Vec<i32> = match args.step {
         Some(s) => vec![s],

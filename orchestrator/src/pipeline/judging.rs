@@ -19,7 +19,7 @@ use crate::domain::data::tasks::RubricSpec;
 use crate::domain::judge::group::{GroupConfig, GroupJudgment, judge_group};
 use crate::domain::judge::score::{AnswerScore, ScoreSource};
 use crate::domain::judge::{Granularity, Judge, Origin, Rubric, ScoreMode, TraceView};
-use crate::domain::rubrics::{BufferPolicy, RubricBuffer};
+use crate::domain::rubrics::{BufferPolicy, RubricBuffer, evidence_rubrics};
 use crate::domain::trajectory::Stage;
 use crate::infra::db::{self, DbError, judging};
 
@@ -37,6 +37,11 @@ pub struct StepOptions {
     pub recipe: Recipe,
     pub group: GroupConfig,
     pub credit: Credit,
+    /// `judge.research_evidence`: seed each task's buffer with persistent Research rubrics from
+    /// its evidence chain too ([`crate::domain::rubrics::evidence_rubrics`]); off in every
+    /// recipe's paper settings, and ignored by the answer-only recipes (DR Tulu, DeepRubric),
+    /// which judge no Research stage.
+    pub research_evidence: bool,
 }
 
 impl StepOptions {
@@ -58,6 +63,7 @@ impl StepOptions {
                 point_scale: 2,
             },
             credit: Credit::Stage(credit),
+            research_evidence: false,
         };
         match recipe {
             Recipe::BaselineRl | Recipe::MetaPolicy => stagewise(CreditMode::Terminal),
@@ -74,6 +80,7 @@ impl StepOptions {
                     point_scale: 2,
                 },
                 credit: Credit::Composite { citation },
+                research_evidence: false,
             },
             // DeepRubric (method.md C.5): the task's fixed rubrics only (nothing generated),
             // judged per rubric on the answer, Σ w·s / Σ |w|, the paper's composite reward.
@@ -90,6 +97,7 @@ impl StepOptions {
                     point_scale: 4,
                 },
                 credit: Credit::Composite { citation },
+                research_evidence: false,
             },
         }
     }
@@ -271,7 +279,19 @@ pub async fn judge_step_guarded(
             None => {
                 let p = tasks
                     .get(&task)
-                    .map(|t| persistent_rubrics_as(opts.group.answer_score, &t.persistent_rubrics))
+                    .map(|t| {
+                        let mut p =
+                            persistent_rubrics_as(opts.group.answer_score, &t.persistent_rubrics);
+                        // Stagewise recipes only: an answer-only judge (DR Tulu, DeepRubric)
+                        // would look for the document ids in the answer's citations.
+                        if opts.research_evidence && opts.group.mode == ScoreMode::Stagewise {
+                            let specs: Vec<RubricSpec> =
+                                serde_json::from_value(t.persistent_rubrics.clone())
+                                    .unwrap_or_default();
+                            p.extend(evidence_rubrics(&specs));
+                        }
+                        p
+                    })
                     .unwrap_or_default();
                 (RubricBuffer::with_persistent(p.clone(), step), p)
             }

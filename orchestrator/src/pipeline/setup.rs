@@ -357,7 +357,10 @@ pub async fn pipeline(
         },
         admission,
         judge,
-        judge_opts: StepOptions::for_recipe(recipe, cfg.credit.lambda, cfg.credit.citation),
+        judge_opts: StepOptions {
+            research_evidence: cfg.judge.research_evidence,
+            ..StepOptions::for_recipe(recipe, cfg.credit.lambda, cfg.credit.citation)
+        },
         overlong_filter: cfg.credit.overlong_filter,
         judge_url: if cfg.judge.urls.is_empty() {
             cfg.judge.kind.as_str().to_string()
@@ -481,6 +484,10 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
             cfg.judge.urls.join(", "),
             cfg.judge.max_failure_rate * 100.0
         ),
+    } + if cfg.judge.research_evidence {
+        "; persistent Research rubrics from each task's evidence chain (judge.research_evidence)"
+    } else {
+        ""
     };
     let finetune = match t.finetune {
         wire::settings::Finetune::Full => "full fine-tune".to_string(),

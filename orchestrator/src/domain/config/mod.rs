@@ -470,6 +470,13 @@ pub struct JudgeConfig {
     /// retries, the step is not trained and the run pauses (resume once the judge answers).
     #[serde(default = "default_max_failure_rate")]
     pub max_failure_rate: f64,
+    /// Persistent Research rubrics from each task's evidence chain (one per evidence document
+    /// its Answer rubrics name: "the Research stage retrieved it"), beside the generated ones
+    /// (`domain::rubrics::evidence_rubrics`). Off by default: method.md A.4.1 keeps persistent
+    /// rubrics to the Answer stage. Only tasks with `evidence` ids (the research world's) get any,
+    /// and only in the stagewise recipes (the answer-only DR Tulu and DeepRubric ignore it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub research_evidence: bool,
 }
 
 fn default_max_stage_chars() -> usize {

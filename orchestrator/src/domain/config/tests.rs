@@ -352,6 +352,11 @@ fn trainer_table_parses_validates_and_refuses_unknown_keys() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("judge.max_failure_rate"), "{err}");
+    // The evidence-chain Research rubrics are off unless asked for (method.md A.4.1).
+    assert!(!smoke.judge.research_evidence);
+    let on = Config::load("smoke", &set("judge.research_evidence=true")).unwrap();
+    assert!(on.judge.research_evidence);
+    assert!(on.to_toml().contains("research_evidence = true"));
     // The resolved settings are part of what `orchestrator config` prints and the snapshot.
     let toml = smoke.to_toml();
     assert!(toml.contains("minibatches_per_step = 1"), "{toml}");

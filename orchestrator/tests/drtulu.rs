@@ -663,7 +663,7 @@ fn llm_judge(addr: SocketAddr) -> LlmJudge {
 /// A stored DR Tulu trajectory: model turns (research, then the answer) around one tool output,
 /// with the parse the engine stores (`parse_as(Drtulu)`).
 fn trajectory(run: Uuid, task: Uuid, i: i32, answer: &str) -> Trajectory {
-    use common::fixtures::segment;
+    use common::fixtures::{segment, stored_trajectory};
     let research = format!("<think>step {i}</think>{CALL}");
     let parse_text = format!("{research}{THINK2}{answer}");
     let parsed = parse_as(Scaffold::Drtulu, &parse_text, &|_| true);
@@ -675,21 +675,7 @@ fn trajectory(run: Uuid, task: Uuid, i: i32, answer: &str) -> Trajectory {
     if !answer.is_empty() {
         segments.push(segment(SegmentKind::Model, Some(Stage::Answer), answer));
     }
-    Trajectory {
-        id: Uuid::now_v7(),
-        run_id: run,
-        step: 0,
-        task_id: task,
-        sample_index: i,
-        policy_version: 0,
-        server: "fake".into(),
-        server_version: None,
-        prompt_token_ids: vec![1, 2, 3],
-        segments,
-        finish_reason: "answer".into(),
-        parsed: parsed.to_json(),
-        timings: json!({}),
-    }
+    stored_trajectory(run, task, i, segments, parsed.to_json())
 }
 
 #[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]

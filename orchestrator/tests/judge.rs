@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fake_judge::{FakeJudge, JudgeFault};
-use common::fixtures::segment;
+use common::fixtures::{segment, stored_trajectory};
 use orchestrator::domain::config::Recipe;
 use orchestrator::domain::credit::{CreditMode, Lambda, group_advantages};
 use orchestrator::domain::judge::Judge;
@@ -94,24 +94,16 @@ fn trajectory(run: Uuid, task: Uuid, i: i32, quality: &str, extra: &str) -> Traj
             &format!("<answer>{answer}</answer>"),
         ),
     ];
-    Trajectory {
-        id: Uuid::now_v7(),
-        run_id: run,
-        step: 0,
-        task_id: task,
-        sample_index: i,
-        policy_version: 0,
-        server: "fake".into(),
-        server_version: None,
-        prompt_token_ids: vec![1, 2, 3],
+    stored_trajectory(
+        run,
+        task,
+        i,
         segments,
-        finish_reason: "answer".into(),
-        parsed: serde_json::json!({
+        serde_json::json!({
             "answer": answer,
             "tool_calls": [{"name": "google_search", "query": "q"}],
         }),
-        timings: serde_json::json!({}),
-    }
+    )
 }
 
 struct Fixture {
@@ -845,21 +837,13 @@ fn world_rollout(run: Uuid, task: Uuid, i: i32, docs: &[&str], answer: &str) -> 
             &format!("<answer>{answer}</answer>"),
         ),
     ];
-    Trajectory {
-        id: Uuid::now_v7(),
-        run_id: run,
-        step: 0,
-        task_id: task,
-        sample_index: i,
-        policy_version: 0,
-        server: "fake".into(),
-        server_version: None,
-        prompt_token_ids: vec![1, 2, 3],
+    stored_trajectory(
+        run,
+        task,
+        i,
         segments,
-        finish_reason: "answer".into(),
-        parsed: serde_json::json!({"answer": answer, "tool_calls": [{"name": "google_search"}]}),
-        timings: serde_json::json!({}),
-    }
+        serde_json::json!({"answer": answer, "tool_calls": [{"name": "google_search"}]}),
+    )
 }
 
 /// `judge.research_evidence`: each task's buffer also holds persistent Research rubrics from its

@@ -204,21 +204,30 @@ pub fn persistent_rubrics(specs: &serde_json::Value) -> Vec<Rubric> {
 /// (method.md B.2, B.3: `ground_truth.rubrics[].weight` is used unchanged), its magnitude as the
 /// weight and its sign as the polarity (a negative weight is a penalty).
 pub fn persistent_rubrics_as(score: AnswerScore, specs: &serde_json::Value) -> Vec<Rubric> {
-    let specs: Vec<RubricSpec> = serde_json::from_value(specs.clone()).unwrap_or_default();
+    answer_rubrics(score, &parse_specs(specs))
+}
+
+/// A task's stored rubric specs; none when they do not parse.
+fn parse_specs(specs: &serde_json::Value) -> Vec<RubricSpec> {
+    serde_json::from_value(specs.clone()).unwrap_or_default()
+}
+
+/// See [`persistent_rubrics_as`].
+fn answer_rubrics(score: AnswerScore, specs: &[RubricSpec]) -> Vec<Rubric> {
     specs
-        .into_iter()
+        .iter()
         .filter(|s| !s.description.trim().is_empty())
         .map(|s| Rubric {
             id: Uuid::now_v7(),
             stage: Stage::Answer,
-            title: s.title,
-            description: s.description,
+            title: s.title.clone(),
+            description: s.description.clone(),
             weight: match score {
                 AnswerScore::WeightedMean => s.weight.abs().round().clamp(1.0, 3.0),
                 AnswerScore::SignedPoints | AnswerScore::AbsWeighted => s.weight.abs(),
             },
             negative: s.weight < 0.0,
-            key_terms: s.key_terms,
+            key_terms: s.key_terms.clone(),
             origin: Origin::Persistent,
         })
         .collect()
@@ -280,14 +289,11 @@ pub async fn judge_step_guarded(
                 let p = tasks
                     .get(&task)
                     .map(|t| {
-                        let mut p =
-                            persistent_rubrics_as(opts.group.answer_score, &t.persistent_rubrics);
+                        let specs = parse_specs(&t.persistent_rubrics);
+                        let mut p = answer_rubrics(opts.group.answer_score, &specs);
                         // Stagewise recipes only: an answer-only judge (DR Tulu, DeepRubric)
                         // would look for the document ids in the answer's citations.
                         if opts.research_evidence && opts.group.mode == ScoreMode::Stagewise {
-                            let specs: Vec<RubricSpec> =
-                                serde_json::from_value(t.persistent_rubrics.clone())
-                                    .unwrap_or_default();
                             p.extend(evidence_rubrics(&specs));
                         }
                         p

@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use orchestrator::domain::trajectory::{Segment, SegmentKind, Stage};
+use orchestrator::domain::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use uuid::Uuid;
 
 /// A stored segment of `text` in the fake's toy tokenisation; model segments get logprobs and
 /// policy version 0.
@@ -17,6 +18,32 @@ pub fn segment(kind: SegmentKind, stage: Option<Stage>, text: &str) -> Segment {
         token_ids: ids,
         text: text.into(),
         policy_version: model.then_some(0),
+    }
+}
+
+/// Sample `i` of `task` at step 0 of `run`, as the rollout engine stores it (policy version 0,
+/// a three-token prompt, finished by an answer): `segments` and its scaffold parse `parsed`.
+pub fn stored_trajectory(
+    run: Uuid,
+    task: Uuid,
+    i: i32,
+    segments: Vec<Segment>,
+    parsed: serde_json::Value,
+) -> Trajectory {
+    Trajectory {
+        id: Uuid::now_v7(),
+        run_id: run,
+        step: 0,
+        task_id: task,
+        sample_index: i,
+        policy_version: 0,
+        server: "fake".into(),
+        server_version: None,
+        prompt_token_ids: vec![1, 2, 3],
+        segments,
+        finish_reason: "answer".into(),
+        parsed,
+        timings: serde_json::json!({}),
     }
 }
 

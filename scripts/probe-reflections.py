@@ -5,8 +5,9 @@ A reflection candidate is valid when both `<reflection_rubrics>` and `<reflectio
 are present, closed and non-empty (domain/reflection/parse.rs). This probe replays the prompts
 a run's reflection job stored (`reflections.prompt_token_ids` of RUN at STEP, one per task, the
 exact tokens the meta-policy saw) against a served model (`trainer serve --model DIR`), samples
-N candidates each at the meta-policy's settings, and prints the valid share, how many
-candidates ran to the token limit and one example. Serving the warm start, then a run's
+N candidates each at the meta-policy's settings, and prints the valid share (overall and by
+how the attempt reflected on ended: `answer`, `forced_answer`, `length`), how many candidates
+ran to the token limit and one example. Serving the warm start, then a run's
 checkpoints, tells whether reflections degrade with the agent's RL or with the reflection
 updates.
 
@@ -54,17 +55,21 @@ def main():
     if not re.fullmatch(r"[0-9a-f-]{36}", a.run):
         sys.exit(f"RUN = {a.run!r}: expected a run UUID")
     sql = (
-        "select distinct on (task_id) task_id, array_to_json(prompt_token_ids) from reflections "
-        f"where run_id = '{a.run}' and step = {int(a.step)} order by task_id, candidate_index"
+        "select distinct on (r.task_id) r.task_id, coalesce(t.finish_reason, 'unknown'), "
+        "array_to_json(r.prompt_token_ids) from reflections r "
+        "left join trajectories t on t.id = r.source_trajectory_id "
+        f"where r.run_id = '{a.run}' and r.step = {int(a.step)} "
+        "order by r.task_id, r.candidate_index"
     )
     rows = subprocess.run(["psql", a.db, "-Atc", sql], check=True, capture_output=True,
                           text=True).stdout.split("\n")
-    prompts = [json.loads(r.split("|", 1)[1]) for r in rows if r.strip()]
+    prompts = [(r.split("|", 2)[1], json.loads(r.split("|", 2)[2])) for r in rows if r.strip()]
     if not prompts:
         sys.exit(f"no stored reflection prompts for run {a.run} at step {a.step}")
     total = ok = at_limit = 0
+    by_reason = {}
     example = None
-    for i, ids in enumerate(prompts):
+    for i, (reason, ids) in enumerate(prompts):
         body = {
             "model": "policy", "prompt": ids, "n": a.n, "temperature": a.temperature,
             "max_tokens": a.max_tokens, "stop": [STOP], "include_stop_str_in_output": True,
@@ -79,11 +84,15 @@ def main():
             total += 1
             good = valid(c["text"])
             ok += good
+            v = by_reason.setdefault(reason, [0, 0])
+            v[0] += good
+            v[1] += 1
             at_limit += c.get("finish_reason") == "length"
             if example is None or (good and not valid(example)):
                 example = c["text"]
     print(json.dumps({"run": a.run, "step": a.step, "url": a.url, "prompts": len(prompts),
                       "candidates": total, "valid": ok, "valid_share": round(ok / total, 4),
+                      "valid_by_attempt_end": {k: f"{v[0]}/{v[1]}" for k, v in sorted(by_reason.items())},
                       "at_token_limit": at_limit, "temperature": a.temperature,
                       "example": example[:600]}))
 

@@ -3,9 +3,10 @@
 # reflection (0 of 1,152 candidates in BENCHMARKS.md's issue 25 session 36), so every reflection
 # group is degenerate, the meta-policy never trains and the rubric bank stays empty. The offline
 # teacher writes one reflection demonstration per demonstration of the SFT tasks
-# (`orchestrator sft-data --reflections-out`: the meta-policy's own prompt over the attempt, half
-# of the attempts cut after an earlier search, and a post-mortem of what the attempt shows, never
-# of gold rubrics or the known answer); REFLECT_ROWS of them, interleaved with as many agent
+# (`orchestrator sft-data --reflections-out`: the meta-policy's own prompt over the attempt, a
+# quarter of the attempts cut after an earlier search and answered, a quarter degenerating into
+# a loop until the token budget as a small policy's do, and a post-mortem of what the attempt
+# shows, never of gold rubrics or the known answer); REFLECT_ROWS of them, interleaved with as many agent
 # demonstrations with the rubric bank's `<reference_examples>` block in front of the question
 # (`--injected-out`: a meta-policy run injects that block into every question once the bank
 # has items, and a warm start that never saw it fell to reward 0 under it) and as many plain

@@ -131,8 +131,9 @@ async fn the_offline_plan_sees_the_question_only() {
     }
 }
 
-/// The reflection demonstrations of the taught rows (`reflection_rows`): one per row, half on an
-/// attempt cut after an earlier search; each is the meta-policy's own prompt over the attempt and
+/// The reflection demonstrations of the taught rows (`reflection_rows`): one per row, a quarter
+/// on an attempt cut after an earlier search and answered, a quarter on one that degenerates
+/// into a loop until the budget and never answers; each is the meta-policy's own prompt over the attempt and
 /// a valid post-mortem that `demo` derives from that attempt's text alone, so no gold rubric text
 /// reaches it, and a cut attempt's post-mortem names where its chain stopped without the known
 /// answer.
@@ -170,7 +171,16 @@ fn reflections_read_the_attempt_only(tasks: &[WorldTask], rows: &[SftRow]) {
         .iter()
         .filter(|r| r.id.contains("#reflect-cut"))
         .collect();
-    assert_eq!(cut.len(), rows.len() / 2, "every second attempt is cut");
+    assert_eq!(
+        cut.len(),
+        (rows.len() + 2) / 4,
+        "every fourth attempt is cut"
+    );
+    let looping = refl
+        .iter()
+        .filter(|r| r.id.contains("#reflect-loop"))
+        .count();
+    assert_eq!(looping, rows.len() / 4, "every fourth attempt loops");
     for (r, t) in refl.iter().zip(tasks) {
         assert!(r.id.starts_with(&t.id));
         let text = &r.segments[0].text;
@@ -202,6 +212,19 @@ fn reflections_read_the_attempt_only(tasks: &[WorldTask], rows: &[SftRow]) {
             if t.answer_format == "exact" && !has_words(&q, &a) {
                 assert!(!has_words(&lower, &a), "{}: {a:?} in {text}", t.id);
             }
+        } else if r.id.contains("#reflect-loop") {
+            let seen = demo::read(attempt);
+            assert!(!seen.answered, "{attempt}");
+            let l = seen.looped.expect("the loop is read from the attempt");
+            assert!(
+                attempt.matches(l.as_str()).count() >= demo::LOOP_MIN,
+                "{l:?} in {attempt}"
+            );
+            assert!(
+                text.contains(&format!("Pitfalls: no answer; the text loops on \"{l}\".")),
+                "{text}"
+            );
+            assert!(!text.contains("\\boxed"), "{text}");
         } else {
             assert!(text.contains("Pitfalls: none seen;"), "{text}");
         }

@@ -146,11 +146,15 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.reflections_out {
         write_rows(path, &reflections)?;
         out(format!(
-            "sft-data: {} reflection demonstrations ({} on a cut attempt) written to {}",
+            "sft-data: {} reflection demonstrations ({} on a cut attempt, {} on a looping one) written to {}",
             reflections.len(),
             reflections
                 .iter()
                 .filter(|r| r.id.contains("#reflect-cut"))
+                .count(),
+            reflections
+                .iter()
+                .filter(|r| r.id.contains("#reflect-loop"))
                 .count(),
             path.display()
         ));

@@ -307,12 +307,84 @@ fn attempt(row: &SftRow, cut: Option<usize>) -> Option<Vec<SftSegment>> {
     Some(out)
 }
 
+/// An attempt that degenerates the way a small policy at temperature 0.7 does when it runs to
+/// its token budget (BENCHMARKS.md, issue 25 session 39: a `<call_tool>` line written hundreds
+/// of times, or one phrase until the budget ends): the taught trajectory's first `k` searches,
+/// the start of its next model turn, then `fill` characters of one fragment over and over, the
+/// forced `<answer>` opening the rollout engine injects at the budget, and more of the loop,
+/// never closed. The fragment is a scaffold tag line (`variant` even) or the last three words
+/// the turn wrote before it broke off (odd). None when `k` is 0 or above the row's searches.
+fn looping_attempt(row: &SftRow, k: usize, variant: usize, fill: usize) -> Option<Vec<SftSegment>> {
+    const TAGS: [&str; 4] = [
+        "<call_tool>",
+        "<state_evaluation>",
+        "</rubric>",
+        "<writing_plan>",
+    ];
+    let searches = row
+        .segments
+        .iter()
+        .filter(|s| s.kind == "tool_output")
+        .count();
+    if k == 0 || k > searches {
+        return None;
+    }
+    let mut out: Vec<SftSegment> = row.segments[..2 * k].to_vec();
+    let next = &row.segments.get(2 * k)?.text;
+    // The turn breaks off a third of the way in, at a word boundary.
+    let mut at = next.len() / 3;
+    while !next.is_char_boundary(at) {
+        at -= 1;
+    }
+    let at = next[..at].rfind(char::is_whitespace).unwrap_or(at);
+    let start = &next[..at];
+    let fragment = if variant.is_multiple_of(2) {
+        format!("\n{}", TAGS[(variant / 2) % TAGS.len()])
+    } else {
+        let words: Vec<&str> = start.split_whitespace().collect();
+        let tail = words[words.len().saturating_sub(3)..].join(" ");
+        if tail.is_empty() {
+            format!("\n{}", TAGS[0])
+        } else {
+            format!(" {tail}")
+        }
+    };
+    let reps = fill / fragment.len() + 1;
+    out.push(SftSegment {
+        kind: "model",
+        text: format!("{start}{}", fragment.repeat(reps)),
+    });
+    out.push(SftSegment {
+        kind: "injected",
+        text: "\n<answer>\n".to_string(),
+    });
+    out.push(SftSegment {
+        kind: "model",
+        text: fragment.repeat(reps / 4 + 1),
+    });
+    Some(out)
+}
+
+/// Which attempt a reflection demonstration reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Shown {
+    /// The taught trajectory whole.
+    Whole,
+    /// Cut after this many searches and answered from what they found (`attempt`).
+    Cut(usize),
+    /// Degenerating after this many searches until the budget (`looping_attempt`).
+    Loop(usize),
+}
+
 /// One reflection demonstration per taught trajectory (`rows`, matched to `tasks` by id): the
 /// meta-policy's prompt over the attempt as the reflection job shows it (every segment, clipped
 /// to `max_chars` head and tail) and the offline teacher's post-mortem of that attempt
-/// (`domain::reflection::demo`), the row's one model segment. Every second trajectory with two
-/// or more searches is first cut after an earlier search (`attempt`), so half the post-mortems
-/// diagnose a chain that stopped short.
+/// (`domain::reflection::demo`), the row's one model segment. Half the attempts are whole; of
+/// the others, every second one with two or more searches is cut after an earlier search and
+/// answered (`attempt`: a chain that stopped short), and the rest degenerate into a loop until
+/// the token budget (`looping_attempt`), as up to half of a smoke policy's attempts do: without
+/// these, the meta-policy's post-mortems of such attempts were valid 6 times in 348
+/// (BENCHMARKS.md, issue 25 session 38).
 pub fn reflection_rows(
     tasks: &[WorldTask],
     rows: &[SftRow],
@@ -329,8 +401,19 @@ pub fn reflection_rows(
             .iter()
             .filter(|s| s.kind == "tool_output")
             .count();
-        let cut = (i % 2 == 1 && searches >= 2).then(|| 1 + (i / 2) % (searches - 1));
-        let Some(segments) = attempt(row, cut) else {
+        let kind = match i % 4 {
+            1 if searches >= 2 => Shown::Cut(1 + (i / 4) % (searches - 1)),
+            3 if searches >= 1 => Shown::Loop(1 + (i / 4) % searches),
+            _ => Shown::Whole,
+        };
+        let segments = match kind {
+            Shown::Whole => attempt(row, None),
+            Shown::Cut(k) => attempt(row, Some(k)),
+            // Loops of 2,000 to 8,000 characters: the reflection job's 6,000-character clip
+            // shows some whole and the tail of the others.
+            Shown::Loop(k) => looping_attempt(row, k, i / 4, 2_000 + (i * 997) % 6_000),
+        };
+        let Some(segments) = segments else {
             continue;
         };
         let full: String = segments.iter().map(|s| s.text.as_str()).collect();
@@ -342,9 +425,10 @@ pub fn reflection_rows(
             format_of(task) == AnswerFormat::Exact,
         );
         out.push(SftRow {
-            id: match cut {
-                Some(k) => format!("{}#reflect-cut{k}", row.id),
-                None => format!("{}#reflect", row.id),
+            id: match kind {
+                Shown::Cut(k) => format!("{}#reflect-cut{k}", row.id),
+                Shown::Loop(k) => format!("{}#reflect-loop{k}", row.id),
+                Shown::Whole => format!("{}#reflect", row.id),
             },
             messages: vec![
                 SftMessage {

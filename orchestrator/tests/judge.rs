@@ -846,6 +846,30 @@ fn world_rollout(run: Uuid, task: Uuid, i: i32, docs: &[&str], answer: &str) -> 
     )
 }
 
+/// A run of `recipe` on `task` at step 0 holding one `world_rollout` per (retrieved, answer).
+async fn run_with_rollouts(
+    pool: &sqlx::PgPool,
+    exp: Uuid,
+    name: &str,
+    recipe: &str,
+    task: Uuid,
+    rollouts: &[(&[&str], &str, f32, f32)],
+) -> (Uuid, Vec<Trajectory>) {
+    let run = db::runs::create_run(pool, exp, name, recipe, &serde_json::json!({}), 1)
+        .await
+        .unwrap();
+    db::runs::begin_step(pool, run, 0, 0, &[task])
+        .await
+        .unwrap();
+    let trajs: Vec<Trajectory> = rollouts
+        .iter()
+        .enumerate()
+        .map(|(i, (docs, answer, _, _))| world_rollout(run, task, i as i32, docs, answer))
+        .collect();
+    db::trajectories::insert_batch(pool, &trajs).await.unwrap();
+    (run, trajs)
+}
+
 /// `judge.research_evidence`: each task's buffer also holds persistent Research rubrics from its
 /// evidence chain, so R2 is the share of the chain the rollout retrieved, not R4 broadcast, and
 /// SS-GRPO credits a rollout that found the evidence but answered wrong above one that found
@@ -898,25 +922,15 @@ async fn evidence_rubrics_give_research_its_own_score(pool: PgPool) {
     ];
     let mut research_adv = Vec::new();
     for on in [true, false] {
-        let run = db::runs::create_run(
+        let (run, trajs) = run_with_rollouts(
             &pool,
             exp,
             &format!("ss-grpo-{on}"),
             "ss-grpo",
-            &serde_json::json!({}),
-            1,
+            task,
+            &rollouts,
         )
-        .await
-        .unwrap();
-        db::runs::begin_step(&pool, run, 0, 0, &[task])
-            .await
-            .unwrap();
-        let trajs: Vec<Trajectory> = rollouts
-            .iter()
-            .enumerate()
-            .map(|(i, (docs, answer, _, _))| world_rollout(run, task, i as i32, docs, answer))
-            .collect();
-        db::trajectories::insert_batch(&pool, &trajs).await.unwrap();
+        .await;
         let mut opts = StepOptions::for_recipe(Recipe::SsGrpo, Lambda::default(), false);
         // Only the persistent rubrics: R2 is then exactly the share of the chain retrieved.
         opts.group.generate = false;
@@ -962,18 +976,7 @@ async fn evidence_rubrics_give_research_its_own_score(pool: PgPool) {
     assert!((off[1] - off[3]).abs() < 1e-6, "{off:?}");
     // The answer-only DR Tulu recipe ignores the option: it judges no Research stage, and its
     // judge would find the ids in the answer's citations instead.
-    let run = db::runs::create_run(&pool, exp, "drtulu-on", "drtulu", &serde_json::json!({}), 1)
-        .await
-        .unwrap();
-    db::runs::begin_step(&pool, run, 0, 0, &[task])
-        .await
-        .unwrap();
-    let trajs: Vec<Trajectory> = rollouts
-        .iter()
-        .enumerate()
-        .map(|(i, (docs, answer, _, _))| world_rollout(run, task, i as i32, docs, answer))
-        .collect();
-    db::trajectories::insert_batch(&pool, &trajs).await.unwrap();
+    let (run, _) = run_with_rollouts(&pool, exp, "drtulu-on", "drtulu", task, &rollouts).await;
     let mut opts = StepOptions::for_recipe(Recipe::Drtulu, Lambda::default(), false);
     opts.research_evidence = true;
     judge_step(&pool, &judge, &opts, run, 0).await.unwrap();

@@ -837,7 +837,8 @@ pub struct DeepRubricArgs {
 /// and `data deeprubric`.
 #[derive(Debug, Clone, Args)]
 pub struct ToolFlags {
-    /// Local BM25 index (from `index build`) served as google_search and snippet_search.
+    /// Local BM25 index (from `index build`): served as google_search and snippet_search, or in
+    /// `rollout` as the experiment's one data.index_tool (the tool the policy trained with).
     #[arg(long, env = "ORCH_INDEX_DIR")]
     pub index: Option<PathBuf>,
     /// Real web tools: google_search (Serper, SERPER_API_KEY), snippet_search (Semantic

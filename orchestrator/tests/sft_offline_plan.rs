@@ -142,7 +142,7 @@ fn reflections_read_the_attempt_only(tasks: &[WorldTask], rows: &[SftRow]) {
     let refl = reflection_rows(tasks, rows, 12_000).unwrap();
     assert_eq!(refl.len(), rows.len());
     // The agent rows again with the bank's block in front of the question.
-    let inj = injected_rows(tasks, rows, &refl).unwrap();
+    let inj = injected_rows(tasks, rows, &refl, 0).unwrap();
     let within = inj.iter().filter(|r| r.id.ends_with("#within")).count();
     let cross = inj.iter().filter(|r| r.id.ends_with("#cross")).count();
     assert_eq!((within, cross), (rows.len().div_ceil(2), rows.len() / 2));

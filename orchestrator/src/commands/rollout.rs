@@ -41,7 +41,10 @@ pub async fn rollout(args: &RolloutArgs) -> anyhow::Result<RolloutSummary> {
     llm::detect_all(&client, Role::Policy).await?;
 
     let cache = Arc::new(db::tool_cache::PgToolCache { pool: pool.clone() });
+    // The local index is served under the experiment's one tool name, as `run` and `sft-data`
+    // serve it, so the system prompt is the one the policy trained and is evaluated on.
     let mut setup = args.tools.setup();
+    setup.index_tool = Some(cfg.data.index_tool.clone());
     setup.index_k = Some(cfg.data.index_k);
     let runner = crate::infra::tools::setup::build(&setup, Some(cache)).await?;
     let system = crate::infra::prompts::system_prompt(
@@ -127,7 +130,7 @@ async fn inject_memory(
     let mut served = std::collections::BTreeMap::<&str, usize>::new();
     for (t, got) in rtasks.iter_mut().zip(found) {
         *served.entry(got.mode().as_str()).or_default() += 1;
-        t.user = got.inject(&t.user)?;
+        t.user = got.clipped(cfg.reflection.max_item_chars).inject(&t.user)?;
     }
     tracing::info!(reuse = args.reuse.as_str(), bank = %bank_run, items = bank.len(), served = ?served, "memory injected");
     Ok(())

@@ -138,7 +138,12 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
                 )?;
             }
             if args.injected_out.is_some() {
-                injected = crate::pipeline::sft::injected_rows(&tasks, &rows, &reflections)?;
+                injected = crate::pipeline::sft::injected_rows(
+                    &tasks,
+                    &rows,
+                    &reflections,
+                    cfg.reflection.max_item_chars,
+                )?;
             }
             (rows, stats)
         }

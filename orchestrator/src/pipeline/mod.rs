@@ -98,6 +98,8 @@ pub struct Memory {
     pub reflector: crate::pipeline::reflection::Reflector,
     /// Curriculum window K.
     pub window: u32,
+    /// `reflection.max_item_chars`: the cap on each injected item (0 = whole).
+    pub max_item_chars: usize,
     /// How long training of step s waits for the reflection job of step s - 1.
     pub wait: Duration,
 }

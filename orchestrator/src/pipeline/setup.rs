@@ -327,6 +327,7 @@ pub async fn pipeline(
                 settings: crate::domain::reflection::Settings::from_config(&cfg.reflection),
             },
             window: cfg.reflection.window,
+            max_item_chars: cfg.reflection.max_item_chars,
             wait: Duration::from_secs(cfg.reflection.wait_secs),
         })
     } else {

@@ -300,7 +300,7 @@ impl Pipeline {
                 }
                 Reuse::None => {}
             }
-            t.user = got.inject(&t.user)?;
+            t.user = got.clipped(mem.max_item_chars).inject(&t.user)?;
         }
         let n = tasks.len().max(1) as f64;
         let m = vec![

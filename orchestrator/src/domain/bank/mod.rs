@@ -93,6 +93,29 @@ pub enum Retrieved {
 }
 
 impl Retrieved {
+    /// Each item's rubrics and takeaways cut to at most `max_chars` characters together
+    /// (`reflection.max_item_chars`; 0 keeps them whole): whole lines only, rubrics first, then
+    /// takeaways, each in order, a line that does not fit skipped for the shorter ones after it,
+    /// so the block never carries a half line. The question of a cross item stays whole.
+    pub fn clipped(self, max_chars: usize) -> Self {
+        if max_chars == 0 {
+            return self;
+        }
+        let clip = |mut it: BankItem| {
+            let mut left = max_chars;
+            it.rubrics = keep_lines(&it.rubrics, &mut left);
+            it.takeaways = keep_lines(&it.takeaways, &mut left);
+            it
+        };
+        match self {
+            Retrieved::Nothing => Retrieved::Nothing,
+            Retrieved::Within(it) => Retrieved::Within(clip(it)),
+            Retrieved::Cross(v) => {
+                Retrieved::Cross(v.into_iter().map(|(it, c)| (clip(it), c)).collect())
+            }
+        }
+    }
+
     /// The mode that was served (`within` may fall back to `cross`).
     pub fn mode(&self) -> Reuse {
         match self {
@@ -102,6 +125,20 @@ impl Retrieved {
             Retrieved::Cross(_) => Reuse::Cross,
         }
     }
+}
+
+/// The lines of `text` (trimmed, blank ones dropped) that fit in `left` characters, in order;
+/// each kept line's characters are taken from `left`.
+fn keep_lines(text: &str, left: &mut usize) -> String {
+    let mut kept = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let n = line.chars().count();
+        if n <= *left {
+            *left -= n;
+            kept.push(line);
+        }
+    }
+    kept.join("\n")
 }
 
 /// The in-memory index: items with their embeddings as one row-major matrix (flat scan; at
@@ -307,5 +344,43 @@ mod tests {
         assert_eq!(cross.matches("---").count(), 1);
         assert_eq!(Retrieved::Nothing.inject("Q").unwrap(), "Q");
         assert_eq!(Retrieved::Cross(vec![]).inject("Q").unwrap(), "Q");
+    }
+
+    #[test]
+    fn clipping_keeps_whole_lines_within_the_cap() {
+        let mut a = item(1, "What is A?", vec![1.0]);
+        a.rubrics = "Critical Requirement: name the compound A binds, and its city.\n\
+                     Analytical Approach: search A.\nPitfalls: none."
+            .into();
+        a.takeaways = "- Cite every fact.\n- Search the name each snippet gives.".into();
+        let whole = Retrieved::Within(a.clone());
+        assert_eq!(whole.clone().clipped(0), whole, "0 keeps items whole");
+        let Retrieved::Cross(v) = Retrieved::Cross(vec![(a.clone(), 0.5)]).clipped(64) else {
+            panic!("a cross item stays cross");
+        };
+        let (it, cos) = &v[0];
+        assert_eq!(*cos, 0.5);
+        assert_eq!(it.question, "What is A?", "the question is never cut");
+        // The 62-character first line fits the 64; the next lines do not, but nothing after
+        // them is shorter than the 2 left.
+        assert_eq!(
+            it.rubrics,
+            "Critical Requirement: name the compound A binds, and its city."
+        );
+        assert_eq!(it.takeaways, "");
+        // At 60 the long first line is skipped for the shorter ones after it.
+        let Retrieved::Within(it) = whole.clipped(60) else {
+            panic!("a within item stays within");
+        };
+        assert_eq!(
+            it.rubrics,
+            "Analytical Approach: search A.\nPitfalls: none."
+        );
+        assert_eq!(
+            it.takeaways, "",
+            "the 18-character takeaway does not fit in the 15 left"
+        );
+        let chars = it.rubrics.chars().filter(|c| *c != '\n').count();
+        assert!(chars <= 60, "{chars}");
     }
 }

@@ -285,6 +285,11 @@ pub struct ReflectionConfig {
     pub window: u32,
     /// The trajectory shown to the reflection prompt is cut to this many bytes (head and tail).
     pub max_trajectory_chars: usize,
+    /// Each injected bank item's rubrics and takeaways are cut to this many characters
+    /// together, whole lines only (`Retrieved::clipped`); 0 = whole items (the paper's). A cap
+    /// for long items at scale; on the smoke warm start, which only ever saw whole items, cut
+    /// items raised the budget-cut share (BENCHMARKS.md, issue 25 session 40).
+    pub max_item_chars: usize,
     /// How long training of step s waits for the reflection job of step s - 1 before it trains
     /// without it (the candidates then join a later step; the lag is a metric).
     pub wait_secs: u64,
@@ -301,6 +306,7 @@ impl Default for ReflectionConfig {
             top_k: 2,
             window: 3,
             max_trajectory_chars: 12_000,
+            max_item_chars: 0,
             wait_secs: 600,
         }
     }

@@ -51,6 +51,9 @@ fn ablation_mini_runs_every_recipe_on_each_seed_from_the_smoke_world() {
     assert_eq!(cfg.experiment.seed, smoke.experiment.seed);
     assert_eq!(cfg.trainer.settings.lr, 5e-5);
     assert_eq!(cfg.rollout.temperature, 0.7);
+    // One cross-task bank item: two raised the warm start's budget-cut share (session 40).
+    assert_eq!((cfg.reflection.top_k, smoke.reflection.top_k), (1, 2));
+    assert_eq!(cfg.reflection.max_item_chars, 0);
     let ov = Overrides {
         sets: vec!["experiment.seeds=[3, 4, 3]".into()],
         ..Default::default()
@@ -388,6 +391,7 @@ fn partial_tables_merge_over_defaults_and_gaps_are_validated() {
             "judge.usd_per_mtok_completion",
         ),
         ("judge.max_stage_chars=0", "judge.max_stage_chars"),
+        ("reflection.max_item_chars=8", "reflection.max_item_chars"),
     ] {
         let err = Config::load("smoke", &set(kv)).unwrap_err().to_string();
         assert!(err.contains(field), "{kv}: {err}");

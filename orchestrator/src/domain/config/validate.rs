@@ -135,6 +135,12 @@ impl Config {
             "1..=1000",
         )?;
         check(
+            r.max_item_chars == 0 || (16..=100_000).contains(&r.max_item_chars),
+            "reflection.max_item_chars",
+            r.max_item_chars,
+            "0 (whole items) or 16..=100000",
+        )?;
+        check(
             (4..=10_000_000).contains(&self.data.world_docs),
             "data.world_docs",
             self.data.world_docs,

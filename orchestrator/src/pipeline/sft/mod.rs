@@ -460,11 +460,13 @@ pub fn reflection_rows(
 /// items are the offline teacher's post-mortems of full attempts (`reflection_rows`' rows
 /// without a cut): every second row gets its own task's item (the `within` block of a replayed
 /// question; skipped when its task has none), the others two other tasks' items (`cross`, as
-/// the bank's nearest questions).
+/// the bank's nearest questions). Each item is cut to `max_item_chars` as a run injects it
+/// (`reflection.max_item_chars`; 0 = whole).
 pub fn injected_rows(
     tasks: &[WorldTask],
     rows: &[SftRow],
     reflections: &[SftRow],
+    max_item_chars: usize,
 ) -> Result<Vec<SftRow>, crate::domain::bank::BankError> {
     use crate::domain::bank::{BankItem, Retrieved, question_hash};
     let queries: HashMap<&str, &str> = tasks
@@ -514,6 +516,7 @@ pub fn injected_rows(
             )
         };
         let mut r = row.clone();
+        let got = got.clipped(max_item_chars);
         for m in r.messages.iter_mut().filter(|m| m.role == "user") {
             m.content = got.inject(&m.content)?;
         }

@@ -546,7 +546,10 @@ fn score_lowered(r: &Rubric, hay: &str) -> (u8, String) {
 ///   reflection's terms that occur in the question, trajectory or findings (nothing invented);
 /// - specificity: 0.7 x coverage of the question's terms (up to 5), + 0.3 x the share of the four
 ///   rubric sections present;
-/// - scope: 0.5 if it has 1-4 takeaways, + 0.5 x the share of distinct takeaway lines.
+/// - scope: 0.5 if it has 1-4 takeaways, + 0.5 x the share of distinct takeaway lines;
+/// - all three 0 when the blocks are degenerate text (`degenerate`): a phrase repeated back to
+///   back or markup copied from the attempt, which an LLM judge reads as no diagnosis at all but
+///   term matching scored as high as clean reflections (BENCHMARKS.md, issue 25 session 40).
 pub fn grade_reflection(
     question: &str,
     trace: &TraceView,
@@ -556,6 +559,9 @@ pub fn grade_reflection(
     let Some(blocks) = crate::domain::reflection::parse(candidate) else {
         return ReflectionGrade::default();
     };
+    if degenerate(&blocks.rubrics) || degenerate(&blocks.takeaways) {
+        return ReflectionGrade::default();
+    }
     let text = format!("{}\n{}", blocks.rubrics, blocks.takeaways).to_lowercase();
     let own: BTreeSet<String> = terms(&text).into_iter().collect();
     let failed: Vec<&Finding> = findings.iter().filter(|f| f.score < 0.5).collect();
@@ -629,6 +635,21 @@ pub fn grade_reflection(
         specificity: 0.7 * q_cover + 0.3 * present,
         scope,
     }
+}
+
+/// Whether a reflection block is degenerate: a line that repeats a phrase of at least
+/// `REPEAT_MIN_WORDS` words immediately after itself ("of every link has a snippet id of every
+/// link has a snippet id"), or markup the policy copied from its attempt (`">` or `</`).
+fn degenerate(block: &str) -> bool {
+    const REPEAT_MIN_WORDS: usize = 3;
+    if block.contains("\">") || block.contains("</") {
+        return true;
+    }
+    block.lines().any(|line| {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        (REPEAT_MIN_WORDS..=w.len() / 2)
+            .any(|n| (0..=w.len() - 2 * n).any(|i| w[i..i + n] == w[i + n..i + 2 * n]))
+    })
 }
 
 /// Cited ids of the answer that are not among the trajectory's snippets, sorted.
@@ -744,6 +765,50 @@ impl Judge for LexicalJudge {
 mod tests {
     use super::*;
     use crate::domain::judge::Origin;
+
+    #[test]
+    fn degenerate_reflections_grade_zero() {
+        // Blocks written by the smoke policy after RL (session 40's bank), and clean ones.
+        assert!(degenerate(
+            "- Answer only when every link has a snippet id of every link has a snippet id of \
+             every fact."
+        ));
+        assert!(degenerate(
+            "- appeared\">It was discovered the name each snippet gives before answer."
+        ));
+        assert!(degenerate("Pitfalls: none seen </answer>"));
+        for clean in [
+            "Pitfalls: none seen; 4 links found, 2: none seen; 4 links found.",
+            "- Cite the snippet id of every fact; cite the snippet id of every link.",
+            "- Search the name each snippet gives before answering.\n- Search again.",
+            "Analytical Approach: one search per link: The KAOX6 gene, on to Morvemi (protein).",
+            "no no no",
+        ] {
+            assert!(!degenerate(clean), "{clean}");
+        }
+        let trace = TraceView::default();
+        let wrap = |r: &str, t: &str| {
+            format!(
+                "<reflection_rubrics>{r}</reflection_rubrics>\n\
+                 <reflection_takeaways>{t}</reflection_takeaways>"
+            )
+        };
+        let q = "Which compound is bound by the protein that the KAOX6 gene encodes?";
+        let rubrics = "Critical Requirement: which compound is bound by the protein that the \
+                       KAOX6 gene encodes.\nPitfalls: none seen.";
+        let clean = grade_reflection(q, &trace, &[], &wrap(rubrics, "- Cite every fact."));
+        assert!(clean.specificity > 0.3 && clean.scope > 0.5, "{clean:?}");
+        let looped = grade_reflection(
+            q,
+            &trace,
+            &[],
+            &wrap(
+                rubrics,
+                "- Cite every fact of every link of every fact of every link of every fact.",
+            ),
+        );
+        assert_eq!(looped, ReflectionGrade::default());
+    }
 
     fn rubric(title: &str, description: &str) -> Rubric {
         Rubric {

@@ -547,8 +547,8 @@ fn score_lowered(r: &Rubric, hay: &str) -> (u8, String) {
 /// - specificity: 0.7 x coverage of the question's terms (up to 5), + 0.3 x the share of the four
 ///   rubric sections present;
 /// - scope: 0.5 if it has 1-4 takeaways, + 0.5 x the share of distinct takeaway lines;
-/// - all three 0 when the blocks are degenerate text (`degenerate`): a phrase repeated back to
-///   back or markup copied from the attempt, which an LLM judge reads as no diagnosis at all but
+/// - all three 0 when the blocks are degenerate text (`degenerate`): a phrase written twice in a
+///   line, tag fragments or document ids copied from the attempt, which an LLM judge reads as no diagnosis at all but
 ///   term matching scored as high as clean reflections (BENCHMARKS.md, issue 25 session 40).
 pub fn grade_reflection(
     question: &str,
@@ -637,18 +637,28 @@ pub fn grade_reflection(
     }
 }
 
-/// Whether a reflection block is degenerate: a line that repeats a phrase of at least
-/// `REPEAT_MIN_WORDS` words immediately after itself ("of every link has a snippet id of every
-/// link has a snippet id"), or markup the policy copied from its attempt (`">` or `</`).
+/// Whether a reflection block is degenerate: a line that holds a phrase of at least
+/// `REPEAT_MIN_WORDS` words twice (case-insensitive; "of every link has a snippet id of every
+/// link has a snippet id", "none seen; 3 links found: none seen; 3 links found"), an angle
+/// bracket (tag fragments copied from the attempt: `">`, `<think>`, `rubrics>`), or a document
+/// id of the research world (`protein-00476`: a hyphen and five digits).
 fn degenerate(block: &str) -> bool {
-    const REPEAT_MIN_WORDS: usize = 3;
-    if block.contains("\">") || block.contains("</") {
+    const REPEAT_MIN_WORDS: usize = 4;
+    if block.contains(['<', '>']) {
         return true;
     }
+    let doc_id = |w: &str| {
+        w.split('-')
+            .skip(1)
+            .any(|p| p.len() >= 5 && p.chars().take(5).all(|c| c.is_ascii_digit()))
+    };
     block.lines().any(|line| {
-        let w: Vec<&str> = line.split_whitespace().collect();
-        (REPEAT_MIN_WORDS..=w.len() / 2)
-            .any(|n| (0..=w.len() - 2 * n).any(|i| w[i..i + n] == w[i + n..i + 2 * n]))
+        let w: Vec<String> = line.split_whitespace().map(str::to_lowercase).collect();
+        if w.iter().any(|x| doc_id(x)) {
+            return true;
+        }
+        let mut seen = std::collections::HashSet::new();
+        w.windows(REPEAT_MIN_WORDS).any(|g| !seen.insert(g))
     })
 }
 
@@ -777,9 +787,22 @@ mod tests {
             "- appeared\">It was discovered the name each snippet gives before answer."
         ));
         assert!(degenerate("Pitfalls: none seen </answer>"));
+        assert!(degenerate(
+            "Critical Requirement: the compound that Doltorlin (protein<think>"
+        ));
+        assert!(degenerate(
+            "Critical Requirement: where that protein-00476 gene: it encodes,"
+        ));
+        assert!(degenerate(
+            "Pitfalls: none seen; 3 links found: none seen; 3 links found, 3 cited."
+        ));
         for clean in [
-            "Pitfalls: none seen; 4 links found, 2: none seen; 4 links found.",
-            "- Cite the snippet id of every fact; cite the snippet id of every link.",
+            "Pitfalls: none seen; 4 links found, 4 cited.",
+            "- Cite the snippet id of every fact; search every link.",
+            "Critical Requirement: write a short report on the NARKA9 gene: the protein it \
+             encodes, where that protein is expressed, what it binds, and when and where its \
+             binding partner was discovered.",
+            "Pitfalls: answered after 2 of 3 links; stopped at Lumgrofel (protein).",
             "- Search the name each snippet gives before answering.\n- Search again.",
             "Analytical Approach: one search per link: The KAOX6 gene, on to Morvemi (protein).",
             "no no no",

@@ -19,10 +19,10 @@
 #                  (e.g. the run's reflection.max_item_chars)
 #   PROBE_EXPERIMENT  the preset (default ablation-mini: the budgets the runs train under)
 #   PROBE_PORT     the policy server's port (default 8950); BIN the binaries (target/release)
-# Each rollout run is named probe-<mode> in its experiment; the summary reads them by run id.
+# Each injection is its own rollout run; the summary reads them by the run ids the rollouts print.
 set -euo pipefail
 if (($# < 4)); then
-  sed -n '2,22p' "$0" >&2
+  sed -n '2,22p' "$0" >&2  # the usage above
   exit 2
 fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -548,8 +548,9 @@ fn score_lowered(r: &Rubric, hay: &str) -> (u8, String) {
 ///   rubric sections present;
 /// - scope: 0.5 if it has 1-4 takeaways, + 0.5 x the share of distinct takeaway lines;
 /// - all three 0 when the blocks are degenerate text (`degenerate`): a phrase written twice in a
-///   line, tag fragments or document ids copied from the attempt, which an LLM judge reads as no diagnosis at all but
-///   term matching scored as high as clean reflections (BENCHMARKS.md, issue 25 session 40).
+///   line, tag fragments or document ids copied from the attempt, which an LLM judge reads as
+///   no diagnosis at all but term matching scored as high as clean reflections (BENCHMARKS.md,
+///   issue 25 session 40).
 pub fn grade_reflection(
     question: &str,
     trace: &TraceView,

@@ -1,22 +1,26 @@
-//! Batched decoding at the smoke run's context lengths: `Qwen3::decode_step` for 32 sequences
-//! (the smoke run's wave: 8 tasks x 4 rollouts) whose caches hold 64 to 2,048 tokens, on
+//! Batched decoding at the smoke run's context lengths: `Qwen3::decode_step` on
 //! `configs/small.json` with a 4,096-token vocabulary (the smoke tokenizer's size until session
 //! 27, now 2,048; kept so the figures in BENCHMARKS.md stay comparable; random weights: the time
-//! of a forward does not depend on them). Prints
-//! milliseconds per decode round and tokens/s at each context, with the ratio to the 64-token
-//! context as the reference: what a longer context costs per generated token. Side by side, the
-//! same rounds for one sequence. Run: `cargo bench -p trainer --bench decode` after
-//! `source scripts/torch-env.sh` (`-- ROUNDS`, default 24).
+//! of a forward does not depend on them). Prints milliseconds per decode round and tokens/s for
+//! 32 sequences (the smoke run's wave: 8 tasks x 4 rollouts) whose caches all hold 64 to 2,048
+//! tokens, and for a mixed wave of 64 rows of 400 to 3,600 tokens (new rollouts beside
+//! stragglers and reflection prompts, as a policy server holds them under `max_staleness = 1`).
+//! Each case side by side: the reference, libtorch's attention over a masked view of every row
+//! up to the longest (`decode_step_masked`), and `decode_step`, which reads each row's own
+//! positions with the CPU row kernel where that pays (`StepSlots::rows_pay`) and is the
+//! reference otherwise, with the ratio; and the row kernel in every round
+//! (`DecodeAttention::Rows`), which shows its cost per position against the reference. Run: `cargo bench -p trainer --bench decode`
+//! after `source scripts/torch-env.sh` (`-- ROUNDS`, default 24).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::time::Instant;
 
-use trainer::model::{BatchKv, Fwd, KvCache, Qwen3, Qwen3Config};
+use trainer::model::{BatchKv, DecodeAttention, Fwd, KvCache, Qwen3, Qwen3Config};
 
-/// A batch cache of `len` tokens for each of `b` sequences, filled by real prefills.
-fn caches(m: &Qwen3, b: usize, len: i64) -> BatchKv {
+/// A batch cache with one row per entry of `lens`, each filled by a real prefill.
+fn caches(m: &Qwen3, lens: &[i64]) -> BatchKv {
     let mut kv = BatchKv::default();
-    for i in 0..b {
+    for (i, &len) in lens.iter().enumerate() {
         let mut c = KvCache::new(m.layers.len());
         let ids = tch::Tensor::arange(len, (tch::Kind::Int64, tch::Device::Cpu))
             .g_mul_scalar(7)
@@ -29,15 +33,33 @@ fn caches(m: &Qwen3, b: usize, len: i64) -> BatchKv {
     kv
 }
 
-/// Seconds per `decode_step` round over `rounds` rounds (after one warm-up round).
-fn per_round(m: &Qwen3, caches: &mut BatchKv, rounds: usize) -> f64 {
-    let ids: Vec<i64> = (0..caches.rows() as i64).map(|i| 100 + i).collect();
-    let _ = m.decode_step(&ids, caches, Fwd::POLICY);
-    let t0 = Instant::now();
-    for _ in 0..rounds {
-        let _ = m.decode_step(&ids, caches, Fwd::POLICY);
+/// Seconds per decode round over `rounds` rounds (after one warm-up round) for each way of
+/// attending, alternating in blocks of 4 rounds on copies of one cache.
+fn per_round(m: &Qwen3, lens: &[i64], rounds: usize) -> [f64; 3] {
+    let ids: Vec<i64> = (0..lens.len() as i64).map(|i| 100 + i).collect();
+    let ways = [
+        DecodeAttention::Masked,
+        DecodeAttention::Auto,
+        DecodeAttention::Rows,
+    ];
+    let mut kvs: Vec<BatchKv> = ways.iter().map(|_| caches(m, lens)).collect();
+    for (w, kv) in ways.iter().zip(&mut kvs) {
+        let _ = m.decode_step_with(&ids, kv, Fwd::POLICY, *w);
     }
-    t0.elapsed().as_secs_f64() / rounds as f64
+    let mut secs = [0.0; 3];
+    let mut done = 0;
+    while done < rounds {
+        let n = 4.min(rounds - done);
+        for ((w, kv), s) in ways.iter().zip(&mut kvs).zip(&mut secs) {
+            let t0 = Instant::now();
+            for _ in 0..n {
+                let _ = m.decode_step_with(&ids, kv, Fwd::POLICY, *w);
+            }
+            *s += t0.elapsed().as_secs_f64();
+        }
+        done += n;
+    }
+    secs.map(|s| s / rounds as f64)
 }
 
 fn main() {
@@ -55,24 +77,30 @@ fn main() {
         tch::get_num_threads()
     );
     println!(
-        "| context | 32 sequences: ms/round | tokens/s | x 64-token rate | 1 sequence: ms/round |"
+        "| rows x context | masked view (reference): ms/round | tokens/s | decode_step: ms/round | tokens/s | speed-up | row kernel always: ms/round | x reference |"
     );
-    println!("|---:|---:|---:|---:|---:|");
-    let mut base = None;
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut cases: Vec<(String, Vec<i64>)> = [64, 512, 1024, 2048]
+        .iter()
+        .map(|&n| (format!("32 x {n}"), vec![n; 32]))
+        .collect();
+    cases.push((
+        "64 x 400..3,600".to_string(),
+        (0..64).map(|i| 400 + i * 3200 / 63).collect(),
+    ));
     tch::no_grad(|| {
-        for len in [64, 512, 1024, 2048] {
-            let mut many = caches(&m, 32, len);
-            let t = per_round(&m, &mut many, rounds);
-            drop(many);
-            let mut one = caches(&m, 1, len);
-            let t1 = per_round(&m, &mut one, rounds);
-            let rate = 32.0 / t;
-            let b = *base.get_or_insert(rate);
+        for (name, lens) in &cases {
+            let [t_masked, t_auto, t_rows] = per_round(&m, lens, rounds);
+            let rows = lens.len() as f64;
             println!(
-                "| {len} | {:.2} | {rate:.0} | {:.2} | {:.2} |",
-                t * 1e3,
-                rate / b,
-                t1 * 1e3
+                "| {name} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2}x | {:.2} | {:.2}x |",
+                t_masked * 1e3,
+                rows / t_masked,
+                t_auto * 1e3,
+                rows / t_auto,
+                t_masked / t_auto,
+                t_rows * 1e3,
+                t_masked / t_rows
             );
         }
     });

@@ -240,6 +240,14 @@ pub struct ServeArgs {
     /// (vLLM's automatic prefix caching; 0 turns it off). The smoke model holds 4 KiB a token.
     #[arg(long, env = "TRAINER_PREFIX_CACHE_TOKENS", default_value_t = 131_072)]
     pub prefix_cache_tokens: usize,
+    /// How a decode round attends on the CPU in f32: `auto` reads each row's own positions
+    /// when the running sequences' lengths differ enough for that to pay, `masked` always
+    /// reads every row up to the longest (libtorch's kernel; the path on GPUs), `rows` always
+    /// reads each row's own. For comparisons (`scripts/bench-wave.sh`); `auto` is the fastest
+    /// measured.
+    #[arg(long, env = "TRAINER_DECODE_ATTENTION", default_value = "auto",
+          value_parser = ["auto", "masked", "rows"])]
+    pub decode_attention: String,
     #[arg(long, env = "TRAINER_SEED", default_value_t = 17)]
     pub seed: i64,
     /// cpu, cuda or auto.

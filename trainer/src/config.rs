@@ -62,6 +62,7 @@ pub struct ServeSettings {
     pub checkpoint_every: u64,
     pub max_body_bytes: usize,
     pub prefix_cache_tokens: usize,
+    pub decode_attention: crate::model::DecodeAttention,
     /// The bearer token every route but `/health` requires (`TRAINER_API_TOKEN`); needed to
     /// bind to anything but loopback.
     pub api_token: Option<ApiToken>,
@@ -338,6 +339,11 @@ impl ServeSettings {
             checkpoint_every: a.checkpoint_every,
             max_body_bytes: a.max_body_mb << 20,
             prefix_cache_tokens: a.prefix_cache_tokens,
+            decode_attention: match a.decode_attention.as_str() {
+                "masked" => crate::model::DecodeAttention::Masked,
+                "rows" => crate::model::DecodeAttention::Rows,
+                _ => crate::model::DecodeAttention::Auto,
+            },
             api_token,
             publish,
         })

@@ -268,7 +268,9 @@ fn the_generation_worker_stops_at_the_position_limit() {
         let tok = Arc::new(loaded.tokenizer);
         let stats = Arc::new(GenStats::default());
         let p = policy.clone();
-        std::thread::spawn(move || run_worker(p, tok, vec![], stats, rx, 1 << 17))
+        std::thread::spawn(move || {
+            run_worker(p, tok, vec![], stats, rx, 1 << 17, Default::default())
+        })
     };
     let params = GenParams {
         max_tokens: usize::MAX,

@@ -108,9 +108,16 @@ fn a_crash_mid_write_never_leaves_a_published_directory_incomplete() {
 
 /// The batch cache's decode step equals decoding each sequence alone: prompts of 1 to 300
 /// tokens (the cache's rows and positions both grow past their first allocation), rows removed
-/// mid-way (the last row moves into the hole) and a row added late.
+/// mid-way (the last row moves into the hole) and a row added late. Both attention paths: the
+/// CPU row kernel (`decode_step`, each row reads its own positions) and libtorch's kernel over
+/// a masked view of every row (`decode_step_masked`, the path on other devices).
 #[test]
 fn batched_decode_equals_one_sequence_at_a_time() {
+    batched_decode_case(false);
+    batched_decode_case(true);
+}
+
+fn batched_decode_case(masked: bool) {
     let cfg: trainer::model::Qwen3Config = serde_json::from_value(serde_json::json!({
         "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
@@ -157,7 +164,13 @@ fn batched_decode_equals_one_sequence_at_a_time() {
         let toks: Vec<i64> = (0..one.len() as i64)
             .map(|i| (step * 13 + i * 7) % 64)
             .collect();
-        let batched = tch::no_grad(|| m.decode_step(&toks, &mut many, Fwd::POLICY));
+        let batched = tch::no_grad(|| {
+            if masked {
+                m.decode_step_masked(&toks, &mut many, Fwd::POLICY)
+            } else {
+                m.decode_step(&toks, &mut many, Fwd::POLICY)
+            }
+        });
         for (i, t) in toks.iter().enumerate() {
             let single = m.forward_cached(
                 &tch::Tensor::from_slice(&[*t]).view([1, 1]),
@@ -168,7 +181,7 @@ fn batched_decode_equals_one_sequence_at_a_time() {
                 .abs()
                 .max()
                 .double_value(&[]);
-            assert!(diff < 1e-5, "step {step} row {i}: {diff}");
+            assert!(diff < 1e-5, "masked {masked}, step {step} row {i}: {diff}");
             assert_eq!(many.lens()[i], one[i].seq_len());
         }
     }

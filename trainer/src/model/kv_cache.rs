@@ -67,19 +67,43 @@ impl KvCache {
 
 /// The KV cache of a decoding batch: per layer one key and one value tensor [rows, kv_heads,
 /// capacity, d], row i holding its sequence's positions `0..len(i)`. A decode step writes every
-/// row's new key and value in place and attends over a view of the first `max len + 1`
-/// positions, so a round copies no cache whatever the contexts hold (`Qwen3::decode_step`;
-/// attention still reads every row's positions). Rows and capacity grow by doubling (one copy
+/// row's new key and value in place and attends over each row's own positions (on the CPU in
+/// f32 when the lengths differ enough, `row_attention`) or over a masked view of the first
+/// `max len + 1` positions of every row (libtorch's kernel), so a round copies no cache whatever
+/// the contexts hold (`Qwen3::decode_step`). Rows and capacity grow by doubling (one copy
 /// each time) up to what the batch needs and are kept for the next sequences (on CPU with the
 /// smoke model, 64 rows of 4,096 positions take 1 GiB); a finished sequence's row is refilled
 /// by the last row (`swap_remove`, like `Vec::swap_remove`), so rows stay dense.
 /// Where one decode step of a [`BatchKv`] writes and reads: each row's index and next
-/// position, and the positions attention spans (the longest row's plus the new one).
+/// position, the positions each row's attention reads (its own plus the new one), and the
+/// positions a masked view of all rows spans (the longest row's plus the new one).
 #[derive(Debug)]
 pub struct StepSlots {
     pub rows: Tensor,
     pub pos: Tensor,
+    pub lens: Vec<usize>,
     pub span: i64,
+}
+
+impl StepSlots {
+    /// Whether the CPU row kernel (`row_attention`), reading each row's own positions, costs
+    /// less than libtorch's kernel over the masked view of every row up to the longest. Per
+    /// position read the row kernel costs 1.14-1.20x libtorch's on this project's CPU
+    /// (`cargo bench -p trainer --bench decode`, rows of equal length, BENCHMARKS.md issue 25
+    /// session 41), so it pays when the rows' own positions are under 5/6 of rows x span.
+    pub fn rows_pay(&self) -> bool {
+        let own: usize = self.lens.iter().sum();
+        let span = usize::try_from(self.span).unwrap_or(usize::MAX);
+        own.saturating_mul(6) < self.lens.len().saturating_mul(span).saturating_mul(5)
+    }
+
+    /// The mask of a masked view of all rows, [rows, 1, 1, span]: key j of row i is valid when
+    /// j <= len_i (its past plus the new token at slot len_i).
+    pub fn mask(&self) -> Tensor {
+        let kj = Tensor::arange(self.span, (Kind::Int64, self.pos.device())).unsqueeze(0);
+        kj.le_tensor(&self.pos.unsqueeze(1))
+            .view([self.lens.len() as i64, 1, 1, self.span])
+    }
 }
 
 #[derive(Debug, Default)]
@@ -214,6 +238,11 @@ impl BatchKv {
         StepSlots {
             rows: Tensor::arange(self.lens.len() as i64, (Kind::Int64, device)),
             pos: Tensor::from_slice(&self.lens).to_device(device),
+            lens: self
+                .lens
+                .iter()
+                .map(|&n| usize::try_from(n + 1).unwrap_or(1))
+                .collect(),
             span: self.lens.iter().copied().max().unwrap_or(0) + 1,
         }
     }
@@ -236,6 +265,11 @@ impl BatchKv {
             self.k[l].narrow(0, 0, b).narrow(2, 0, at.span),
             self.v[l].narrow(0, 0, b).narrow(2, 0, at.span),
         )
+    }
+
+    /// Layer `l`'s whole key and value allocations ([capacity rows, kv_heads, capacity, d]).
+    pub(crate) fn layer(&self, l: usize) -> Option<(&Tensor, &Tensor)> {
+        Some((self.k.get(l)?, self.v.get(l)?))
     }
 
     /// After a decode step: every row holds one more position.

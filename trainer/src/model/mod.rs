@@ -1,7 +1,7 @@
 //! The policy model: Qwen3 from a Hugging Face directory, its LoRA adapters (PEFT format) and
 //! the safetensors reader/writer behind both. Imports run one way, from the model down to its
 //! parts: `qwen3` (the decoder) uses `linear` (projections and the LoRA layer), `rope`,
-//! `kv_cache`, `config` and `weights`; `lora` (adapter files) uses `qwen3` and `linear`.
+//! `kv_cache`, `row_attention` (the CPU decode step's attention), `config` and `weights`; `lora` (adapter files) uses `qwen3` and `linear`.
 
 pub mod config;
 pub mod kv_cache;
@@ -9,12 +9,13 @@ pub mod linear;
 pub mod lora;
 pub mod qwen3;
 pub mod rope;
+pub mod row_attention;
 pub mod weights;
 
 pub use config::Qwen3Config;
 pub use kv_cache::{BatchKv, KvCache, LayerKv};
 pub use linear::{Fwd, Lora, LoraConfig, LoraTarget, Proj};
-pub use qwen3::Qwen3;
+pub use qwen3::{DecodeAttention, Qwen3};
 pub use rope::Rope;
 
 /// libtorch's default generator is process-wide: seeding it and drawing from it must happen

@@ -14,6 +14,18 @@ use super::linear::{Fwd, Lora, LoraConfig, LoraTarget, Proj};
 use super::rope::Rope;
 use crate::error::{Result, TrainerError};
 
+/// How a decode step attends over its batch cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeAttention {
+    /// The CPU row kernel where it pays (`StepSlots::rows_pay`), libtorch's kernel otherwise.
+    #[default]
+    Auto,
+    /// libtorch's kernel over a masked view of every row up to the longest.
+    Masked,
+    /// The CPU row kernel whenever the tensors allow it (contiguous CPU f32).
+    Rows,
+}
+
 /// Qwen3RMSNorm: normalise in f32, scale by the weight in the input's dtype.
 pub fn rms_norm(xs: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let kind = xs.kind();
@@ -539,10 +551,29 @@ impl Qwen3 {
 
     /// One decoding step for every row of the batch cache `kv` (each of any length): `ids[i]`
     /// is row i's next token. Projections and MLPs run batched; each row's new key and value
-    /// are written in place into `kv` and attention reads the rows' caches as one view up to
-    /// the longest, masked past each row's own length, with RoPE at each row's own position.
-    /// Returns logits [B, V] (f32); every row then holds one more position.
+    /// are written in place into `kv`, with RoPE at each row's own position, and attention
+    /// reads either each row's own positions (the CPU row kernel, when the rows' lengths differ
+    /// enough: `DecodeAttention::Auto`) or the rows' caches as one view up to the longest,
+    /// masked past each row's own length. Returns logits [B, V] (f32); every row then holds one
+    /// more position.
     pub fn decode_step(&self, ids: &[i64], kv: &mut BatchKv, f: Fwd) -> Tensor {
+        self.decode_step_with(ids, kv, f, DecodeAttention::Auto)
+    }
+
+    /// [`Self::decode_step`] with libtorch's attention over a masked view of every row up to the
+    /// longest, on any device: the reference the CPU row kernel is measured and tested against.
+    pub fn decode_step_masked(&self, ids: &[i64], kv: &mut BatchKv, f: Fwd) -> Tensor {
+        self.decode_step_with(ids, kv, f, DecodeAttention::Masked)
+    }
+
+    /// [`Self::decode_step`] with the attention path chosen by the caller (benchmarks, tests).
+    pub fn decode_step_with(
+        &self,
+        ids: &[i64],
+        kv: &mut BatchKv,
+        f: Fwd,
+        how: DecodeAttention,
+    ) -> Tensor {
         assert_eq!(
             ids.len(),
             kv.rows(),
@@ -552,16 +583,15 @@ impl Qwen3 {
         );
         let b = ids.len() as i64;
         let at = kv.begin_step(self.device);
-        // Key j of row i is valid when j <= len_i (its past plus the new token at slot len_i).
-        let kj = Tensor::arange(at.span, (Kind::Int64, self.device)).unsqueeze(0);
-        let mask = kj.le_tensor(&at.pos.unsqueeze(1)).view([b, 1, 1, at.span]);
+        // Built by the first layer that needs it (none, on the CPU in f32).
+        let mask = std::cell::OnceCell::new();
         let ids_t = Tensor::from_slice(ids).view([b, 1]).to_device(self.device);
         let mut xs = self.embed(&ids_t);
         let eps = self.cfg.rms_norm_eps;
         for l in 0..self.layers.len() {
             let layer = &self.layers[l];
             let h = rms_norm(&xs, &layer.input_layernorm, eps);
-            let h = self.attention_rows(&layer.self_attn, &h, &at, &mask, kv, l, f);
+            let h = self.attention_rows(&layer.self_attn, &h, &at, &mask, kv, l, f, how);
             xs += h;
             let h = rms_norm(&xs, &layer.post_attention_layernorm, eps);
             let m = &layer.mlp;
@@ -584,10 +614,11 @@ impl Qwen3 {
         a: &Attention,
         xs: &Tensor,
         at: &StepSlots,
-        mask: &Tensor,
+        mask: &std::cell::OnceCell<Tensor>,
         kv: &mut BatchKv,
         l: usize,
         f: Fwd,
+        how: DecodeAttention,
     ) -> Tensor {
         let b = xs.size()[0];
         let (nh, nkv, d) = (
@@ -609,16 +640,31 @@ impl Qwen3 {
         // Grouped-query attention without expanding the cache: the query heads that share a
         // key/value head (head h reads kv head h / g) attend as g query positions of it.
         let g = nh / nkv;
-        let y = Tensor::scaled_dot_product_attention(
-            &q.reshape([b, nkv, g, d]),
-            &k,
-            &v,
-            Some(mask.shallow_clone()),
-            0.0,
-            false,
-            None,
-            false,
-        );
+        let q = q.reshape([b, nkv, g, d]).contiguous();
+        // On the CPU in f32, when the rows' lengths differ enough for it to pay, each row reads
+        // only its own positions; otherwise libtorch's kernel reads every row up to the longest
+        // and masks the rest.
+        let own = kv
+            .layer(l)
+            .filter(|_| match how {
+                DecodeAttention::Auto => at.rows_pay(),
+                DecodeAttention::Masked => false,
+                DecodeAttention::Rows => true,
+            })
+            .and_then(|(kc, vc)| super::row_attention::decode_rows(&q, kc, vc, &at.lens));
+        let y = match own {
+            Some(y) => y,
+            None => Tensor::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                Some(mask.get_or_init(|| at.mask()).shallow_clone()),
+                0.0,
+                false,
+                None,
+                false,
+            ),
+        };
         a.o_proj.forward(&y.reshape([b, 1, nh * d]), f)
     }
 

@@ -95,6 +95,14 @@ pub struct GenStats {
     pub prompt_tokens: std::sync::atomic::AtomicU64,
     /// Prompt tokens whose keys and values came from the prefix cache.
     pub prefix_hit_tokens: std::sync::atomic::AtomicU64,
+    /// Time in prompt forwards (prefills) and in batched decode rounds, microseconds.
+    pub prefill_micros: std::sync::atomic::AtomicU64,
+    pub decode_micros: std::sync::atomic::AtomicU64,
+    pub decode_rounds: std::sync::atomic::AtomicU64,
+    /// Over all decode rounds: the cached positions the rows' attention needs (each row's own
+    /// length), and what a masked view of every row up to the longest spans (rows x span).
+    pub decode_positions: std::sync::atomic::AtomicU64,
+    pub decode_span_positions: std::sync::atomic::AtomicU64,
 }
 
 /// Finished sequences' keys and values, kept for requests that extend them: a rollout's next
@@ -253,6 +261,7 @@ pub fn run_worker(
     stats: Arc<GenStats>,
     mut rx: mpsc::Receiver<GenJob>,
     prefix_cache_tokens: usize,
+    how: crate::model::DecodeAttention,
 ) {
     use std::sync::atomic::Ordering::Relaxed;
     // Requests in flight by id; a request leaves when its last sample ends or it is abandoned.
@@ -302,6 +311,7 @@ pub fn run_worker(
                     .unwrap_or_else(|| (0, KvCache::new(p.trainer.model.layers.len())));
                 stats.prefix_hit_tokens.fetch_add(reused as u64, Relaxed);
                 let prompt: Vec<i64> = job.prompt[reused..].iter().map(|&t| i64::from(t)).collect();
+                let t0 = std::time::Instant::now();
                 let prefill = guarded("prefill", || {
                     tch::no_grad(|| {
                         let mut cache = cached;
@@ -315,6 +325,9 @@ pub fn run_worker(
                         (cache, last_logits(&logits))
                     })
                 });
+                stats
+                    .prefill_micros
+                    .fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
                 let (cache, next) = match prefill {
                     Ok(x) => x,
                     Err(e) => {
@@ -398,6 +411,15 @@ pub fn run_worker(
             .iter()
             .map(|s| s.ids.last().map_or(0, |&t| i64::from(t)))
             .collect();
+        let lens = kv.lens();
+        let span = lens.iter().copied().max().unwrap_or(0) as u64 + 1;
+        let own: u64 = lens.iter().map(|&n| n as u64 + 1).sum();
+        stats.decode_positions.fetch_add(own, Relaxed);
+        stats
+            .decode_span_positions
+            .fetch_add(span * lens.len() as u64, Relaxed);
+        stats.decode_rounds.fetch_add(1, Relaxed);
+        let t0 = std::time::Instant::now();
         let rows = match policy.lock() {
             Ok(p) => guarded("decode step", || {
                 // A row whose cache began under other weights now mixes two: never kept.
@@ -407,13 +429,19 @@ pub fn run_worker(
                     }
                 }
                 tch::no_grad(|| {
-                    let rows = p.trainer.model.decode_step(&toks, &mut kv, Fwd::POLICY);
+                    let rows = p
+                        .trainer
+                        .model
+                        .decode_step_with(&toks, &mut kv, Fwd::POLICY, how);
                     let v = rows.size()[1] as usize;
                     (v, Vec::<f32>::try_from(rows.view([-1])).unwrap_or_default())
                 })
             }),
             Err(_) => Err(POISONED.to_string()),
         };
+        stats
+            .decode_micros
+            .fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
         match rows {
             Ok((v, flat)) => {
                 for (j, s) in seqs.iter_mut().enumerate() {

@@ -134,6 +134,8 @@ pub struct ServeConfig {
     /// Tokens of finished sequences' keys and values kept for requests that extend them (the
     /// generation worker's prefix cache; 0 turns it off).
     pub prefix_cache_tokens: usize,
+    /// How decode rounds attend (`--decode-attention`).
+    pub decode_attention: crate::model::DecodeAttention,
     /// Model context length reported to clients (generation is also held to the model's own
     /// position limit).
     pub max_model_len: usize,
@@ -304,11 +306,12 @@ impl AppState {
         {
             let (p, t, s) = (policy.clone(), tokenizer.clone(), stats.clone());
             let prefix_tokens = cfg.prefix_cache_tokens;
+            let how = cfg.decode_attention;
             let alive = worker_alive.clone();
             let started = std::thread::Builder::new()
                 .name("generate".into())
                 .spawn(move || {
-                    generate::run_worker(p, t, eos, s, rx, prefix_tokens);
+                    generate::run_worker(p, t, eos, s, rx, prefix_tokens, how);
                     alive.store(false, Ordering::SeqCst);
                 });
             if let Err(e) = started {
@@ -1053,13 +1056,24 @@ async fn metrics(State(s): State<Arc<AppState>>) -> String {
          # TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total {}\n\
          # TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total {}\n\
          # TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total {}\n\
-         # TYPE trainer_policy_version gauge\ntrainer_policy_version {version}\n",
+         # TYPE trainer_policy_version gauge\ntrainer_policy_version {version}\n\
+         # TYPE trainer_prefill_seconds_total counter\ntrainer_prefill_seconds_total {:.3}\n\
+         # TYPE trainer_decode_seconds_total counter\ntrainer_decode_seconds_total {:.3}\n\
+         # TYPE trainer_decode_rounds_total counter\ntrainer_decode_rounds_total {}\n\
+         # TYPE trainer_decode_positions_total counter\ntrainer_decode_positions_total {}\n\
+         # TYPE trainer_decode_span_positions_total counter\n\
+         trainer_decode_span_positions_total {}\n",
         st.running.load(Ordering::Relaxed),
         st.waiting.load(Ordering::Relaxed),
         st.generated_tokens.load(Ordering::Relaxed),
         st.prompt_tokens.load(Ordering::Relaxed),
         st.prompt_tokens.load(Ordering::Relaxed),
         st.prefix_hit_tokens.load(Ordering::Relaxed),
+        st.prefill_micros.load(Ordering::Relaxed) as f64 / 1e6,
+        st.decode_micros.load(Ordering::Relaxed) as f64 / 1e6,
+        st.decode_rounds.load(Ordering::Relaxed),
+        st.decode_positions.load(Ordering::Relaxed),
+        st.decode_span_positions.load(Ordering::Relaxed),
     )
 }
 

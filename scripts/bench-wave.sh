@@ -5,8 +5,8 @@
 # one after the other on the same model, tasks, tool index and seed, so both generate the same
 # attempts up to float rounding. Prints per mode the wall time of `orchestrator rollout`, the
 # tokens generated and their rate, the server's prefill and decode seconds, and the share of
-# cached positions a masked round reads that the rows need (from `/metrics`); then the ratio of
-# each wall time to the reference's.
+# cached positions a masked round reads that the rows need (from `/metrics`); then each mode's
+# speed-up over the reference (the reference's wall time over the mode's).
 #
 #   usage: bench-wave.sh MODEL TASKS INDEX [OUT]
 #   MODEL  a model directory `trainer serve` loads (its tokenizer is the rollout's)
@@ -35,6 +35,17 @@ say() { echo "bench-wave: $*" >&2; }
 for v in "$LIMIT" "$N" "$INFLIGHT" "$ROUNDS" "$THREADS"; do
   [[ "$v" =~ ^[1-9][0-9]*$ ]] || { say "$v is not a positive integer"; exit 2; }
 done
+MODES="${WAVE_MODES:-masked auto}"
+for mode in $MODES; do
+  case "$mode" in
+    masked | auto | rows) ;;
+    *) say "WAVE_MODES holds $mode; allowed: masked, auto, rows"; exit 2 ;;
+  esac
+done
+if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
+  say "a server already answers on port $PORT: stop it or set WAVE_PORT"
+  exit 2
+fi
 source "$ROOT/scripts/torch-env.sh"
 source "$ROOT/scripts/servers.sh"
 mkdir -p "$OUT"
@@ -42,16 +53,18 @@ mkdir -p "$OUT"
 
 PID=""
 trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null || true' EXIT
-metric() { # name: its value in the server's /metrics
-  curl -sf "http://127.0.0.1:$PORT/metrics" | awk -v m="$1" '$1 == m {print $2}'
+metric() { # name: its value in the server's /metrics (nan when it is missing)
+  curl -sf "http://127.0.0.1:$PORT/metrics" |
+    awk -v m="$1" '$1 == m {print $2; found = 1} END {if (!found) print "nan"}'
 }
 ROWS=()
 for round in $(seq 1 "$ROUNDS"); do
-  for mode in ${WAVE_MODES:-masked auto}; do
+  for mode in $MODES; do
     "$BIN/trainer" serve --model "$MODEL" --bind "127.0.0.1:$PORT" --threads "$THREADS" \
       --device cpu --decode-attention "$mode" >"$OUT/$mode-$round.server.log" 2>&1 &
     PID=$!
     wait_up "http://127.0.0.1:$PORT" "$OUT/$mode-$round.server.log"
+    kill -0 "$PID" 2>/dev/null || { say "the $mode server exited; see $OUT/$mode-$round.server.log"; exit 1; }
     say "round $round, $mode: $LIMIT tasks x $N"
     t0=$(date +%s.%N)
     "$BIN/orchestrator" rollout --experiment "$EXPERIMENT" --policy-url "http://127.0.0.1:$PORT" \
@@ -70,11 +83,13 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 
-echo "| mode | round | wall s | tokens | tokens/s | prefill s | decode s | own / span positions | wall vs masked |"
+echo "| mode | round | wall s | tokens | tokens/s | prefill s | decode s | own / span positions | speed-up over masked |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-ref=""
+ref="" last=""
 for r in "${ROWS[@]}"; do
   read -r mode round wall gen pre dec own span <<<"$r"
+  [[ "$round" != "$last" ]] && ref=""
+  last="$round"
   [[ "$mode" == masked ]] && ref="$wall"
   awk -v m="$mode" -v r="$round" -v w="$wall" -v g="$gen" -v p="$pre" -v d="$dec" -v o="$own" \
     -v s="$span" -v ref="$ref" 'BEGIN {

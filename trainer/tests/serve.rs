@@ -109,8 +109,9 @@ fn a_crash_mid_write_never_leaves_a_published_directory_incomplete() {
 /// The batch cache's decode step equals decoding each sequence alone: prompts of 1 to 300
 /// tokens (the cache's rows and positions both grow past their first allocation), rows removed
 /// mid-way (the last row moves into the hole) and a row added late. Both attention paths: the
-/// CPU row kernel (`decode_step`, each row reads its own positions) and libtorch's kernel over
-/// a masked view of every row (`decode_step_masked`, the path on other devices).
+/// CPU row kernel in every round (`DecodeAttention::Rows`, each row reads its own positions)
+/// and libtorch's kernel over a masked view of every row (`decode_step_masked`, the path on
+/// other devices and where the rows' lengths are close).
 #[test]
 fn batched_decode_equals_one_sequence_at_a_time() {
     batched_decode_case(false);
@@ -168,7 +169,12 @@ fn batched_decode_case(masked: bool) {
             if masked {
                 m.decode_step_masked(&toks, &mut many, Fwd::POLICY)
             } else {
-                m.decode_step(&toks, &mut many, Fwd::POLICY)
+                m.decode_step_with(
+                    &toks,
+                    &mut many,
+                    Fwd::POLICY,
+                    trainer::model::DecodeAttention::Rows,
+                )
             }
         });
         for (i, t) in toks.iter().enumerate() {

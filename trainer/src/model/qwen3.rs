@@ -583,7 +583,8 @@ impl Qwen3 {
         );
         let b = ids.len() as i64;
         let at = kv.begin_step(self.device);
-        // Built by the first layer that needs it (none, on the CPU in f32).
+        // Built by the first layer that uses libtorch's kernel (none when every layer takes the
+        // row kernel).
         let mask = std::cell::OnceCell::new();
         let ids_t = Tensor::from_slice(ids).view([b, 1]).to_device(self.device);
         let mut xs = self.embed(&ids_t);

@@ -14,10 +14,19 @@
 
 use tch::{Device, Kind, Tensor};
 
-/// A contiguous CPU f32 tensor's values, borrowed.
+/// A contiguous CPU f32 tensor's values, borrowed; `None` for anything else, and for a tensor
+/// that records gradients (this kernel has no backward).
+///
+/// # Safety
+/// Nothing may write the tensor's storage (through `t`, a shallow clone or a view of it) while
+/// the returned slice lives.
 #[allow(unsafe_code)]
-fn host_f32(t: &Tensor) -> Option<&[f32]> {
-    if t.device() != Device::Cpu || t.kind() != Kind::Float || !t.is_contiguous() {
+unsafe fn host_f32(t: &Tensor) -> Option<&[f32]> {
+    if t.device() != Device::Cpu
+        || t.kind() != Kind::Float
+        || !t.is_contiguous()
+        || t.requires_grad()
+    {
         return None;
     }
     let n = t.numel();
@@ -26,9 +35,8 @@ fn host_f32(t: &Tensor) -> Option<&[f32]> {
         return None;
     }
     // SAFETY: a contiguous CPU f32 tensor holds `numel` consecutive f32 values from
-    // `data_ptr` (which includes the storage offset). The slice borrows `t`, whose handle keeps
-    // the storage alive, and nothing writes that storage while the slice lives: the caller
-    // writes the step's keys and values before calling, and reads only.
+    // `data_ptr` (which includes the storage offset); the slice borrows `t`, whose handle keeps
+    // the storage alive; the caller guarantees no write while it lives.
     Some(unsafe { std::slice::from_raw_parts(p, n) })
 }
 
@@ -55,7 +63,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `exp` of every value, for values <= 0 (scores after subtracting their maximum), written so
 /// it vectorises: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by Cephes' degree-6 polynomial for
 /// `expf`, 2^n through the exponent bits. Relative error about 1e-7; below -87 it gives
-/// e^-87 ~ 1.6e-38 rather than underflowing.
+/// e^-87 ~ 1.6e-38 rather than underflowing; NaN stays NaN (as libtorch's kernel would give).
 #[inline(always)]
 fn exp_nonpositive(xs: &mut [f32]) {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -65,7 +73,8 @@ fn exp_nonpositive(xs: &mut [f32]) {
     // Adding then subtracting 1.5 * 2^23 rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
     for x in xs.iter_mut() {
-        let v = x.max(-87.0);
+        // Not `f32::max`, which would turn NaN into -87.
+        let v = if *x < -87.0 { -87.0 } else { *x };
         let n = (v * LOG2E + ROUND) - ROUND;
         let r = (v - n * LN2_HI) - n * LN2_LO;
         let mut p = 1.987_569_2e-4_f32;
@@ -168,7 +177,11 @@ fn attend_row(
         }
         for j in 0..g {
             let row = &mut scores[j * n..(j + 1) * n];
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            // A NaN or infinite score leaves NaN (through inf - inf or the NaN itself), as in
+            // libtorch's kernel, rather than a softmax over the finite rest.
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, |m, x| {
+                if x > m || x.is_nan() { x } else { m }
+            });
             for x in row.iter_mut() {
                 *x -= max;
             }
@@ -232,7 +245,11 @@ fn decode_rows_on(
     {
         return None;
     }
-    let (qv, kv, vv) = (host_f32(q)?, host_f32(k)?, host_f32(v)?);
+    // SAFETY: the slices live until this function returns, and nothing here or on the threads
+    // it starts writes a tensor: the decode step wrote this step's keys and values into the
+    // caches (`BatchKv::write`) before calling, and the caches belong to the calling thread.
+    #[allow(unsafe_code)]
+    let (qv, kv, vv) = unsafe { (host_f32(q)?, host_f32(k)?, host_f32(v)?) };
     let q_row = s.kv_heads * s.group * s.d;
     let c_row = s.kv_heads * s.capacity * s.d;
     let mut out = vec![0f32; rows * q_row];
@@ -266,15 +283,17 @@ fn decode_rows_on(
             }
         }
         bounds.push(rows);
+        // The first block runs on the calling thread, the others on scoped threads.
         std::thread::scope(|sc| {
-            let mut rest = out.as_mut_slice();
-            for w in bounds.windows(2) {
+            let (head, mut rest) = out.split_at_mut(bounds[1] * q_row);
+            for w in bounds.windows(2).skip(1) {
                 let (chunk, tail) = rest.split_at_mut((w[1] - w[0]) * q_row);
                 rest = tail;
                 let first = w[0];
                 let work = &work;
                 sc.spawn(move || work(first, chunk));
             }
+            work(0, head);
         });
     }
     Some(Tensor::from_slice(&out).view([qs[0], qs[1], qs[2], qs[3]]))
@@ -334,6 +353,9 @@ mod tests {
         let mut deep = [-100.0_f32, -1e30, f32::NEG_INFINITY];
         exp_nonpositive(&mut deep);
         assert!(deep.iter().all(|&x| (0.0..2e-38).contains(&x)), "{deep:?}");
+        let mut nan = [f32::NAN];
+        exp_nonpositive(&mut nan);
+        assert!(nan[0].is_nan());
     }
 
     #[test]
@@ -341,7 +363,17 @@ mod tests {
         let k = Tensor::zeros([2, 1, 8, 4], (Kind::Float, Device::Cpu));
         let q = Tensor::zeros([2, 1, 1, 4], (Kind::Float, Device::Cpu));
         assert!(decode_rows(&q.to_kind(Kind::BFloat16), &k, &k, &[1, 1]).is_none());
-        assert!(decode_rows(&q, &k.transpose(2, 3), &k, &[1, 1]).is_none());
+        let strided = k.transpose(2, 3).contiguous().transpose(2, 3);
+        assert_eq!(strided.size(), k.size());
+        assert!(
+            decode_rows(&q, &strided, &k, &[1, 1]).is_none(),
+            "not contiguous"
+        );
+        let q_grad = q.copy().set_requires_grad(true);
+        assert!(
+            decode_rows(&q_grad, &k, &k, &[1, 1]).is_none(),
+            "records gradients"
+        );
         assert!(
             decode_rows(&q, &k, &k, &[1, 9]).is_none(),
             "a length past the capacity"

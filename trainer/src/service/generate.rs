@@ -411,17 +411,17 @@ pub fn run_worker(
             .iter()
             .map(|s| s.ids.last().map_or(0, |&t| i64::from(t)))
             .collect();
+        // What this round's attention needs (each row's past plus its new token) and what a
+        // masked view of every row spans; counted when the round succeeds.
         let lens = kv.lens();
         let span = lens.iter().copied().max().unwrap_or(0) as u64 + 1;
         let own: u64 = lens.iter().map(|&n| n as u64 + 1).sum();
-        stats.decode_positions.fetch_add(own, Relaxed);
-        stats
-            .decode_span_positions
-            .fetch_add(span * lens.len() as u64, Relaxed);
-        stats.decode_rounds.fetch_add(1, Relaxed);
-        let t0 = std::time::Instant::now();
+        let spanned = span * lens.len() as u64;
+        let mut t0 = std::time::Instant::now();
         let rows = match policy.lock() {
             Ok(p) => guarded("decode step", || {
+                // The round's time starts once the policy is ours (a train step may hold it).
+                t0 = std::time::Instant::now();
                 // A row whose cache began under other weights now mixes two: never kept.
                 for s in &mut seqs {
                     if s.epoch != p.weights_epoch {
@@ -439,11 +439,14 @@ pub fn run_worker(
             }),
             Err(_) => Err(POISONED.to_string()),
         };
-        stats
-            .decode_micros
-            .fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
         match rows {
             Ok((v, flat)) => {
+                stats
+                    .decode_micros
+                    .fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
+                stats.decode_rounds.fetch_add(1, Relaxed);
+                stats.decode_positions.fetch_add(own, Relaxed);
+                stats.decode_span_positions.fetch_add(spanned, Relaxed);
                 for (j, s) in seqs.iter_mut().enumerate() {
                     s.next = flat
                         .get(j * v..(j + 1) * v)

@@ -9,8 +9,9 @@
 //! up to the longest (`decode_step_masked`), and `decode_step`, which reads each row's own
 //! positions with the CPU row kernel where that pays (`StepSlots::rows_pay`) and is the
 //! reference otherwise, with the ratio; and the row kernel in every round
-//! (`DecodeAttention::Rows`), which shows its cost per position against the reference. Run: `cargo bench -p trainer --bench decode`
-//! after `source scripts/torch-env.sh` (`-- ROUNDS`, default 24).
+//! (`DecodeAttention::Rows`), which shows its cost per position against the reference. Run:
+//! `cargo bench -p trainer --bench decode` after `source scripts/torch-env.sh` (`-- ROUNDS`,
+//! default 24).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::time::Instant;

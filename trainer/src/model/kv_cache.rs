@@ -65,36 +65,28 @@ impl KvCache {
     }
 }
 
-/// The KV cache of a decoding batch: per layer one key and one value tensor [rows, kv_heads,
-/// capacity, d], row i holding its sequence's positions `0..len(i)`. A decode step writes every
-/// row's new key and value in place and attends over each row's own positions (on the CPU in
-/// f32 when the lengths differ enough, `row_attention`) or over a masked view of the first
-/// `max len + 1` positions of every row (libtorch's kernel), so a round copies no cache whatever
-/// the contexts hold (`Qwen3::decode_step`). Rows and capacity grow by doubling (one copy
-/// each time) up to what the batch needs and are kept for the next sequences (on CPU with the
-/// smoke model, 64 rows of 4,096 positions take 1 GiB); a finished sequence's row is refilled
-/// by the last row (`swap_remove`, like `Vec::swap_remove`), so rows stay dense.
 /// Where one decode step of a [`BatchKv`] writes and reads: each row's index and next
 /// position, the positions each row's attention reads (its own plus the new one), and the
-/// positions a masked view of all rows spans (the longest row's plus the new one).
+/// positions a masked view of all rows spans (the longest row's plus the new one), and the
+/// round's totals of both ([`BatchKv::round_positions`]).
 #[derive(Debug)]
 pub struct StepSlots {
     pub rows: Tensor,
     pub pos: Tensor,
     pub lens: Vec<usize>,
     pub span: i64,
+    pub positions: (usize, usize),
 }
 
 impl StepSlots {
     /// Whether the CPU row kernel (`row_attention`), reading each row's own positions, costs
     /// less than libtorch's kernel over the masked view of every row up to the longest. Per
-    /// position read the row kernel costs 1.14-1.20x libtorch's on this project's CPU
+    /// position read the row kernel cost up to 1.20x libtorch's on this project's CPU
     /// (`cargo bench -p trainer --bench decode`, rows of equal length, BENCHMARKS.md issue 25
     /// session 41), so it pays when the rows' own positions are under 5/6 of rows x span.
     pub fn rows_pay(&self) -> bool {
-        let own: usize = self.lens.iter().sum();
-        let span = usize::try_from(self.span).unwrap_or(usize::MAX);
-        own.saturating_mul(6) < self.lens.len().saturating_mul(span).saturating_mul(5)
+        let (own, spanned) = self.positions;
+        own.saturating_mul(6) < spanned.saturating_mul(5)
     }
 
     /// The mask of a masked view of all rows, [rows, 1, 1, span]: key j of row i is valid when
@@ -106,6 +98,15 @@ impl StepSlots {
     }
 }
 
+/// The KV cache of a decoding batch: per layer one key and one value tensor [rows, kv_heads,
+/// capacity, d], row i holding its sequence's positions `0..len(i)`. A decode step writes every
+/// row's new key and value in place and attends over each row's own positions (on the CPU in
+/// f32 when the lengths differ enough, `row_attention`) or over a masked view of the first
+/// `max len + 1` positions of every row (libtorch's kernel), so a round copies no cache whatever
+/// the contexts hold (`Qwen3::decode_step`). Rows and capacity grow by doubling (one copy
+/// each time) up to what the batch needs and are kept for the next sequences (on CPU with the
+/// smoke model, 64 rows of 4,096 positions take 1 GiB); a finished sequence's row is refilled
+/// by the last row (`swap_remove`, like `Vec::swap_remove`), so rows stay dense.
 #[derive(Debug, Default)]
 pub struct BatchKv {
     k: Vec<Tensor>,
@@ -227,6 +228,17 @@ impl BatchKv {
         self.v = v;
     }
 
+    /// The cached positions the next decode round's attention needs (each row's past plus its
+    /// new token) and what a masked view of every row up to the longest spans (rows x span).
+    pub fn round_positions(&self) -> (usize, usize) {
+        let lens = self
+            .lens
+            .iter()
+            .map(|&n| usize::try_from(n).unwrap_or(0) + 1);
+        let span = lens.clone().max().unwrap_or(1);
+        (lens.sum(), span.saturating_mul(self.lens.len()))
+    }
+
     /// Before a decode step: room for one more position in every row, and where the step
     /// writes and reads (built once for all layers).
     pub(crate) fn begin_step(&mut self, device: tch::Device) -> StepSlots {
@@ -244,6 +256,7 @@ impl BatchKv {
                 .map(|&n| usize::try_from(n + 1).unwrap_or(1))
                 .collect(),
             span: self.lens.iter().copied().max().unwrap_or(0) + 1,
+            positions: self.round_positions(),
         }
     }
 

@@ -1,7 +1,8 @@
 //! The policy model: Qwen3 from a Hugging Face directory, its LoRA adapters (PEFT format) and
 //! the safetensors reader/writer behind both. Imports run one way, from the model down to its
 //! parts: `qwen3` (the decoder) uses `linear` (projections and the LoRA layer), `rope`,
-//! `kv_cache`, `row_attention` (the CPU decode step's attention), `config` and `weights`; `lora` (adapter files) uses `qwen3` and `linear`.
+//! `kv_cache`, `row_attention` (the CPU decode step's attention), `config` and `weights`;
+//! `lora` (adapter files) uses `qwen3` and `linear`.
 
 pub mod config;
 pub mod kv_cache;

@@ -6,8 +6,9 @@
 //! issue 25 session 41). This kernel walks row i's keys and values `0..lens[i]` straight from
 //! the cache's storage, once for all the query heads that share a key/value head.
 //!
-//! Per position read it costs 1.14-1.20x libtorch's kernel (which vectorises wider), so the
-//! decode step uses it only when the rows' lengths differ enough (`StepSlots::rows_pay`). Only
+//! Per position read it costs 0.99-1.20x libtorch's kernel over the runs measured (which
+//! vectorises wider), so the decode step uses it only when the rows' lengths differ enough
+//! (`StepSlots::rows_pay`). Only
 //! for contiguous f32 tensors on the CPU; anything else (CUDA, bf16) returns `None` and the
 //! caller keeps libtorch's kernel. Scores use SDPA's default scale 1/sqrt(d) and a
 //! max-subtracted softmax in f32.
@@ -113,42 +114,6 @@ struct Shape {
     capacity: usize,
 }
 
-/// [`attend_row`] compiled for AVX2 (8-wide vectors), chosen at run time where the CPU has it.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn attend_row_avx2(
-    s: Shape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n: usize,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
-    attend_row(s, q, k, v, n, out, scores);
-}
-
-/// [`attend_row`] with the widest vectors this CPU has.
-#[allow(unsafe_code)]
-fn attend_row_best(
-    s: Shape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n: usize,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above), the only requirement of a
-        // `target_feature(enable = "avx2")` function.
-        unsafe { attend_row_avx2(s, q, k, v, n, out, scores) };
-        return;
-    }
-    attend_row(s, q, k, v, n, out, scores);
-}
-
 /// Attention of one row's queries (all kv heads) over its first `n` cached positions, into
 /// `out` ([kv_heads, group, d]); `scores` is scratch.
 #[inline(always)]
@@ -204,6 +169,58 @@ fn attend_row(
     }
 }
 
+/// One call's inputs: the queries and whole caches as slices, and each row's length.
+struct Call<'a> {
+    s: Shape,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    lens: &'a [usize],
+}
+
+impl Call<'_> {
+    /// Rows `first..` into `out` (whole rows of [kv_heads, group, d]).
+    #[inline(always)]
+    fn block(&self, first: usize, out: &mut [f32]) {
+        let s = self.s;
+        let q_row = s.kv_heads * s.group * s.d;
+        let c_row = s.kv_heads * s.capacity * s.d;
+        let mut scores = Vec::new();
+        for (r, o) in out.chunks_exact_mut(q_row).enumerate() {
+            let i = first + r;
+            attend_row(
+                s,
+                &self.q[i * q_row..(i + 1) * q_row],
+                &self.k[i * c_row..(i + 1) * c_row],
+                &self.v[i * c_row..(i + 1) * c_row],
+                self.lens[i],
+                o,
+                &mut scores,
+            );
+        }
+    }
+
+    /// [`Self::block`] compiled for AVX2 (8-wide vectors).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn block_avx2(&self, first: usize, out: &mut [f32]) {
+        self.block(first, out);
+    }
+
+    /// [`Self::block`] with the widest vectors this CPU has.
+    #[allow(unsafe_code)]
+    fn block_best(&self, first: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above), the only requirement of a
+            // `target_feature(enable = "avx2")` function.
+            unsafe { self.block_avx2(first, out) };
+            return;
+        }
+        self.block(first, out);
+    }
+}
+
 /// Attention for a decode step: row i's queries `q[i]` ([rows, kv_heads, group, d]: query head
 /// `kv * group + j` reads kv head `kv`) over positions `0..lens[i]` of rows `0..rows` of the
 /// caches `k` and `v` ([capacity_rows, kv_heads, capacity, d], whole allocations). Returns
@@ -251,23 +268,15 @@ fn decode_rows_on(
     #[allow(unsafe_code)]
     let (qv, kv, vv) = unsafe { (host_f32(q)?, host_f32(k)?, host_f32(v)?) };
     let q_row = s.kv_heads * s.group * s.d;
-    let c_row = s.kv_heads * s.capacity * s.d;
     let mut out = vec![0f32; rows * q_row];
-    let work = |first: usize, chunk: &mut [f32]| {
-        let mut scores = Vec::new();
-        for (r, o) in chunk.chunks_exact_mut(q_row).enumerate() {
-            let i = first + r;
-            attend_row_best(
-                s,
-                &qv[i * q_row..(i + 1) * q_row],
-                &kv[i * c_row..(i + 1) * c_row],
-                &vv[i * c_row..(i + 1) * c_row],
-                lens[i],
-                o,
-                &mut scores,
-            );
-        }
+    let call = Call {
+        s,
+        q: qv,
+        k: kv,
+        v: vv,
+        lens,
     };
+    let work = |first: usize, chunk: &mut [f32]| call.block_best(first, chunk);
     let threads = threads.clamp(1, rows.max(1));
     if threads == 1 {
         work(0, &mut out);

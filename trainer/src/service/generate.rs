@@ -413,10 +413,7 @@ pub fn run_worker(
             .collect();
         // What this round's attention needs (each row's past plus its new token) and what a
         // masked view of every row spans; counted when the round succeeds.
-        let lens = kv.lens();
-        let span = lens.iter().copied().max().unwrap_or(0) as u64 + 1;
-        let own: u64 = lens.iter().map(|&n| n as u64 + 1).sum();
-        let spanned = span * lens.len() as u64;
+        let (own, spanned) = kv.round_positions();
         let mut t0 = std::time::Instant::now();
         let rows = match policy.lock() {
             Ok(p) => guarded("decode step", || {
@@ -445,8 +442,10 @@ pub fn run_worker(
                     .decode_micros
                     .fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
                 stats.decode_rounds.fetch_add(1, Relaxed);
-                stats.decode_positions.fetch_add(own, Relaxed);
-                stats.decode_span_positions.fetch_add(spanned, Relaxed);
+                stats.decode_positions.fetch_add(own as u64, Relaxed);
+                stats
+                    .decode_span_positions
+                    .fetch_add(spanned as u64, Relaxed);
                 for (j, s) in seqs.iter_mut().enumerate() {
                     s.next = flat
                         .get(j * v..(j + 1) * v)

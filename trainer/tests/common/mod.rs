@@ -96,7 +96,7 @@ pub fn serve_on(
             checkpoint_every: 0,
             max_body_bytes: 64 << 20,
             prefix_cache_tokens: 1 << 17,
-            decode_attention: trainer::model::DecodeAttention::Auto,
+            decode: trainer::model::DecodeOptions::default(),
             max_model_len: loaded.max_model_len,
             api_token,
         },

@@ -6,24 +6,20 @@
 # attempts up to float rounding. Prints per mode the wall time of `orchestrator rollout`, the
 # tokens generated and their rate, the server's prefill and decode seconds, and the share of
 # cached positions a masked round reads that the rows need (from `/metrics`); then each mode's
-# speed-up over the round's first mode (its wall time over the mode's). A mode suffixed
-# `+bf16` serves with `--kv-cache-dtype bf16` (session 42); after the table, each mode's
-# behaviour log-probs are compared with the round's first mode's on the tokens both sampled
-# (scripts/logprob-agreement.py).
+# speed-up over the reference (the reference's wall time over the mode's).
 #
 #   usage: bench-wave.sh MODEL TASKS INDEX [OUT]
 #   MODEL  a model directory `trainer serve` loads (its tokenizer is the rollout's)
 #   TASKS  a task file (JSONL); INDEX the world's local index; OUT logs (runs/bench-wave)
 #   WAVE_LIMIT the first N tasks (default 16); WAVE_N attempts per task (default 4);
 #   WAVE_INFLIGHT concurrent attempts (default 32, ablation-mini's pipeline.max_inflight);
-#   WAVE_MODES (default "masked auto"; each masked, auto or rows, optionally +bf16);
-#   WAVE_ROUNDS repeats of the modes (default 1);
+#   WAVE_MODES (default "masked auto"); WAVE_ROUNDS repeats of the modes (default 1);
 #   WAVE_THREADS the server's torch threads (default 1, as ablation-mini's servers);
 #   WAVE_EXPERIMENT the preset (default ablation-mini); WAVE_PORT (default 8960);
 #   BIN the binaries (default target/release)
 set -euo pipefail
 if (($# < 3)); then
-  sed -n '2,24p' "$0" >&2  # the usage above
+  sed -n '2,19p' "$0" >&2  # the usage above
   exit 2
 fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,8 +38,8 @@ done
 MODES="${WAVE_MODES:-masked auto}"
 for mode in $MODES; do
   case "$mode" in
-    masked | auto | rows | masked+bf16 | auto+bf16 | rows+bf16) ;;
-    *) say "WAVE_MODES holds $mode; allowed: masked, auto, rows, each optionally +bf16"; exit 2 ;;
+    masked | auto | rows) ;;
+    *) say "WAVE_MODES holds $mode; allowed: masked, auto, rows"; exit 2 ;;
   esac
 done
 if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
@@ -62,15 +58,10 @@ metric() { # name: its value in the server's /metrics (nan when it is missing)
     awk -v m="$1" '$1 == m {print $2; found = 1} END {if (!found) print "nan"}'
 }
 ROWS=()
-AGREE=()
 for round in $(seq 1 "$ROUNDS"); do
-  first=""
   for mode in $MODES; do
-    kv=auto
-    [[ "$mode" == *+bf16 ]] && kv=bf16
     "$BIN/trainer" serve --model "$MODEL" --bind "127.0.0.1:$PORT" --threads "$THREADS" \
-      --device cpu --decode-attention "${mode%+bf16}" --kv-cache-dtype "$kv" \
-      >"$OUT/$mode-$round.server.log" 2>&1 &
+      --device cpu --decode-attention "$mode" >"$OUT/$mode-$round.server.log" 2>&1 &
     PID=$!
     wait_up "http://127.0.0.1:$PORT" "$OUT/$mode-$round.server.log"
     kill -0 "$PID" 2>/dev/null || { say "the $mode server exited; see $OUT/$mode-$round.server.log"; exit 1; }
@@ -89,32 +80,20 @@ for round in $(seq 1 "$ROUNDS"); do
     wait "$PID" 2>/dev/null || true
     PID=""
     ROWS+=("$mode $round $wall $gen $pre $dec $own $span")
-    run=$(grep -ao '^run [0-9a-f-]*' "$OUT/$mode-$round.txt" | awk '{print $2}' || true)
-    if [[ -z "$first" ]]; then
-      first="$mode=$run"
-    elif [[ -n "$run" && -n "${first#*=}" ]]; then
-      AGREE+=("$round ${first%%=*} ${first#*=} $mode $run")
-    fi
   done
 done
 
-echo "| mode | round | wall s | tokens | tokens/s | prefill s | decode s | own / span positions | speed-up over the first mode |"
+echo "| mode | round | wall s | tokens | tokens/s | prefill s | decode s | own / span positions | speed-up over masked |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 ref="" last=""
 for r in "${ROWS[@]}"; do
   read -r mode round wall gen pre dec own span <<<"$r"
   [[ "$round" != "$last" ]] && ref=""
   last="$round"
-  [[ -z "$ref" ]] && ref="$wall"
+  [[ "$mode" == masked ]] && ref="$wall"
   awk -v m="$mode" -v r="$round" -v w="$wall" -v g="$gen" -v p="$pre" -v d="$dec" -v o="$own" \
     -v s="$span" -v ref="$ref" 'BEGIN {
       printf "| %s | %s | %.1f | %d | %.0f | %.1f | %.1f | %.2f | %s |\n", m, r, w, g, g / w, p, d,
         (s > 0 ? o / s : 0), (ref == "" ? "-" : sprintf("%.2fx", ref / w))
     }'
-done
-for a in "${AGREE[@]}"; do
-  read -r round ma ra mb rb <<<"$a"
-  echo
-  echo "round $round: $ma (A) against $mb (B)"
-  python3 "$ROOT/scripts/logprob-agreement.py" "$ra" "$rb"
 done

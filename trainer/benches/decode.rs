@@ -8,22 +8,19 @@
 //! Each case side by side: the reference, libtorch's attention over a masked view of every row
 //! up to the longest (`decode_step_masked`), and `decode_step`, which reads each row's own
 //! positions with the CPU row kernel where that pays (`StepSlots::rows_pay`) and is the
-//! reference otherwise, with the ratio; the row kernel in every round
-//! (`DecodeAttention::Rows`), which shows its cost per position against the reference; and
-//! `decode_step` over a bf16 cache (`KvCacheDtype::Bf16`, read by the row kernel: half the
-//! bytes a position). Run:
+//! reference otherwise, with the ratio; and the row kernel in every round
+//! (`DecodeAttention::Rows`), which shows its cost per position against the reference. Run:
 //! `cargo bench -p trainer --bench decode` after `source scripts/torch-env.sh` (`-- ROUNDS`,
 //! default 24).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::time::Instant;
 
-use trainer::model::{BatchKv, DecodeAttention, Fwd, KvCache, KvCacheDtype, Qwen3, Qwen3Config};
+use trainer::model::{BatchKv, DecodeAttention, Fwd, KvCache, Qwen3, Qwen3Config};
 
-/// A batch cache storing `dtype` with one row per entry of `lens`, each filled by a real
-/// prefill.
-fn caches(m: &Qwen3, lens: &[i64], dtype: KvCacheDtype) -> BatchKv {
-    let mut kv = BatchKv::new(dtype);
+/// A batch cache with one row per entry of `lens`, each filled by a real prefill.
+fn caches(m: &Qwen3, lens: &[i64]) -> BatchKv {
+    let mut kv = BatchKv::default();
     for (i, &len) in lens.iter().enumerate() {
         let mut c = KvCache::new(m.layers.len());
         let ids = tch::Tensor::arange(len, (tch::Kind::Int64, tch::Device::Cpu))
@@ -39,26 +36,25 @@ fn caches(m: &Qwen3, lens: &[i64], dtype: KvCacheDtype) -> BatchKv {
 
 /// Seconds per decode round over `rounds` rounds (after one warm-up round) for each way of
 /// attending, alternating in blocks of 4 rounds on copies of one cache.
-fn per_round(m: &Qwen3, lens: &[i64], rounds: usize) -> [f64; 4] {
+fn per_round(m: &Qwen3, lens: &[i64], rounds: usize) -> [f64; 3] {
     let ids: Vec<i64> = (0..lens.len() as i64).map(|i| 100 + i).collect();
     let ways = [
-        (DecodeAttention::Masked, KvCacheDtype::Auto),
-        (DecodeAttention::Auto, KvCacheDtype::Auto),
-        (DecodeAttention::Rows, KvCacheDtype::Auto),
-        (DecodeAttention::Auto, KvCacheDtype::Bf16),
+        DecodeAttention::Masked,
+        DecodeAttention::Auto,
+        DecodeAttention::Rows,
     ];
-    let mut kvs: Vec<BatchKv> = ways.iter().map(|w| caches(m, lens, w.1)).collect();
+    let mut kvs: Vec<BatchKv> = ways.iter().map(|_| caches(m, lens)).collect();
     for (w, kv) in ways.iter().zip(&mut kvs) {
-        let _ = m.decode_step_with(&ids, kv, Fwd::POLICY, w.0);
+        let _ = m.decode_step_with(&ids, kv, Fwd::POLICY, *w);
     }
-    let mut secs = [0.0; 4];
+    let mut secs = [0.0; 3];
     let mut done = 0;
     while done < rounds {
         let n = 4.min(rounds - done);
         for ((w, kv), s) in ways.iter().zip(&mut kvs).zip(&mut secs) {
             let t0 = Instant::now();
             for _ in 0..n {
-                let _ = m.decode_step_with(&ids, kv, Fwd::POLICY, w.0);
+                let _ = m.decode_step_with(&ids, kv, Fwd::POLICY, *w);
             }
             *s += t0.elapsed().as_secs_f64();
         }
@@ -82,9 +78,9 @@ fn main() {
         tch::get_num_threads()
     );
     println!(
-        "| rows x context | masked view (reference): ms/round | tokens/s | decode_step: ms/round | tokens/s | speed-up | row kernel always: ms/round | x reference | bf16 cache: ms/round | x reference |"
+        "| rows x context | masked view (reference): ms/round | tokens/s | decode_step: ms/round | tokens/s | speed-up | row kernel always: ms/round | x reference |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut cases: Vec<(String, Vec<i64>)> = [64, 512, 1024, 2048]
         .iter()
         .map(|&n| (format!("32 x {n}"), vec![n; 32]))
@@ -95,19 +91,17 @@ fn main() {
     ));
     tch::no_grad(|| {
         for (name, lens) in &cases {
-            let [t_masked, t_auto, t_rows, t_bf16] = per_round(&m, lens, rounds);
+            let [t_masked, t_auto, t_rows] = per_round(&m, lens, rounds);
             let rows = lens.len() as f64;
             println!(
-                "| {name} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2}x | {:.2} | {:.2}x | {:.2} | {:.2}x |",
+                "| {name} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2}x | {:.2} | {:.2}x |",
                 t_masked * 1e3,
                 rows / t_masked,
                 t_auto * 1e3,
                 rows / t_auto,
                 t_masked / t_auto,
                 t_rows * 1e3,
-                t_masked / t_rows,
-                t_bf16 * 1e3,
-                t_masked / t_bf16
+                t_masked / t_rows
             );
         }
     });

@@ -248,13 +248,6 @@ pub struct ServeArgs {
     #[arg(long, env = "TRAINER_DECODE_ATTENTION", default_value = "auto",
           value_parser = ["auto", "masked", "rows"])]
     pub decode_attention: String,
-    /// What the generation worker's batch cache stores keys and values as (vLLM's
-    /// `--kv-cache-dtype`): `auto` the model's kind (f32 on the CPU), `bf16` half the bytes a
-    /// position, read by the CPU row kernel, for a decode round bound by reading the cache
-    /// (keys and values rounded to bf16; the sampled tokens' log-probabilities then differ
-    /// slightly from the trainer's, as under vLLM serving a bf16 model: BENCHMARKS.md).
-    #[arg(long, env = "TRAINER_KV_CACHE_DTYPE", default_value = "auto")]
-    pub kv_cache_dtype: crate::model::KvCacheDtype,
     #[arg(long, env = "TRAINER_SEED", default_value_t = 17)]
     pub seed: i64,
     /// cpu, cuda or auto.

@@ -62,7 +62,7 @@ pub struct ServeSettings {
     pub checkpoint_every: u64,
     pub max_body_bytes: usize,
     pub prefix_cache_tokens: usize,
-    pub decode: crate::model::DecodeOptions,
+    pub decode_attention: crate::model::DecodeAttention,
     /// The bearer token every route but `/health` requires (`TRAINER_API_TOKEN`); needed to
     /// bind to anything but loopback.
     pub api_token: Option<ApiToken>,
@@ -339,13 +339,10 @@ impl ServeSettings {
             checkpoint_every: a.checkpoint_every,
             max_body_bytes: a.max_body_mb << 20,
             prefix_cache_tokens: a.prefix_cache_tokens,
-            decode: crate::model::DecodeOptions {
-                attention: match a.decode_attention.as_str() {
-                    "masked" => crate::model::DecodeAttention::Masked,
-                    "rows" => crate::model::DecodeAttention::Rows,
-                    _ => crate::model::DecodeAttention::Auto,
-                },
-                kv_cache: a.kv_cache_dtype,
+            decode_attention: match a.decode_attention.as_str() {
+                "masked" => crate::model::DecodeAttention::Masked,
+                "rows" => crate::model::DecodeAttention::Rows,
+                _ => crate::model::DecodeAttention::Auto,
             },
             api_token,
             publish,
@@ -585,17 +582,6 @@ mod tests {
         want.loss.kl_coef = 0.0;
         assert_eq!(r.train, want);
         assert!(r.lora.is_none() && !r.reference_copy);
-        assert_eq!(s.decode, crate::model::DecodeOptions::default());
-
-        let s = serve(&["--device", "cpu", "--kv-cache-dtype", "bf16"]).unwrap();
-        assert_eq!(s.decode.kv_cache, crate::model::KvCacheDtype::Bf16);
-        let e = serve(&["--device", "cpu", "--kv-cache-dtype", "fp8"])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("\"fp8\"") && e.contains("auto") && e.contains("bf16"),
-            "{e}"
-        );
 
         let s = serve(&["--device", "cpu", "--lora-r", "8", "--threads", "2"]).unwrap();
         let l = crate::settings::resolve(&s.load.settings)

@@ -144,7 +144,7 @@ fn serve(mut s: ServeSettings) -> anyhow::Result<()> {
             checkpoint_every: s.checkpoint_every,
             max_body_bytes: s.max_body_bytes,
             prefix_cache_tokens: s.prefix_cache_tokens,
-            decode: s.decode,
+            decode_attention: s.decode_attention,
             max_model_len: loaded.max_model_len,
             api_token: s.api_token,
         };

@@ -38,7 +38,7 @@ pub async fn serve(dir: &Path, prefix_cache_tokens: usize) -> (String, Arc<AppSt
             checkpoint_every: 0,
             max_body_bytes: 4096 << 20,
             prefix_cache_tokens,
-            decode: trainer::model::DecodeOptions::default(),
+            decode_attention: trainer::model::DecodeAttention::Auto,
             max_model_len: loaded.max_model_len,
             api_token: None,
         },

@@ -30,11 +30,6 @@ impl LayerKv {
     pub fn seq_len(&self) -> i64 {
         self.k.as_ref().map_or(0, |k| k.size()[2])
     }
-
-    /// The kind the keys and values are held in; `None` while empty.
-    pub fn kind(&self) -> Option<Kind> {
-        self.k.as_ref().map(Tensor::kind)
-    }
 }
 
 /// The caller-owned KV cache: one entry per layer.
@@ -103,47 +98,8 @@ impl StepSlots {
     }
 }
 
-/// What a [`BatchKv`] stores keys and values as (vLLM's `--kv-cache-dtype`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum KvCacheDtype {
-    /// The model's own kind (what its prefill computes): f32 for the CPU smoke model.
-    #[default]
-    Auto,
-    /// bfloat16: half of f32's bytes a position, so a decode round that is bound by reading
-    /// the cache reads half as much (BENCHMARKS.md, issue 25 session 42). Keys and values are
-    /// rounded to 8 significant bits as they are written; the attention itself still runs in
-    /// f32. The sampled tokens' log-probabilities then differ slightly from the trainer's (which
-    /// recomputes them in the model's kind), as they do under vLLM serving a bf16 model.
-    Bf16,
-}
-
-impl KvCacheDtype {
-    /// The stored kind for a model computing in `compute`.
-    pub fn kind(self, compute: Kind) -> Kind {
-        match self {
-            Self::Auto => compute,
-            Self::Bf16 => Kind::BFloat16,
-        }
-    }
-}
-
-impl std::str::FromStr for KvCacheDtype {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "bf16" | "bfloat16" => Ok(Self::Bf16),
-            other => Err(format!(
-                "kv cache dtype {other:?}: allowed are auto (the model's) and bf16"
-            )),
-        }
-    }
-}
-
 /// The KV cache of a decoding batch: per layer one key and one value tensor [rows, kv_heads,
-/// capacity, d] of the [`KvCacheDtype`] chosen, row i holding its sequence's positions
-/// `0..len(i)`. A decode step writes every
+/// capacity, d], row i holding its sequence's positions `0..len(i)`. A decode step writes every
 /// row's new key and value in place and attends over each row's own positions (on the CPU in
 /// f32 when the lengths differ enough, `row_attention`) or over a masked view of the first
 /// `max len + 1` positions of every row (libtorch's kernel), so a round copies no cache whatever
@@ -156,30 +112,9 @@ pub struct BatchKv {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     lens: Vec<i64>,
-    dtype: KvCacheDtype,
-    /// The kind the prefill caches pushed in hold (the model's), which [`Self::row_cache`]
-    /// and [`Self::span`] give back; `None` until the first push.
-    compute: Option<Kind>,
 }
 
 impl BatchKv {
-    /// An empty batch cache storing keys and values as `dtype`.
-    pub fn new(dtype: KvCacheDtype) -> Self {
-        Self {
-            dtype,
-            ..Self::default()
-        }
-    }
-
-    /// Whether the cache stores another kind than the model computes in (a reduced-precision
-    /// cache: only the CPU row kernel reads it without copying it first).
-    pub fn reduced(&self) -> bool {
-        match (self.k.first(), self.compute) {
-            (Some(k), Some(c)) => k.kind() != c,
-            _ => false,
-        }
-    }
-
     /// Running rows.
     pub fn rows(&self) -> usize {
         self.lens.len()
@@ -203,7 +138,6 @@ impl BatchKv {
         let first = cache.layers.first()?.k.as_ref()?;
         let len = first.size()[2];
         let rows = self.lens.len() as i64;
-        self.compute = Some(first.kind());
         self.reserve_like(first, cache.layers.len(), rows + 1, len + 1);
         for (l, c) in cache.layers.iter().enumerate() {
             let (Some(k), Some(v)) = (&c.k, &c.v) else {
@@ -216,17 +150,10 @@ impl BatchKv {
         Some(rows as usize)
     }
 
-    /// A copy of row `i`'s cached positions as a one-sequence cache, in the kind the prefill
-    /// caches held (a bf16 cache's values widened: what its decode steps attended over).
+    /// A copy of row `i`'s cached positions as a one-sequence cache.
     pub fn row_cache(&self, i: usize) -> KvCache {
         let n = self.lens.get(i).copied().unwrap_or(0);
-        let row = |t: &Tensor| {
-            let view = t.narrow(0, i as i64, 1).narrow(2, 0, n);
-            Some(match self.compute {
-                Some(c) if c != view.kind() => view.to_kind(c),
-                _ => view.copy(),
-            })
-        };
+        let row = |t: &Tensor| Some(t.narrow(0, i as i64, 1).narrow(2, 0, n).copy());
         KvCache {
             layers: self
                 .k
@@ -274,7 +201,7 @@ impl BatchKv {
         let new_pos = grow(positions, have_pos, 256);
         let s = like.size();
         let (kv_heads, d) = (s[1], s[3]);
-        let opts = (self.dtype.kind(like.kind()), like.device());
+        let opts = (like.kind(), like.device());
         let fresh = |old: Option<&Tensor>| {
             let t = Tensor::zeros([new_rows, kv_heads, new_pos, d], opts);
             if let Some(o) = old {
@@ -334,20 +261,23 @@ impl BatchKv {
     }
 
     /// Write layer `l`'s new keys and values ([rows, kv_heads, 1, d]) at each row's next
-    /// position (`at`, from `begin_step`), in the cache's kind.
-    pub(crate) fn write(&mut self, l: usize, k: &Tensor, v: &Tensor, at: &StepSlots) {
-        let idx = [Some(&at.rows), None, Some(&at.pos)];
-        let kind = self.k[l].kind();
-        let _ = self.k[l].index_put_(&idx, &k.squeeze_dim(2).to_kind(kind), false);
-        let _ = self.v[l].index_put_(&idx, &v.squeeze_dim(2).to_kind(kind), false);
-    }
-
-    /// Layer `l`'s first `at.span` positions of every row, as `kind` (views of an f32 cache
-    /// read in f32; a bf16 cache read in f32 is copied).
-    pub(crate) fn span(&self, l: usize, at: &StepSlots, kind: Kind) -> (Tensor, Tensor) {
+    /// position (`at`, from `begin_step`), and return views of the first `at.span` positions of
+    /// every row.
+    pub(crate) fn write(
+        &mut self,
+        l: usize,
+        k: &Tensor,
+        v: &Tensor,
+        at: &StepSlots,
+    ) -> (Tensor, Tensor) {
         let b = self.lens.len() as i64;
-        let view = |t: &Tensor| t.narrow(0, 0, b).narrow(2, 0, at.span).to_kind(kind);
-        (view(&self.k[l]), view(&self.v[l]))
+        let idx = [Some(&at.rows), None, Some(&at.pos)];
+        let _ = self.k[l].index_put_(&idx, &k.squeeze_dim(2), false);
+        let _ = self.v[l].index_put_(&idx, &v.squeeze_dim(2), false);
+        (
+            self.k[l].narrow(0, 0, b).narrow(2, 0, at.span),
+            self.v[l].narrow(0, 0, b).narrow(2, 0, at.span),
+        )
     }
 
     /// Layer `l`'s whole key and value allocations ([capacity rows, kv_heads, capacity, d]).

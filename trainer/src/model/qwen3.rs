@@ -17,23 +17,13 @@ use crate::error::{Result, TrainerError};
 /// How a decode step attends over its batch cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DecodeAttention {
-    /// The CPU row kernel where it pays (`StepSlots::rows_pay`) or the cache is bf16
-    /// (`BatchKv::reduced`), libtorch's kernel otherwise.
+    /// The CPU row kernel where it pays (`StepSlots::rows_pay`), libtorch's kernel otherwise.
     #[default]
     Auto,
-    /// libtorch's kernel over a masked view of every row up to the longest (a bf16 cache's
-    /// view copied to f32 first).
+    /// libtorch's kernel over a masked view of every row up to the longest.
     Masked,
-    /// The CPU row kernel whenever the tensors allow it (contiguous CPU, f32 queries, an f32
-    /// or bf16 cache).
+    /// The CPU row kernel whenever the tensors allow it (contiguous CPU f32).
     Rows,
-}
-
-/// How a generation worker decodes: the attention path and what its batch cache stores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct DecodeOptions {
-    pub attention: DecodeAttention,
-    pub kv_cache: super::KvCacheDtype,
 }
 
 /// Qwen3RMSNorm: normalise in f32, scale by the weight in the input's dtype.
@@ -647,38 +637,34 @@ impl Qwen3 {
         let k = self
             .rope
             .apply_rows(&rms_norm(&k, &a.k_norm, eps).transpose(1, 2), &at.pos);
-        kv.write(l, &k, &v, at);
+        let (k, v) = kv.write(l, &k, &v, at);
         // Grouped-query attention without expanding the cache: the query heads that share a
         // key/value head (head h reads kv head h / g) attend as g query positions of it.
         let g = nh / nkv;
         let q = q.reshape([b, nkv, g, d]).contiguous();
-        // On the CPU, when the rows' lengths differ enough for it to pay or the cache is bf16
-        // (which libtorch's kernel would read only after a copy to f32), each row reads only
-        // its own positions; otherwise libtorch's kernel reads every row up to the longest and
-        // masks the rest.
+        // On the CPU in f32, when the rows' lengths differ enough for it to pay, each row reads
+        // only its own positions; otherwise libtorch's kernel reads every row up to the longest
+        // and masks the rest.
         let own = kv
             .layer(l)
             .filter(|_| match how {
-                DecodeAttention::Auto => at.rows_pay() || kv.reduced(),
+                DecodeAttention::Auto => at.rows_pay(),
                 DecodeAttention::Masked => false,
                 DecodeAttention::Rows => true,
             })
             .and_then(|(kc, vc)| super::row_attention::decode_rows(&q, kc, vc, &at.lens));
         let y = match own {
             Some(y) => y,
-            None => {
-                let (k, v) = kv.span(l, at, q.kind());
-                Tensor::scaled_dot_product_attention(
-                    &q,
-                    &k,
-                    &v,
-                    Some(mask.get_or_init(|| at.mask()).shallow_clone()),
-                    0.0,
-                    false,
-                    None,
-                    false,
-                )
-            }
+            None => Tensor::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                Some(mask.get_or_init(|| at.mask()).shallow_clone()),
+                0.0,
+                false,
+                None,
+                false,
+            ),
         };
         a.o_proj.forward(&y.reshape([b, 1, nh * d]), f)
     }

@@ -7,83 +7,55 @@
 //! the cache's storage, once for all the query heads that share a key/value head.
 //!
 //! Per position read it costs 0.99-1.20x libtorch's kernel over the runs measured (which
-//! vectorises wider), so over an f32 cache the decode step uses it only when the rows' lengths
-//! differ enough (`StepSlots::rows_pay`). It also reads a bf16 cache
-//! (`KvCacheDtype::Bf16`, half the bytes a position) widening each value to f32 as it goes,
-//! which libtorch's kernel cannot do without copying the cache to f32 first. Only for
-//! contiguous CPU tensors, queries in f32 and caches in f32 or bf16; anything else (CUDA, a
-//! bf16 model) returns `None` and the caller keeps libtorch's kernel. Scores use SDPA's
-//! default scale 1/sqrt(d) and a max-subtracted softmax in f32.
+//! vectorises wider), so the decode step uses it only when the rows' lengths differ enough
+//! (`StepSlots::rows_pay`). Only
+//! for contiguous f32 tensors on the CPU; anything else (CUDA, bf16) returns `None` and the
+//! caller keeps libtorch's kernel. Scores use SDPA's default scale 1/sqrt(d) and a
+//! max-subtracted softmax in f32.
 
 use tch::{Device, Kind, Tensor};
 
-/// A cache element the kernel reads: f32, or bf16 kept as its 16 bits.
-pub(crate) trait Elem: Copy + Send + Sync + 'static {
-    /// The tensor kind whose storage holds these elements.
-    const KIND: Kind;
-    fn f32(self) -> f32;
-}
-
-impl Elem for f32 {
-    const KIND: Kind = Kind::Float;
-    #[inline(always)]
-    fn f32(self) -> f32 {
-        self
-    }
-}
-
-/// A bfloat16 value's bits: the upper half of the f32 with the same sign, exponent and leading
-/// 7 mantissa bits, so widening is a shift (which vectorises).
-#[derive(Debug, Clone, Copy)]
-#[repr(transparent)]
-pub(crate) struct Bf16(u16);
-
-impl Elem for Bf16 {
-    const KIND: Kind = Kind::BFloat16;
-    #[inline(always)]
-    fn f32(self) -> f32 {
-        f32::from_bits(u32::from(self.0) << 16)
-    }
-}
-
-/// A contiguous CPU tensor's values as `E`, borrowed; `None` for another kind or device, and
-/// for a tensor that records gradients (this kernel has no backward).
+/// A contiguous CPU f32 tensor's values, borrowed; `None` for anything else, and for a tensor
+/// that records gradients (this kernel has no backward).
 ///
 /// # Safety
 /// Nothing may write the tensor's storage (through `t`, a shallow clone or a view of it) while
 /// the returned slice lives.
 #[allow(unsafe_code)]
-unsafe fn host<E: Elem>(t: &Tensor) -> Option<&[E]> {
-    if t.device() != Device::Cpu || t.kind() != E::KIND || !t.is_contiguous() || t.requires_grad() {
+unsafe fn host_f32(t: &Tensor) -> Option<&[f32]> {
+    if t.device() != Device::Cpu
+        || t.kind() != Kind::Float
+        || !t.is_contiguous()
+        || t.requires_grad()
+    {
         return None;
     }
     let n = t.numel();
-    let p = t.data_ptr().cast::<E>().cast_const();
+    let p = t.data_ptr().cast::<f32>().cast_const();
     if n == 0 || p.is_null() || !p.is_aligned() {
         return None;
     }
-    // SAFETY: a contiguous CPU tensor of `E::KIND` holds `numel` consecutive values laid out
-    // as `E` (f32, or bf16's 16 bits in `Bf16`'s transparent u16) from `data_ptr` (which
-    // includes the storage offset); the slice borrows `t`, whose handle keeps the storage
-    // alive; the caller guarantees no write while it lives.
+    // SAFETY: a contiguous CPU f32 tensor holds `numel` consecutive f32 values from
+    // `data_ptr` (which includes the storage offset); the slice borrows `t`, whose handle keeps
+    // the storage alive; the caller guarantees no write while it lives.
     Some(unsafe { std::slice::from_raw_parts(p, n) })
 }
 
 /// Sum of products, in sixteen lanes so the compiler vectorises it (two 8-wide registers
-/// under AVX2, four 4-wide ones otherwise); `b` is widened to f32 as it is read.
+/// under AVX2, four 4-wide ones otherwise).
 #[inline(always)]
-fn dot<E: Elem>(a: &[f32], b: &[E]) -> f32 {
+fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ca
         .remainder()
         .iter()
         .zip(cb.remainder())
-        .map(|(x, y)| x * y.f32())
+        .map(|(x, y)| x * y)
         .sum();
     for (x, y) in ca.zip(cb) {
         for i in 0..16 {
-            acc[i] += x[i] * y[i].f32();
+            acc[i] += x[i] * y[i];
         }
     }
     acc.iter().sum::<f32>() + tail
@@ -145,11 +117,11 @@ struct Shape {
 /// Attention of one row's queries (all kv heads) over its first `n` cached positions, into
 /// `out` ([kv_heads, group, d]); `scores` is scratch.
 #[inline(always)]
-fn attend_row<E: Elem>(
+fn attend_row(
     s: Shape,
     q: &[f32],
-    k: &[E],
-    v: &[E],
+    k: &[f32],
+    v: &[f32],
     n: usize,
     out: &mut [f32],
     scores: &mut Vec<f32>,
@@ -190,7 +162,7 @@ fn attend_row<E: Elem>(
             for j in 0..g {
                 let p = scores[j * n + t];
                 for (o, x) in oh[j * d..(j + 1) * d].iter_mut().zip(vt) {
-                    *o += p * x.f32();
+                    *o += p * x;
                 }
             }
         }
@@ -198,15 +170,15 @@ fn attend_row<E: Elem>(
 }
 
 /// One call's inputs: the queries and whole caches as slices, and each row's length.
-struct Call<'a, E> {
+struct Call<'a> {
     s: Shape,
     q: &'a [f32],
-    k: &'a [E],
-    v: &'a [E],
+    k: &'a [f32],
+    v: &'a [f32],
     lens: &'a [usize],
 }
 
-impl<E: Elem> Call<'_, E> {
+impl Call<'_> {
     /// Rows `first..` into `out` (whole rows of [kv_heads, group, d]).
     #[inline(always)]
     fn block(&self, first: usize, out: &mut [f32]) {
@@ -251,10 +223,10 @@ impl<E: Elem> Call<'_, E> {
 
 /// Attention for a decode step: row i's queries `q[i]` ([rows, kv_heads, group, d]: query head
 /// `kv * group + j` reads kv head `kv`) over positions `0..lens[i]` of rows `0..rows` of the
-/// caches `k` and `v` ([capacity_rows, kv_heads, capacity, d], whole allocations, both f32 or
-/// both bf16). Returns [rows, kv_heads, group, d] in f32, or `None` when the tensors are not
-/// contiguous CPU tensors of those kinds (queries in f32) or the shapes disagree (the caller
-/// then uses libtorch's kernel). Rows are split over `tch::get_num_threads()` threads.
+/// caches `k` and `v` ([capacity_rows, kv_heads, capacity, d], whole allocations). Returns
+/// [rows, kv_heads, group, d], or `None` when the tensors are not contiguous CPU f32 or the
+/// shapes disagree (the caller then uses libtorch's kernel). Rows are split over
+/// `tch::get_num_threads()` threads.
 pub fn decode_rows(q: &Tensor, k: &Tensor, v: &Tensor, lens: &[usize]) -> Option<Tensor> {
     let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
     decode_rows_on(q, k, v, lens, threads)
@@ -290,28 +262,11 @@ fn decode_rows_on(
     {
         return None;
     }
-    match k.kind() {
-        Kind::Float => attend::<f32>(q, k, v, lens, s, threads),
-        Kind::BFloat16 => attend::<Bf16>(q, k, v, lens, s, threads),
-        _ => None,
-    }
-}
-
-/// [`decode_rows_on`] once the shapes are checked, for caches of `E`.
-fn attend<E: Elem>(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    lens: &[usize],
-    s: Shape,
-    threads: usize,
-) -> Option<Tensor> {
-    let rows = lens.len();
     // SAFETY: the slices live until this function returns, and nothing here or on the threads
     // it starts writes a tensor: the decode step wrote this step's keys and values into the
     // caches (`BatchKv::write`) before calling, and the caches belong to the calling thread.
     #[allow(unsafe_code)]
-    let (qv, kv, vv) = unsafe { (host::<f32>(q)?, host::<E>(k)?, host::<E>(v)?) };
+    let (qv, kv, vv) = unsafe { (host_f32(q)?, host_f32(k)?, host_f32(v)?) };
     let q_row = s.kv_heads * s.group * s.d;
     let mut out = vec![0f32; rows * q_row];
     let call = Call {
@@ -350,8 +305,7 @@ fn attend<E: Elem>(
             work(0, head);
         });
     }
-    let shape = [rows, s.kv_heads, s.group, s.d].map(|n| n as i64);
-    Some(Tensor::from_slice(&out).view(shape))
+    Some(Tensor::from_slice(&out).view([qs[0], qs[1], qs[2], qs[3]]))
 }
 
 #[cfg(test)]
@@ -359,26 +313,17 @@ mod tests {
     use super::*;
 
     /// The kernel equals libtorch's SDPA over each row's own positions, for rows of different
-    /// lengths in a cache with spare rows and positions, on one to three threads; a bf16 cache
-    /// gives what SDPA gives over the same values widened to f32.
+    /// lengths in a cache with spare rows and positions, on one to three threads.
     #[test]
     fn rows_attend_only_their_own_positions_as_sdpa_does() {
-        rows_case(Kind::Float);
-        rows_case(Kind::BFloat16);
-    }
-
-    fn rows_case(cache: Kind) {
         tch::manual_seed(5);
         let (rows, kvh, g, d, cap) = (5_i64, 2_i64, 3_i64, 16_i64, 40_i64);
-        let kc = Tensor::randn([rows + 2, kvh, cap, d], (Kind::Float, Device::Cpu)).to_kind(cache);
-        let vc = Tensor::randn([rows + 2, kvh, cap, d], (Kind::Float, Device::Cpu)).to_kind(cache);
-        // What SDPA reads: the cache's own values, in f32.
-        let (k, v) = (kc.to_kind(Kind::Float), vc.to_kind(Kind::Float));
+        let k = Tensor::randn([rows + 2, kvh, cap, d], (Kind::Float, Device::Cpu));
+        let v = Tensor::randn([rows + 2, kvh, cap, d], (Kind::Float, Device::Cpu));
         let q = Tensor::randn([rows, kvh, g, d], (Kind::Float, Device::Cpu));
         let lens = [1_usize, 7, 40, 13, 2];
         for threads in [1, 2, 3] {
-            let got = decode_rows_on(&q, &kc, &vc, &lens, threads).unwrap();
-            assert_eq!(got.kind(), Kind::Float);
+            let got = decode_rows_on(&q, &k, &v, &lens, threads).unwrap();
             for (i, &n) in lens.iter().enumerate() {
                 let i = i as i64;
                 let n = n as i64;
@@ -395,7 +340,7 @@ mod tests {
                 let diff = (got.narrow(0, i, 1) - want).abs().max().double_value(&[]);
                 assert!(
                     diff < 1e-5,
-                    "{cache:?} cache, row {i} ({n} positions), {threads} threads: {diff}"
+                    "row {i} ({n} positions), {threads} threads: {diff}"
                 );
             }
         }
@@ -423,14 +368,10 @@ mod tests {
     }
 
     #[test]
-    fn anything_but_contiguous_cpu_f32_or_bf16_caches_is_left_to_libtorch() {
+    fn anything_but_contiguous_cpu_f32_is_left_to_libtorch() {
         let k = Tensor::zeros([2, 1, 8, 4], (Kind::Float, Device::Cpu));
         let q = Tensor::zeros([2, 1, 1, 4], (Kind::Float, Device::Cpu));
-        let (kb, kh) = (k.to_kind(Kind::BFloat16), k.to_kind(Kind::Half));
         assert!(decode_rows(&q.to_kind(Kind::BFloat16), &k, &k, &[1, 1]).is_none());
-        assert!(decode_rows(&q, &kb, &kb, &[1, 1]).is_some());
-        assert!(decode_rows(&q, &k, &kb, &[1, 1]).is_none(), "mixed kinds");
-        assert!(decode_rows(&q, &kh, &kh, &[1, 1]).is_none(), "f16");
         let strided = k.transpose(2, 3).contiguous().transpose(2, 3);
         assert_eq!(strided.size(), k.size());
         assert!(

@@ -261,7 +261,7 @@ pub fn run_worker(
     stats: Arc<GenStats>,
     mut rx: mpsc::Receiver<GenJob>,
     prefix_cache_tokens: usize,
-    decode: crate::model::DecodeOptions,
+    how: crate::model::DecodeAttention,
 ) {
     use std::sync::atomic::Ordering::Relaxed;
     // Requests in flight by id; a request leaves when its last sample ends or it is abandoned.
@@ -269,7 +269,7 @@ pub fn run_worker(
     let mut next_job = 0usize;
     let mut seqs: Vec<Seq> = Vec::new();
     // Row i of the batch cache is seqs[i]'s (both remove by swapping in the last).
-    let mut kv = BatchKv::new(decode.kv_cache);
+    let mut kv = BatchKv::default();
     let mut store = PrefixStore::new(prefix_cache_tokens);
     let mut seed_counter: u64 = 0x5eed;
     loop {
@@ -426,12 +426,10 @@ pub fn run_worker(
                     }
                 }
                 tch::no_grad(|| {
-                    let rows = p.trainer.model.decode_step_with(
-                        &toks,
-                        &mut kv,
-                        Fwd::POLICY,
-                        decode.attention,
-                    );
+                    let rows = p
+                        .trainer
+                        .model
+                        .decode_step_with(&toks, &mut kv, Fwd::POLICY, how);
                     let v = rows.size()[1] as usize;
                     (v, Vec::<f32>::try_from(rows.view([-1])).unwrap_or_default())
                 })

@@ -135,7 +135,7 @@ pub struct ServeConfig {
     /// generation worker's prefix cache; 0 turns it off).
     pub prefix_cache_tokens: usize,
     /// How decode rounds attend (`--decode-attention`).
-    pub decode: crate::model::DecodeOptions,
+    pub decode_attention: crate::model::DecodeAttention,
     /// Model context length reported to clients (generation is also held to the model's own
     /// position limit).
     pub max_model_len: usize,
@@ -306,12 +306,12 @@ impl AppState {
         {
             let (p, t, s) = (policy.clone(), tokenizer.clone(), stats.clone());
             let prefix_tokens = cfg.prefix_cache_tokens;
-            let decode = cfg.decode;
+            let how = cfg.decode_attention;
             let alive = worker_alive.clone();
             let started = std::thread::Builder::new()
                 .name("generate".into())
                 .spawn(move || {
-                    generate::run_worker(p, t, eos, s, rx, prefix_tokens, decode);
+                    generate::run_worker(p, t, eos, s, rx, prefix_tokens, how);
                     alive.store(false, Ordering::SeqCst);
                 });
             if let Err(e) = started {

@@ -96,7 +96,7 @@ pub fn serve_on(
             checkpoint_every: 0,
             max_body_bytes: 64 << 20,
             prefix_cache_tokens: 1 << 17,
-            decode: trainer::model::DecodeOptions::default(),
+            decode_attention: trainer::model::DecodeAttention::Auto,
             max_model_len: loaded.max_model_len,
             api_token,
         },

@@ -21,6 +21,12 @@
 #                 (default model-sft and model-reflect; e.g. model-reflect and model-reflect2
 #                 for a second pass)
 #   REFLECT_SEED  the trainer's row-order seed (default 2)
+#   REFLECT_SKIP  demonstrations skipped at the head of each file before the REFLECT_ROWS taken
+#                 (default 0; e.g. 512 for a further pass over tasks the earlier passes, which
+#                 all took the first 512, never trained on)
+#   REFLECT_EXPERIMENT  the preset whose reflection.top_k, reflection.max_item_chars and
+#                 embedder shape the injected blocks (default smoke; ablation-mini for the
+#                 warm start its runs start from: one item, as they inject it)
 #   ORCH_BIN, TRAINER_BIN  the binaries (default: on PATH)
 # Writes DIR/sft-reflect-demos.jsonl (every reflection demonstration),
 # DIR/sft-reflect-injected.jsonl (every agent demonstration with a block), DIR/sft-reflect.jsonl
@@ -35,9 +41,15 @@ LR="${REFLECT_LR:-5e-4}"
 FROM="${REFLECT_FROM:-model-sft}"
 OUT="${REFLECT_OUT:-model-reflect}"
 SEED="${REFLECT_SEED:-2}"
+EXPERIMENT="${REFLECT_EXPERIMENT:-smoke}"
+SKIP="${REFLECT_SKIP:-0}"
 say() { echo "reflection-pass: $*" >&2; }
 if [[ ! "$ROWS" =~ ^[0-9]+$ ]] || ((ROWS < 8)); then
   say "REFLECT_ROWS = $ROWS; expected a whole number of at least 8 (one batch)"
+  exit 2
+fi
+if [[ ! "$SKIP" =~ ^[0-9]+$ ]]; then
+  say "REFLECT_SKIP = $SKIP; expected a whole number"
   exit 2
 fi
 if [[ ! -f "$DIR/$FROM/model.safetensors" || ! -f "$DIR/index/meta.json" ]]; then
@@ -47,22 +59,23 @@ fi
 SFT_TASKS="$DIR/world/tasks.jsonl"
 if [[ -f "$DIR/world/tasks-sft.jsonl" ]]; then SFT_TASKS="$DIR/world/tasks-sft.jsonl"; fi
 if [[ ! -f "$DIR/sft-reflect.jsonl" ]]; then
-  "$ORCH" sft-data --experiment smoke --set "data.tasks=$SFT_TASKS" \
+  "$ORCH" sft-data --experiment "$EXPERIMENT" --set "data.tasks=$SFT_TASKS" \
     --set "data.index=$DIR/index" --out "$DIR/sft-reflect-agent.jsonl" \
     --reflections-out "$DIR/sft-reflect-demos.jsonl" \
     --injected-out "$DIR/sft-reflect-injected.jsonl"
   for f in sft-reflect-demos sft-reflect-injected; do
     HAVE=$(wc -l <"$DIR/$f.jsonl")
-    if ((HAVE < ROWS)); then
-      say "REFLECT_ROWS = $ROWS, but the teacher wrote $HAVE rows to $DIR/$f.jsonl"
+    if ((HAVE < SKIP + ROWS)); then
+      say "REFLECT_SKIP + REFLECT_ROWS = $((SKIP + ROWS)), but the teacher wrote $HAVE rows to $DIR/$f.jsonl"
       exit 2
     fi
   done
   # A reflection row, an agent row with the bank's block injected, a plain agent row, in the
   # teacher's order (the trainer shuffles).
-  paste -d '\n' <(head -n "$ROWS" "$DIR/sft-reflect-demos.jsonl") \
-    <(head -n "$ROWS" "$DIR/sft-reflect-injected.jsonl") \
-    <(head -n "$ROWS" "$DIR/sft-reflect-agent.jsonl") >"$DIR/sft-reflect.jsonl.part"
+  take() { tail -n "+$((SKIP + 1))" "$1" | head -n "$ROWS"; }
+  paste -d '\n' <(take "$DIR/sft-reflect-demos.jsonl") \
+    <(take "$DIR/sft-reflect-injected.jsonl") \
+    <(take "$DIR/sft-reflect-agent.jsonl") >"$DIR/sft-reflect.jsonl.part"
   mv "$DIR/sft-reflect.jsonl.part" "$DIR/sft-reflect.jsonl"
   rm -f "$DIR/sft-reflect-agent.jsonl"
 fi
@@ -73,7 +86,7 @@ if [[ ! -f "$DIR/$OUT/model.safetensors" ]]; then
     --warmup-steps 10 --seed "$SEED" --save-every 64 --device cpu
 fi
 {
-  echo "# reflection-pass provenance, $(date -u +%FT%TZ), REFLECT_ROWS=$ROWS REFLECT_LR=$LR REFLECT_SEED=$SEED"
+  echo "# reflection-pass provenance, $(date -u +%FT%TZ), REFLECT_ROWS=$ROWS REFLECT_LR=$LR REFLECT_SEED=$SEED REFLECT_SKIP=$SKIP REFLECT_EXPERIMENT=$EXPERIMENT"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
   echo "git: $(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   (cd "$DIR" && sha256sum "$FROM/model.safetensors" sft-reflect-demos.jsonl \

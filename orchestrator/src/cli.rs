@@ -196,7 +196,8 @@ pub struct SftDataArgs {
     pub reflections_out: Option<PathBuf>,
     /// Also write the agent demonstrations again with a `<reference_examples>` block of the
     /// teacher's post-mortems prepended to the question, as the rubric bank injects it (every
-    /// second one its own task's, the rest two other tasks'); needs --reflections-out.
+    /// second one its own task's, the rest the reflection.top_k other tasks' items nearest to the
+    /// question by the experiment's embedder, as a run retrieves them); needs --reflections-out.
     #[arg(long, env = "ORCH_SFT_INJECTED_OUT", requires = "reflections_out")]
     pub injected_out: Option<PathBuf>,
     /// The search tool the offline teacher calls (default: the experiment's data.index_tool).

@@ -7,9 +7,11 @@
 
 use std::collections::HashMap;
 
+use orchestrator::domain::bank::{LocalEmbedder, dot};
 use orchestrator::domain::data::world::{WorldTask, generate};
 use orchestrator::domain::scaffold::Scaffold;
 use orchestrator::domain::scaffold::parse::parse;
+use orchestrator::infra::embed::Embedder;
 use orchestrator::infra::prompts::system_prompt;
 use orchestrator::infra::tools::setup::{ToolSetup, build};
 use orchestrator::pipeline::sft::{SftRow, injected_rows, offline, reflection_rows};
@@ -98,7 +100,7 @@ async fn the_offline_plan_sees_the_question_only() {
         .collect();
     for tasks in [&world.tasks, &marked] {
         let (rows, stats) = offline(tasks, &docs, &tools, "google_search", &system, 10).await;
-        reflections_read_the_attempt_only(tasks, &rows);
+        reflections_read_the_attempt_only(tasks, &rows).await;
         assert_eq!(stats.written, tasks.len(), "every task kept: {stats:?}");
         for (row, t) in rows.iter().zip(tasks) {
             assert_eq!(row.id, t.id);
@@ -131,18 +133,46 @@ async fn the_offline_plan_sees_the_question_only() {
     }
 }
 
+/// The questions of a block's `## Similar Question N:` items, in order.
+fn similar(user: &str) -> Vec<String> {
+    user.lines()
+        .filter_map(|l| l.strip_prefix("## Similar Question "))
+        .filter_map(|l| l.split_once(": ").map(|(_, q)| q.to_string()))
+        .collect()
+}
+
+/// The questions of the `k` items (whole attempts' post-mortems) of other tasks most similar to
+/// `query` by the local embedding, computed here by brute force.
+fn nearest(tasks: &[WorldTask], refl: &[SftRow], query: &str, k: usize) -> Vec<String> {
+    let e = LocalEmbedder::default();
+    let q = e.embed_one(query);
+    let mut scored: Vec<(f32, String)> = refl
+        .iter()
+        .filter_map(|r| r.id.strip_suffix("#reflect"))
+        .filter_map(|id| tasks.iter().find(|t| t.id == id))
+        .filter(|t| t.query != query)
+        .map(|t| (dot(&e.embed_one(&t.query), &q), t.query.clone()))
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    scored.into_iter().take(k).map(|(_, q)| q).collect()
+}
+
 /// The reflection demonstrations of the taught rows (`reflection_rows`): one per row, a quarter
 /// on an attempt cut after an earlier search and answered, a quarter on one that degenerates
 /// into a loop until the budget and never answers; each is the meta-policy's own prompt over the attempt and
 /// a valid post-mortem that `demo` derives from that attempt's text alone, so no gold rubric text
 /// reaches it, and a cut attempt's post-mortem names where its chain stopped without the known
 /// answer.
-fn reflections_read_the_attempt_only(tasks: &[WorldTask], rows: &[SftRow]) {
+async fn reflections_read_the_attempt_only(tasks: &[WorldTask], rows: &[SftRow]) {
     use orchestrator::domain::reflection::{STOP, demo, parse};
     let refl = reflection_rows(tasks, rows, 12_000).unwrap();
     assert_eq!(refl.len(), rows.len());
-    // The agent rows again with the bank's block in front of the question.
-    let inj = injected_rows(tasks, rows, &refl, 0).unwrap();
+    // The agent rows again with the bank's block in front of the question: the nearest two
+    // items of other tasks, as a run with reflection.top_k = 2 retrieves them.
+    let local = Embedder::Local(LocalEmbedder::default());
+    let inj = injected_rows(tasks, rows, &refl, 0, 2, &local)
+        .await
+        .unwrap();
     let within = inj.iter().filter(|r| r.id.ends_with("#within")).count();
     let cross = inj.iter().filter(|r| r.id.ends_with("#cross")).count();
     assert_eq!((within, cross), (rows.len().div_ceil(2), rows.len() / 2));
@@ -165,8 +195,47 @@ fn reflections_read_the_attempt_only(tasks: &[WorldTask], rows: &[SftRow]) {
             assert_eq!(user.matches("## Similar Question").count(), 2, "{user}");
             assert!(!user.contains(&format!("Question 1: {}\n", t.query)));
             assert!(!user.contains(&format!("Question 2: {}\n", t.query)));
+            assert_eq!(
+                similar(user),
+                nearest(tasks, &refl, &t.query, 2),
+                "{}: the nearest other tasks' items, most similar first",
+                t.id
+            );
         }
     }
+    // At k = 1 every report task (four hops) is shown another report task's item: the block a
+    // run puts in front of it (session 42: a warm start that only ever saw other kinds' items
+    // there looped to the budget under it).
+    let one = injected_rows(tasks, rows, &refl, 0, 1, &local)
+        .await
+        .unwrap();
+    let reports: Vec<&WorldTask> = tasks.iter().filter(|t| t.hops == 4).collect();
+    let mut checked = 0;
+    for r in one.iter().filter(|r| r.id.ends_with("#cross")) {
+        let t = tasks
+            .iter()
+            .find(|t| r.id == format!("{}#cross", t.id))
+            .unwrap();
+        let shown = similar(&r.messages[1].content);
+        assert_eq!(shown.len(), 1);
+        if t.hops == 4 {
+            checked += 1;
+            assert!(
+                reports.iter().any(|o| o.query == shown[0]),
+                "{}: a report task shown {:?}",
+                t.id,
+                shown[0]
+            );
+        }
+    }
+    assert!(checked > 0, "a report task got a cross row");
+    // Fewer items than k + 1: no rows rather than a short block.
+    assert!(
+        injected_rows(tasks, rows, &refl, 0, refl.len(), &local)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let cut: Vec<&SftRow> = refl
         .iter()
         .filter(|r| r.id.contains("#reflect-cut"))

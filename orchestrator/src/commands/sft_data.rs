@@ -138,12 +138,16 @@ pub(super) async fn sft_data(args: &SftDataArgs) -> anyhow::Result<ExitCode> {
                 )?;
             }
             if args.injected_out.is_some() {
+                let embedder = crate::infra::embed::Embedder::from_config(&cfg)?;
                 injected = crate::pipeline::sft::injected_rows(
                     &tasks,
                     &rows,
                     &reflections,
                     cfg.reflection.max_item_chars,
-                )?;
+                    cfg.reflection.top_k,
+                    &embedder,
+                )
+                .await?;
             }
             (rows, stats)
         }

@@ -459,61 +459,79 @@ pub fn reflection_rows(
 /// model's rollouts under injection fell to reward 0: BENCHMARKS.md, issue 25 session 37). The
 /// items are the offline teacher's post-mortems of full attempts (`reflection_rows`' rows
 /// without a cut): every second row gets its own task's item (the `within` block of a replayed
-/// question; skipped when its task has none), the others two other tasks' items (`cross`, as
-/// the bank's nearest questions). Each item is cut to `max_item_chars` as a run injects it
-/// (`reflection.max_item_chars`; 0 = whole).
-pub fn injected_rows(
+/// question; skipped when its task has none), the others the `top_k` items of other tasks
+/// nearest to the question by `embedder`, as a run retrieves them (`BankIndex::top_k`, the
+/// run's `reflection.top_k` and embedder). Nearest, not arbitrary: a run puts a report task's
+/// item in front of a report task, and a warm start that had only seen other kinds' items
+/// there doubled its share of attempts cut at the budget on four-hop report tasks
+/// (BENCHMARKS.md, issue 25 session 42). Each item is cut to `max_item_chars` as a run injects
+/// it (`reflection.max_item_chars`; 0 = whole). No rows when fewer than `top_k + 1` items exist.
+pub async fn injected_rows(
     tasks: &[WorldTask],
     rows: &[SftRow],
     reflections: &[SftRow],
     max_item_chars: usize,
+    top_k: usize,
+    embedder: &crate::infra::embed::Embedder,
 ) -> Result<Vec<SftRow>, crate::domain::bank::BankError> {
-    use crate::domain::bank::{BankItem, Retrieved, question_hash};
+    use crate::domain::bank::{BankIndex, BankItem, Retrieved, question_hash};
     let queries: HashMap<&str, &str> = tasks
         .iter()
         .map(|t| (t.id.as_str(), t.query.as_str()))
         .collect();
-    let items: Vec<(String, BankItem)> = reflections
+    let own: Vec<(&str, &str, crate::domain::reflection::Blocks)> = reflections
         .iter()
         .filter_map(|r| {
             let id = r.id.strip_suffix("#reflect")?;
             let blocks = crate::domain::reflection::parse(&r.segments.first()?.text)?;
-            let question = queries.get(id)?.to_string();
-            Some((
-                id.to_string(),
-                BankItem {
-                    task_id: uuid::Uuid::nil(),
-                    question_sha256: question_hash(&question),
-                    question,
-                    embedding: vec![],
-                    rubrics: blocks.rubrics,
-                    takeaways: blocks.takeaways,
-                    score: 0.0,
-                    step: 0,
-                    reflection_id: None,
-                },
-            ))
+            Some((id, *queries.get(id)?, blocks))
         })
         .collect();
     let mut out = Vec::new();
-    if items.len() < 3 {
+    if top_k == 0 || own.len() <= top_k {
         return Ok(out);
     }
-    for (i, row) in rows.iter().enumerate() {
+    // One embedding call: the items' questions, then the rows' questions.
+    let mut texts: Vec<String> = own.iter().map(|(_, q, _)| q.to_string()).collect();
+    let asked: Vec<Option<&str>> = rows
+        .iter()
+        .map(|r| queries.get(r.id.as_str()).copied())
+        .collect();
+    texts.extend(asked.iter().flatten().map(|q| q.to_string()));
+    let mut embs = embedder.embed(&texts).await?.into_iter();
+    let mut index = BankIndex::default();
+    let mut by_id: HashMap<&str, BankItem> = HashMap::new();
+    for (n, ((id, question, blocks), embedding)) in own.iter().zip(embs.by_ref()).enumerate() {
+        let item = BankItem {
+            // Distinct per item: the index keeps one item per task.
+            task_id: uuid::Uuid::from_u128(n as u128 + 1),
+            question_sha256: question_hash(question),
+            question: question.to_string(),
+            embedding,
+            rubrics: blocks.rubrics.clone(),
+            takeaways: blocks.takeaways.clone(),
+            score: 0.0,
+            step: 0,
+            reflection_id: None,
+        };
+        index.upsert(item.clone())?;
+        by_id.insert(id, item);
+    }
+    for ((i, row), question) in rows.iter().enumerate().zip(asked) {
+        let Some(question) = question else {
+            continue;
+        };
+        let Some(emb) = embs.next() else {
+            break;
+        };
         let got = if i % 2 == 0 {
-            let Some((_, own)) = items.iter().find(|(id, _)| *id == row.id) else {
+            let Some(item) = by_id.get(row.id.as_str()) else {
                 continue;
             };
-            Retrieved::Within(own.clone())
+            Retrieved::Within(item.clone())
         } else {
-            Retrieved::Cross(
-                (1..=items.len())
-                    .map(|k| &items[(i / 2 + k) % items.len()])
-                    .filter(|(id, _)| *id != row.id)
-                    .take(2)
-                    .map(|(_, it)| (it.clone(), 1.0))
-                    .collect(),
-            )
+            let near = index.top_k(&emb, top_k, uuid::Uuid::nil(), &question_hash(question))?;
+            Retrieved::Cross(near.into_iter().map(|(it, s)| (it.clone(), s)).collect())
         };
         let mut r = row.clone();
         let got = got.clipped(max_item_chars);

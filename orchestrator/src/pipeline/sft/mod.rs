@@ -479,58 +479,64 @@ pub async fn injected_rows(
         .iter()
         .map(|t| (t.id.as_str(), t.query.as_str()))
         .collect();
-    let own: Vec<(&str, &str, crate::domain::reflection::Blocks)> = reflections
+    let own: Vec<(&str, crate::domain::reflection::Blocks)> = reflections
         .iter()
         .filter_map(|r| {
             let id = r.id.strip_suffix("#reflect")?;
             let blocks = crate::domain::reflection::parse(&r.segments.first()?.text)?;
-            Some((id, *queries.get(id)?, blocks))
+            Some((*queries.get(id)?, blocks))
         })
         .collect();
     let mut out = Vec::new();
     if top_k == 0 || own.len() <= top_k {
         return Ok(out);
     }
-    // One embedding call: the items' questions, then the rows' questions.
-    let mut texts: Vec<String> = own.iter().map(|(_, q, _)| q.to_string()).collect();
     let asked: Vec<Option<&str>> = rows
         .iter()
         .map(|r| queries.get(r.id.as_str()).copied())
         .collect();
-    texts.extend(asked.iter().flatten().map(|q| q.to_string()));
-    let mut embs = embedder.embed(&texts).await?.into_iter();
+    // Each distinct question once, in one embedding call: the items' and the cross rows'.
+    let distinct: std::collections::BTreeSet<&str> = own
+        .iter()
+        .map(|(q, _)| *q)
+        .chain(asked.iter().skip(1).step_by(2).flatten().copied())
+        .collect();
+    let texts: Vec<String> = distinct.iter().map(|q| q.to_string()).collect();
+    let embs: HashMap<&str, Vec<f32>> = distinct
+        .into_iter()
+        .zip(embedder.embed(&texts).await?)
+        .collect();
     let mut index = BankIndex::default();
-    let mut by_id: HashMap<&str, BankItem> = HashMap::new();
-    for (n, ((id, question, blocks), embedding)) in own.iter().zip(embs.by_ref()).enumerate() {
-        let item = BankItem {
+    for (n, (question, blocks)) in own.iter().enumerate() {
+        index.upsert(BankItem {
             // Distinct per item: the index keeps one item per task.
             task_id: uuid::Uuid::from_u128(n as u128 + 1),
             question_sha256: question_hash(question),
             question: question.to_string(),
-            embedding,
+            embedding: embs.get(question).cloned().unwrap_or_default(),
             rubrics: blocks.rubrics.clone(),
             takeaways: blocks.takeaways.clone(),
             score: 0.0,
             step: 0,
             reflection_id: None,
-        };
-        index.upsert(item.clone())?;
-        by_id.insert(id, item);
+        })?;
     }
-    for ((i, row), question) in rows.iter().enumerate().zip(asked) {
+    for (i, (row, question)) in rows.iter().zip(asked).enumerate() {
         let Some(question) = question else {
             continue;
         };
-        let Some(emb) = embs.next() else {
-            break;
-        };
+        let hash = question_hash(question);
+        // As a run looks memory up: its own item by the question's hash, or the nearest others.
         let got = if i % 2 == 0 {
-            let Some(item) = by_id.get(row.id.as_str()) else {
+            let Some(item) = index.within(&hash) else {
                 continue;
             };
             Retrieved::Within(item.clone())
         } else {
-            let near = index.top_k(&emb, top_k, uuid::Uuid::nil(), &question_hash(question))?;
+            let Some(emb) = embs.get(question) else {
+                continue;
+            };
+            let near = index.top_k(emb, top_k, uuid::Uuid::nil(), &hash)?;
             Retrieved::Cross(near.into_iter().map(|(it, s)| (it.clone(), s)).collect())
         };
         let mut r = row.clone();

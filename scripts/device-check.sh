@@ -6,8 +6,11 @@
 #                                       # OUTDIR; CASES: a file of bench runs (default below)
 # `run` needs no Rust toolchain: the binaries load the GPU machine's own libtorch, CUDA runtime
 # and NCCL (LD_LIBRARY_PATH before the build's RUNPATH). It runs trainer/tests/nccl.rs and
-# trainer/tests/cuda.rs with RUBRICEM_REQUIRE_CUDA=1, then `trainer bench` beside the PyTorch +
-# transformers reference (scripts/parity/bench_step.py) on the same steps.
+# trainer/tests/cuda.rs with RUBRICEM_REQUIRE_CUDA=1, then (DEVICE_CHECK_DP_ROUNDS=N, default 0:
+# skipped) tests/dist.rs's data-parallel timing on that machine's CPUs (gloo, 1 and 2 ranks of
+# one thread each, N rounds: the scaling figure on a machine with cores to spare), then
+# `trainer bench` beside the PyTorch + transformers reference (scripts/parity/bench_step.py) on
+# the same steps.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -17,14 +20,14 @@ build() {
   bash scripts/python-env.sh
   source scripts/torch-env.sh
   mkdir -p .devbin
-  cargo test --release -p trainer --features nccl --test nccl --test cuda --no-run \
+  cargo test --release -p trainer --features nccl --test nccl --test cuda --test dist --no-run \
     --message-format=json >.devbin/build.json
   python3 - <<'PY'
 import json, subprocess
 for line in open(".devbin/build.json"):
     j = json.loads(line)
     exe = j.get("executable")
-    if exe and j["target"]["name"] in ("trainer", "nccl", "cuda"):
+    if exe and j["target"]["name"] in ("trainer", "nccl", "cuda", "dist"):
         subprocess.run(["strip", "-o", f".devbin/{j['target']['name']}", exe], check=True)
 PY
   rm .devbin/build.json
@@ -45,6 +48,7 @@ run() {
   export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   {
     nvidia-smi -L
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
     $py -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
     ldd .devbin/trainer | grep -E 'not found|libtorch_cuda|libnccl|libcudart'
   } 2>&1 | tee "$out/env.log"
@@ -56,6 +60,12 @@ run() {
     timeout 300 .devbin/cuda --test-threads=1 --nocapture 2>&1 | tee "$out/cuda.log"
   fi
   [[ $only == tests ]] && return 0
+  local rounds="${DEVICE_CHECK_DP_ROUNDS:-0}"
+  if ((rounds > 0)); then
+    echo "== tests/dist.rs data_parallel_timing on the CPUs, $rounds rounds"
+    DP_TIMING_ROUNDS="$rounds" timeout 400 .devbin/dist data_parallel_timing --exact \
+      --ignored --nocapture --test-threads=1 2>&1 | tee "$out/dp-timing.log" | grep -v 'timing -> '
+  fi
   echo "== trainer bench beside PyTorch + transformers (SDPA, AdamW)"
   # One line per run: who (ours; before: BEFORE_BIN; ref: bf16 parameters and AdamW state; amp:
   # fp32 parameters under bf16 autocast, fused AdamW), the config's name, the flags both take.

@@ -296,8 +296,10 @@ pub fn micro_batches(lens: &[usize], budget: i64) -> Vec<Vec<usize>> {
     out
 }
 
-/// Sum (min, max) one update's metric sums and micro-batch count over the group's ranks.
+/// Sum (min, max) one update's metric sums and micro-batch count over the group's ranks. The
+/// values travel on the group's device (an NCCL group takes CUDA tensors only).
 fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Result<usize> {
+    let dev = g.device();
     let mut t = Tensor::from_slice(&[
         sums.loss,
         sums.tokens,
@@ -307,9 +309,10 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         sums.ratio,
         sums.tis,
         micro_batches as f64,
-    ]);
-    let mut lo = Tensor::from_slice(&[sums.tis_min]);
-    let mut hi = Tensor::from_slice(&[sums.tis_max]);
+    ])
+    .to_device(dev);
+    let mut lo = Tensor::from_slice(&[sums.tis_min]).to_device(dev);
+    let mut hi = Tensor::from_slice(&[sums.tis_max]).to_device(dev);
     let works = [
         g.all_reduce(&mut t, ReduceOp::Sum)?,
         g.all_reduce(&mut lo, ReduceOp::Min)?,
@@ -318,7 +321,7 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
     for w in works {
         w.wait()?;
     }
-    let v = Vec::<f64>::try_from(&t)?;
+    let v = Vec::<f64>::try_from(&t.to_device(Device::Cpu))?;
     let [loss, tokens, clipped, kl, entropy, ratio, tis, micro] = v[..] else {
         return Err(TrainerError::Panicked(
             "metric reduction lost values".into(),

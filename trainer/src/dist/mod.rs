@@ -1,6 +1,6 @@
 //! Collectives across training processes on torch's own distributed engine (c10d): a
-//! [`Collective`] trait with the c10d backend ([`C10d`]: gloo on CPU, NCCL on GPUs with the
-//! `nccl` feature) and the single-process no-op backend ([`SingleProcess`]); the rendezvous
+//! [`Collective`] trait with the c10d backend ([`C10d`]: gloo on CPU or CUDA tensors, NCCL on
+//! GPUs with the `nccl` feature) and the single-process no-op backend ([`SingleProcess`]); the rendezvous
 //! environment as torchrun sets it ([`DistEnv`]); and a key-value control plane on the same
 //! TCPStore (batch shards and commands go there, never through collectives, so idle time
 //! between steps cannot trip a collective timeout).
@@ -429,6 +429,7 @@ impl DistEnv {
             self,
             &DistOptions {
                 backend,
+                device,
                 timeout,
                 ..Default::default()
             },
@@ -439,7 +440,10 @@ impl DistEnv {
 /// Which c10d backend a [`C10d`] group uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
-    /// CPU tensors (tests, CPU training).
+    /// Tensors on the rank's training device: CPU (tests, CPU training), or CUDA device
+    /// LOCAL_RANK, which gloo stages through pinned host memory as torch.distributed's gloo
+    /// backend does (slower than NCCL, but it runs where NCCL refuses, e.g. several ranks
+    /// sharing one GPU).
     Gloo,
     /// CUDA tensors on device LOCAL_RANK (needs the `nccl` feature).
     Nccl,
@@ -449,6 +453,9 @@ pub enum BackendKind {
 #[derive(Debug, Clone)]
 pub struct DistOptions {
     pub backend: BackendKind,
+    /// The device this rank trains on. A gloo group's collectives take tensors there (CUDA:
+    /// device LOCAL_RANK); an NCCL group's are always on CUDA device LOCAL_RANK.
+    pub device: Device,
     /// Every collective's and the rendezvous's limit.
     pub timeout: Duration,
     /// The address gloo binds on this rank (`None`: 127.0.0.1 when MASTER_ADDR is a loopback
@@ -462,6 +469,7 @@ impl Default for DistOptions {
     fn default() -> Self {
         Self {
             backend: BackendKind::Gloo,
+            device: Device::Cpu,
             timeout: Duration::from_secs(1800),
             host: None,
             threads: 2,
@@ -532,7 +540,7 @@ impl C10d {
                     opts.timeout,
                 )
                 .map_err(|m| fail(format!("gloo: {m}")))?;
-                (g, Device::Cpu, "gloo")
+                (g, env.device(opts.device), "gloo")
             }
             BackendKind::Nccl => {
                 let g =
@@ -716,7 +724,13 @@ pub fn store_client(
 /// (WORLD_SIZE set), else [`SingleProcess`] on `device`.
 pub fn from_env(device: Device, opts: &DistOptions) -> Result<Box<dyn Collective>> {
     match DistEnv::from_env()? {
-        Some(env) => Ok(Box::new(C10d::init(&env, opts)?)),
+        Some(env) => Ok(Box::new(C10d::init(
+            &env,
+            &DistOptions {
+                device,
+                ..opts.clone()
+            },
+        )?)),
         None => Ok(Box::new(SingleProcess::new(device))),
     }
 }

@@ -6,6 +6,7 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use tch::Device;
 use trainer::dist::{BackendKind, C10d, DistEnv, DistOptions};
 
 /// How the children of one multi-rank test are started.
@@ -98,10 +99,22 @@ pub fn child_env(child_var: &str, name: &str) -> Option<DistEnv> {
 
 /// The rank's group over `backend` (one gloo thread) with `timeout` for every collective.
 pub fn join(env: &DistEnv, backend: BackendKind, timeout: Duration) -> trainer::dist::Result<C10d> {
+    join_on(env, backend, Device::Cpu, timeout)
+}
+
+/// [`join`] for a rank training on `device` (a gloo group's collectives then take tensors
+/// there; an NCCL group's are on CUDA device LOCAL_RANK whatever it is).
+pub fn join_on(
+    env: &DistEnv,
+    backend: BackendKind,
+    device: Device,
+    timeout: Duration,
+) -> trainer::dist::Result<C10d> {
     C10d::init(
         env,
         &DistOptions {
             backend,
+            device,
             timeout,
             threads: 1,
             ..DistOptions::default()

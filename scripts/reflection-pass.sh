@@ -24,6 +24,9 @@
 #   REFLECT_SKIP  demonstrations skipped at the head of each file before the REFLECT_ROWS taken
 #                 (default 0; e.g. 512 for a further pass over tasks the earlier passes, which
 #                 all took the first 512, never trained on)
+#   REFLECT_INJECTED_SKIP  the same for the injected rows alone (default REFLECT_SKIP; e.g. 512
+#                 with REFLECT_SKIP=0: the reflection and plain rows the earlier passes took,
+#                 beside injected rows of tasks those passes never showed with a block)
 #   REFLECT_EXPERIMENT  the preset whose reflection.top_k, reflection.max_item_chars and
 #                 embedder shape the injected blocks (default smoke; ablation-mini for the
 #                 warm start its runs start from: one item, as they inject it)
@@ -43,6 +46,7 @@ OUT="${REFLECT_OUT:-model-reflect}"
 SEED="${REFLECT_SEED:-2}"
 EXPERIMENT="${REFLECT_EXPERIMENT:-smoke}"
 SKIP="${REFLECT_SKIP:-0}"
+INJECTED_SKIP="${REFLECT_INJECTED_SKIP:-$SKIP}"
 say() { echo "reflection-pass: $*" >&2; }
 if [[ ! "$ROWS" =~ ^[0-9]+$ ]] || ((ROWS < 8)); then
   say "REFLECT_ROWS = $ROWS; expected a whole number of at least 8 (one batch)"
@@ -50,6 +54,10 @@ if [[ ! "$ROWS" =~ ^[0-9]+$ ]] || ((ROWS < 8)); then
 fi
 if [[ ! "$SKIP" =~ ^[0-9]+$ ]]; then
   say "REFLECT_SKIP = $SKIP; expected a whole number"
+  exit 2
+fi
+if [[ ! "$INJECTED_SKIP" =~ ^[0-9]+$ ]]; then
+  say "REFLECT_INJECTED_SKIP = $INJECTED_SKIP; expected a whole number"
   exit 2
 fi
 if [[ ! -f "$DIR/$FROM/model.safetensors" || ! -f "$DIR/index/meta.json" ]]; then
@@ -63,19 +71,20 @@ if [[ ! -f "$DIR/sft-reflect.jsonl" ]]; then
     --set "data.index=$DIR/index" --out "$DIR/sft-reflect-agent.jsonl" \
     --reflections-out "$DIR/sft-reflect-demos.jsonl" \
     --injected-out "$DIR/sft-reflect-injected.jsonl"
-  for f in sft-reflect-demos sft-reflect-injected; do
-    HAVE=$(wc -l <"$DIR/$f.jsonl")
-    if ((HAVE < SKIP + ROWS)); then
-      say "REFLECT_SKIP + REFLECT_ROWS = $((SKIP + ROWS)), but the teacher wrote $HAVE rows to $DIR/$f.jsonl"
+  for f in "sft-reflect-demos $SKIP REFLECT_SKIP" "sft-reflect-injected $INJECTED_SKIP REFLECT_INJECTED_SKIP"; do
+    read -r file skip name <<<"$f"
+    HAVE=$(wc -l <"$DIR/$file.jsonl")
+    if ((HAVE < skip + ROWS)); then
+      say "$name + REFLECT_ROWS = $((skip + ROWS)), but the teacher wrote $HAVE rows to $DIR/$file.jsonl"
       exit 2
     fi
   done
   # A reflection row, an agent row with the bank's block injected, a plain agent row, in the
   # teacher's order (the trainer shuffles).
-  take() { tail -n "+$((SKIP + 1))" "$1" | head -n "$ROWS"; }
-  paste -d '\n' <(take "$DIR/sft-reflect-demos.jsonl") \
-    <(take "$DIR/sft-reflect-injected.jsonl") \
-    <(take "$DIR/sft-reflect-agent.jsonl") >"$DIR/sft-reflect.jsonl.part"
+  take() { tail -n "+$(($2 + 1))" "$1" | head -n "$ROWS"; }
+  paste -d '\n' <(take "$DIR/sft-reflect-demos.jsonl" "$SKIP") \
+    <(take "$DIR/sft-reflect-injected.jsonl" "$INJECTED_SKIP") \
+    <(take "$DIR/sft-reflect-agent.jsonl" "$SKIP") >"$DIR/sft-reflect.jsonl.part"
   mv "$DIR/sft-reflect.jsonl.part" "$DIR/sft-reflect.jsonl"
   rm -f "$DIR/sft-reflect-agent.jsonl"
 fi
@@ -86,7 +95,7 @@ if [[ ! -f "$DIR/$OUT/model.safetensors" ]]; then
     --warmup-steps 10 --seed "$SEED" --save-every 64 --device cpu
 fi
 {
-  echo "# reflection-pass provenance, $(date -u +%FT%TZ), REFLECT_ROWS=$ROWS REFLECT_LR=$LR REFLECT_SEED=$SEED REFLECT_SKIP=$SKIP REFLECT_EXPERIMENT=$EXPERIMENT"
+  echo "# reflection-pass provenance, $(date -u +%FT%TZ), REFLECT_ROWS=$ROWS REFLECT_LR=$LR REFLECT_SEED=$SEED REFLECT_SKIP=$SKIP REFLECT_INJECTED_SKIP=$INJECTED_SKIP REFLECT_EXPERIMENT=$EXPERIMENT"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
   echo "git: $(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   (cd "$DIR" && sha256sum "$FROM/model.safetensors" sft-reflect-demos.jsonl \

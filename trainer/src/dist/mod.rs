@@ -1,9 +1,9 @@
 //! Collectives across training processes on torch's own distributed engine (c10d): a
 //! [`Collective`] trait with the c10d backend ([`C10d`]: gloo on CPU or CUDA tensors, NCCL on
-//! GPUs with the `nccl` feature) and the single-process no-op backend ([`SingleProcess`]); the rendezvous
-//! environment as torchrun sets it ([`DistEnv`]); and a key-value control plane on the same
-//! TCPStore (batch shards and commands go there, never through collectives, so idle time
-//! between steps cannot trip a collective timeout).
+//! GPUs with the `nccl` feature) and the single-process no-op backend ([`SingleProcess`]); the
+//! rendezvous environment as torchrun sets it ([`DistEnv`]); and a key-value control plane on
+//! the same TCPStore (batch shards and commands go there, never through collectives, so idle
+//! time between steps cannot trip a collective timeout).
 //!
 //! Every collective carries the group's timeout; an error names the rank and the operation.
 //! Tensors must be contiguous and on the group's device; reductions are SUM/MIN/MAX (no AVG:

@@ -27,12 +27,15 @@ mod serve_suite;
 use std::time::Duration;
 
 use common::cases::{
-    CASES, Tolerance, batch, bf16_follows_fp32, dp_cases_agree, step, steps_agree, trainer_on,
+    CASES, Tolerance, batch, bf16_follows_fp32, dp_and_zero_cases_agree, step, steps_agree,
+    trainer_on,
 };
-use common::ranks::{Spawn, assert_ranks_passed, child_env, join, join_on, run_ranks};
+use common::ranks::{
+    Spawn, assert_ranks_passed, child_env, collectives_give_hand_computed_values, join, join_on,
+    run_ranks,
+};
 use serve_suite::Launch;
-use tch::{Device, Kind, Tensor};
-use trainer::dist::zero::ZeroStage;
+use tch::{Device, Tensor};
 use trainer::dist::{BackendKind, Collective, ReduceOp};
 
 const CHILD: &str = "RUBRICEM_CUDA_TEST_CHILD";
@@ -151,11 +154,7 @@ fn rank_nccl_on_one_gpu() {
         }
         Ok(g) => {
             // Every case, plain data parallel then ZeRO-1 and ZeRO-2.
-            let mut g: Box<dyn Collective> = Box::new(g);
-            g = dp_cases_agree(g, dev, None, &CASES);
-            for stage in [ZeroStage::One, ZeroStage::Two] {
-                g = dp_cases_agree(g, dev, Some(stage), &[CASES[0], CASES[2], CASES[5]]);
-            }
+            dp_and_zero_cases_agree(Box::new(g), dev);
             eprintln!("NCCL trained -> two ranks on one GPU");
         }
     }
@@ -179,41 +178,9 @@ fn rank_gloo_on_one_gpu() {
     };
     let dev = gpu("rank_gloo_on_one_gpu").unwrap();
     let g = join_on(&env, BackendKind::Gloo, dev, Duration::from_secs(120)).unwrap();
-    assert_eq!((g.world(), g.backend(), g.device()), (2, "gloo", dev));
-    let r = env.rank as f32;
-    let on = |v: &[f32]| Tensor::from_slice(v).to_device(dev);
-    let host = |t: &Tensor| Vec::<f32>::try_from(t.to_kind(Kind::Float).to_device(Device::Cpu));
+    assert_eq!(g.backend(), "gloo");
     // The collectives the trainer uses, on the device, with hand-computed values.
-    let mut t = on(&[r + 1.0, -r]);
-    g.all_reduce(&mut t, ReduceOp::Sum).unwrap().wait().unwrap();
-    assert_eq!(host(&t).unwrap(), [3.0, -1.0]);
-    let mut b = on(&[0.5 + r, 2.0]).to_kind(Kind::BFloat16);
-    g.all_reduce(&mut b, ReduceOp::Max).unwrap().wait().unwrap();
-    assert_eq!(
-        (b.kind(), host(&b).unwrap()),
-        (Kind::BFloat16, vec![1.5, 2.0])
-    );
-    let input = on(&[10.0 * r, 10.0 * r + 1.0, 10.0 * r + 2.0, 10.0 * r + 3.0]);
-    let mut out = on(&[0.0, 0.0]);
-    g.reduce_scatter(&mut out, &input, ReduceOp::Sum)
-        .unwrap()
-        .wait()
-        .unwrap();
-    let want: [f32; 2] = if env.rank == 0 {
-        [10.0, 12.0]
-    } else {
-        [14.0, 16.0]
-    };
-    assert_eq!(host(&out).unwrap(), want);
-    let mut all = on(&[0.0; 4]);
-    g.all_gather(&mut all, &on(&[r, r + 0.5]))
-        .unwrap()
-        .wait()
-        .unwrap();
-    assert_eq!(host(&all).unwrap(), [0.0, 0.5, 1.0, 1.5]);
-    let mut t = on(&[r * 7.0, 1.0 + r]);
-    g.broadcast(&mut t, 1).unwrap().wait().unwrap();
-    assert_eq!(host(&t).unwrap(), [7.0, 2.0]);
+    collectives_give_hand_computed_values(&g, dev);
     // A CPU tensor is refused before anything is sent (where the device is not the CPU).
     if dev != Device::Cpu {
         let mut cpu = Tensor::from_slice(&[1.0f32]);
@@ -223,12 +190,7 @@ fn rank_gloo_on_one_gpu() {
     g.barrier().unwrap();
     // Every case, plain data parallel then ZeRO-1 and ZeRO-2, against one process on the
     // whole batch on the same device.
-    let mut g: Box<dyn Collective> = Box::new(g);
-    g = dp_cases_agree(g, dev, None, &CASES);
-    for stage in [ZeroStage::One, ZeroStage::Two] {
-        g = dp_cases_agree(g, dev, Some(stage), &[CASES[0], CASES[2], CASES[5]]);
-    }
-    g.barrier().unwrap();
+    dp_and_zero_cases_agree(Box::new(g), dev).barrier().unwrap();
     eprintln!("gloo trained -> two ranks on {dev:?}");
 }
 

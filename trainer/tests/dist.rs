@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::ranks::{Spawn, assert_ranks_passed, child_env, join};
+use common::ranks::{
+    Spawn, assert_ranks_passed, child_env, collectives_give_hand_computed_values, join,
+};
 use tch::{Device, Kind, Tensor};
 use trainer::dist::{BackendKind, C10d, Collective, DistError, ReduceOp, Work};
 
@@ -32,10 +34,6 @@ fn child_group(name: &str, timeout: Duration) -> Option<C10d> {
     Some(join(&env, BackendKind::Gloo, timeout).unwrap())
 }
 
-fn values(t: &Tensor) -> Vec<f32> {
-    Vec::<f32>::try_from(t.to_kind(Kind::Float).view([-1])).unwrap()
-}
-
 fn f32s(v: &[f32]) -> Tensor {
     Tensor::from_slice(v)
 }
@@ -53,58 +51,7 @@ fn rank_collectives() {
     };
     let (rank, world) = (g.rank(), g.world());
     assert_eq!((world, g.backend(), g.device()), (2, "gloo", Device::Cpu));
-    let r = rank as f32;
-    // All-reduce: sum, min, max; f32 and bf16.
-    for (op, want) in [
-        (ReduceOp::Sum, [3.0f32, -1.0]),
-        (ReduceOp::Min, [1.0, -1.0]),
-        (ReduceOp::Max, [2.0, 0.0]),
-    ] {
-        let mut t = f32s(&[r + 1.0, -r]);
-        g.all_reduce(&mut t, op).unwrap().wait().unwrap();
-        assert_eq!(values(&t), want, "{op:?}");
-    }
-    let mut b = f32s(&[0.5 + r, 2.0]).to_kind(Kind::BFloat16);
-    g.all_reduce(&mut b, ReduceOp::Sum).unwrap().wait().unwrap();
-    assert_eq!((b.kind(), values(&b)), (Kind::BFloat16, vec![2.0, 4.0]));
-    // Several in flight at once, waited in any order.
-    let mut ts: Vec<Tensor> = (0..4).map(|k| f32s(&[k as f32 * (r + 1.0)])).collect();
-    let works: Vec<Work> = ts
-        .iter_mut()
-        .map(|t| g.all_reduce(t, ReduceOp::Sum).unwrap())
-        .collect();
-    for w in works.into_iter().rev() {
-        w.wait().unwrap();
-    }
-    assert_eq!(
-        ts.iter().flat_map(values).collect::<Vec<_>>(),
-        [0.0, 3.0, 6.0, 9.0]
-    );
-    // Reduce-scatter: rank k gets the sum of everyone's k-th half.
-    let input = Tensor::arange(4, (Kind::Float, Device::Cpu)) + 10.0 * r as f64;
-    let mut out = Tensor::zeros([2], (Kind::Float, Device::Cpu));
-    g.reduce_scatter(&mut out, &input, ReduceOp::Sum)
-        .unwrap()
-        .wait()
-        .unwrap();
-    assert_eq!(
-        values(&out),
-        if rank == 0 {
-            [10.0, 12.0]
-        } else {
-            [14.0, 16.0]
-        }
-    );
-    // All-gather in rank order (2-D, dim 0).
-    let mine = f32s(&[r, r + 0.5]).view([1, 2]);
-    let mut all = Tensor::zeros([2, 2], (Kind::Float, Device::Cpu));
-    g.all_gather(&mut all, &mine).unwrap().wait().unwrap();
-    assert_eq!(values(&all), [0.0, 0.5, 1.0, 1.5]);
-    // Broadcast from rank 1.
-    let mut t = f32s(&[r * 7.0, 1.0 + r]);
-    g.broadcast(&mut t, 1).unwrap().wait().unwrap();
-    assert_eq!(values(&t), [7.0, 2.0]);
-    g.barrier().unwrap();
+    collectives_give_hand_computed_values(&g, Device::Cpu);
     // Control plane.
     if rank == 0 {
         g.set("greeting", b"hello from 0").unwrap();
@@ -114,6 +61,8 @@ fn rank_collectives() {
         b"hello from 0"
     );
     // Wrong calls are refused before anything is sent (both ranks make them; nothing hangs).
+    let input = Tensor::arange(4, (Kind::Float, Device::Cpu));
+    let mut t = f32s(&[0.0, 1.0]);
     let mut short = Tensor::zeros([3], (Kind::Float, Device::Cpu));
     let e = g
         .reduce_scatter(&mut short, &input, ReduceOp::Sum)
@@ -204,7 +153,7 @@ fn rank_peer_hangs() {
 // ---------------------------------------------------------------------------------------------
 // Data parallel: one step on 2 ranks equals one rank on the whole batch.
 
-use common::cases::{CASES, Case, batch, close, dp_cases_agree, step, trainer_on};
+use common::cases::{CASES, Case, ZERO_CASES, batch, close, dp_cases_agree, step, trainer_on};
 use trainer::loss::PolicyLossConfig;
 use trainer::model::lora::{LoraConfig, LoraTarget};
 use trainer::model::{Qwen3, Qwen3Config};
@@ -458,12 +407,11 @@ fn rank_zero_steps() {
     };
     let mut group: Option<Box<dyn Collective>> = Some(Box::new(g));
     for stage in [ZeroStage::One, ZeroStage::Two] {
-        let cases = [CASES[0], CASES[2], CASES[5]];
         group = Some(dp_cases_agree(
             group.take().unwrap(),
             Device::Cpu,
             Some(stage),
-            &cases,
+            &ZERO_CASES,
         ));
     }
 

@@ -390,6 +390,20 @@ pub fn bf16_follows_fp32(device: Device) {
     );
 }
 
+/// The cases the ZeRO checks run: a full fine-tune under gradient checkpointing, LoRA with two
+/// minibatches, and one sequence (a rank with none).
+pub const ZERO_CASES: [Case; 3] = [CASES[0], CASES[2], CASES[5]];
+
+/// [`dp_cases_agree`] for every case in plain data parallel, then for [`ZERO_CASES`] under
+/// ZeRO-1 and ZeRO-2; the group back.
+pub fn dp_and_zero_cases_agree(group: Box<dyn Collective>, device: Device) -> Box<dyn Collective> {
+    let mut g = dp_cases_agree(group, device, None, &CASES);
+    for stage in [ZeroStage::One, ZeroStage::Two] {
+        g = dp_cases_agree(g, device, Some(stage), &ZERO_CASES);
+    }
+    g
+}
+
 /// Every case of `cases` on `device`, as this rank of `group` (rank 0 leads each step, the
 /// others follow it), with the optimizer sharded by `zero` when given, against the
 /// one-process step on the whole batch, two steps a case:

@@ -6,8 +6,8 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use tch::Device;
-use trainer::dist::{BackendKind, C10d, DistEnv, DistOptions};
+use tch::{Device, Kind, Tensor};
+use trainer::dist::{BackendKind, C10d, Collective, DistEnv, DistOptions, ReduceOp, Work};
 
 /// How the children of one multi-rank test are started.
 #[derive(Debug, Clone, Copy)]
@@ -120,4 +120,69 @@ pub fn join_on(
             ..DistOptions::default()
         },
     )
+}
+
+/// On rank `g.rank()` of a 2-rank group whose collectives take tensors on `dev`: each collective
+/// the trainer uses gives the hand-computed values. All-reduce (sum, min, max; f32 and bf16),
+/// several in flight waited in any order, reduce-scatter, all-gather in rank order, broadcast
+/// from rank 1; then a barrier.
+pub fn collectives_give_hand_computed_values(g: &dyn Collective, dev: Device) {
+    let rank = g.rank();
+    assert_eq!((g.world(), g.device()), (2, dev));
+    let r = rank as f32;
+    let on = |v: &[f32]| Tensor::from_slice(v).to_device(dev);
+    let values = |t: &Tensor| {
+        Vec::<f32>::try_from(t.to_kind(Kind::Float).to_device(Device::Cpu).view([-1])).unwrap()
+    };
+    // All-reduce: sum, min, max; f32 and bf16.
+    for (op, want) in [
+        (ReduceOp::Sum, [3.0f32, -1.0]),
+        (ReduceOp::Min, [1.0, -1.0]),
+        (ReduceOp::Max, [2.0, 0.0]),
+    ] {
+        let mut t = on(&[r + 1.0, -r]);
+        g.all_reduce(&mut t, op).unwrap().wait().unwrap();
+        assert_eq!(values(&t), want, "{op:?}");
+    }
+    let mut b = on(&[0.5 + r, 2.0]).to_kind(Kind::BFloat16);
+    g.all_reduce(&mut b, ReduceOp::Sum).unwrap().wait().unwrap();
+    assert_eq!((b.kind(), values(&b)), (Kind::BFloat16, vec![2.0, 4.0]));
+    // Several in flight at once, waited in any order.
+    let mut ts: Vec<Tensor> = (0..4).map(|k| on(&[k as f32 * (r + 1.0)])).collect();
+    let works: Vec<Work> = ts
+        .iter_mut()
+        .map(|t| g.all_reduce(t, ReduceOp::Sum).unwrap())
+        .collect();
+    for w in works.into_iter().rev() {
+        w.wait().unwrap();
+    }
+    assert_eq!(
+        ts.iter().flat_map(values).collect::<Vec<_>>(),
+        [0.0, 3.0, 6.0, 9.0]
+    );
+    // Reduce-scatter: rank k gets the sum of everyone's k-th half.
+    let input = Tensor::arange(4, (Kind::Float, dev)) + 10.0 * r as f64;
+    let mut out = Tensor::zeros([2], (Kind::Float, dev));
+    g.reduce_scatter(&mut out, &input, ReduceOp::Sum)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(
+        values(&out),
+        if rank == 0 {
+            [10.0, 12.0]
+        } else {
+            [14.0, 16.0]
+        }
+    );
+    // All-gather in rank order (2-D, dim 0).
+    let mine = on(&[r, r + 0.5]).view([1, 2]);
+    let mut all = Tensor::zeros([2, 2], (Kind::Float, dev));
+    g.all_gather(&mut all, &mine).unwrap().wait().unwrap();
+    assert_eq!(values(&all), [0.0, 0.5, 1.0, 1.5]);
+    // Broadcast from rank 1.
+    let mut t = on(&[r * 7.0, 1.0 + r]);
+    g.broadcast(&mut t, 1).unwrap().wait().unwrap();
+    assert_eq!(values(&t), [7.0, 2.0]);
+    g.barrier().unwrap();
 }

@@ -587,6 +587,84 @@ async fn sql_answer_length_vs_reward(pool: PgPool) {
     assert_eq!(f.trajs.len(), 5);
 }
 
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn sql_budget_cuts_by_hops(pool: PgPool) {
+    let run_id = run(&pool, "cuts").await;
+    let mut ids = Vec::new();
+    for (ext, metadata) in [
+        ("two-hop", serde_json::json!({"hops": 2})),
+        ("four-hop", serde_json::json!({"hops": 4})),
+        ("no-hops", serde_json::json!({})),
+    ] {
+        let t = db::tasks::NewTask {
+            source: "fixture".into(),
+            external_id: ext.into(),
+            prompt: format!("question {ext}"),
+            answer_format: "long".into(),
+            persistent_rubrics: serde_json::json!([]),
+            metadata,
+        };
+        ids.push(db::tasks::upsert(&pool, &[t]).await.unwrap()[0]);
+    }
+    // Steps 0-3: steps 0 and 1 are the first half, 2 and 3 the second. Per step, which of the
+    // two samples of the two-hop and four-hop tasks ran to the budget; the task without hops is
+    // rolled out once, at step 0, and not cut.
+    let cut: [[[bool; 2]; 2]; 4] = [
+        [[false, false], [true, false]],
+        [[false, false], [false, false]],
+        [[false, false], [true, true]],
+        [[false, true], [false, true]],
+    ];
+    for (step, per_task) in cut.iter().enumerate() {
+        let step = step as i32;
+        db::runs::begin_step(&pool, run_id, step, step, &ids)
+            .await
+            .unwrap();
+        let mut batch = Vec::new();
+        for (k, samples) in per_task.iter().enumerate() {
+            for (i, is_cut) in samples.iter().enumerate() {
+                let mut t = traj(run_id, step, ids[k], i as i32, 4, serde_json::json!([]));
+                if *is_cut {
+                    t.finish_reason = "length".into();
+                }
+                batch.push(t);
+            }
+        }
+        if step == 0 {
+            batch.push(traj(run_id, 0, ids[2], 0, 4, serde_json::json!([])));
+        }
+        db::trajectories::insert_batch(&pool, &batch).await.unwrap();
+    }
+    let rows = sqlx::query(&sql_file("budget_cuts_by_hops.sql"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    // hops, then trajectories and cut share in the first half of the steps and in the second.
+    type CutRow = (String, i64, Option<f64>, i64, Option<f64>);
+    let got: Vec<CutRow> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("hops"),
+                r.get("early_trajectories"),
+                r.get("early_cut_share"),
+                r.get("late_trajectories"),
+                r.get("late_cut_share"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("2".into(), 4, Some(0.0), 4, Some(0.25)),
+            ("4".into(), 4, Some(0.25), 4, Some(0.75)),
+            ("none".into(), 1, Some(0.0), 0, None),
+        ]
+    );
+    assert!(rows.iter().all(|r| r.get::<Uuid, _>("run_id") == run_id));
+    assert!(rows.iter().all(|r| r.get::<String, _>("recipe") == "full"));
+}
+
 /// Hostile model output: a NUL byte in a tool call's query, attributes, output, error and
 /// snippet ids (and in the parsed JSON) is stored as U+FFFD instead of failing the whole run's
 /// write (Postgres text and jsonb refuse NUL).

@@ -22,13 +22,17 @@ fn sql_file(name: &str) -> String {
 }
 
 async fn task(pool: &PgPool, ext: &str) -> Uuid {
+    task_with(pool, ext, serde_json::json!({})).await
+}
+
+async fn task_with(pool: &PgPool, ext: &str, metadata: serde_json::Value) -> Uuid {
     let t = db::tasks::NewTask {
         source: "fixture".into(),
         external_id: ext.into(),
         prompt: format!("question {ext}"),
         answer_format: "long".into(),
         persistent_rubrics: serde_json::json!([]),
-        metadata: serde_json::json!({}),
+        metadata,
     };
     db::tasks::upsert(pool, &[t]).await.unwrap()[0]
 }
@@ -596,15 +600,7 @@ async fn sql_budget_cuts_by_hops(pool: PgPool) {
         ("four-hop", serde_json::json!({"hops": 4})),
         ("no-hops", serde_json::json!({})),
     ] {
-        let t = db::tasks::NewTask {
-            source: "fixture".into(),
-            external_id: ext.into(),
-            prompt: format!("question {ext}"),
-            answer_format: "long".into(),
-            persistent_rubrics: serde_json::json!([]),
-            metadata,
-        };
-        ids.push(db::tasks::upsert(&pool, &[t]).await.unwrap()[0]);
+        ids.push(task_with(&pool, ext, metadata).await);
     }
     // Steps 0-3: steps 0 and 1 are the first half, 2 and 3 the second. Per step, which of the
     // two samples of the two-hop and four-hop tasks ran to the budget; the task without hops is

@@ -153,7 +153,9 @@ fn rank_peer_hangs() {
 // ---------------------------------------------------------------------------------------------
 // Data parallel: one step on 2 ranks equals one rank on the whole batch.
 
-use common::cases::{CASES, Case, ZERO_CASES, batch, close, dp_cases_agree, step, trainer_on};
+use common::cases::{
+    CASES, Case, batch, close, dp_cases_agree, step, trainer_on, zero_cases_agree,
+};
 use trainer::loss::PolicyLossConfig;
 use trainer::model::lora::{LoraConfig, LoraTarget};
 use trainer::model::{Qwen3, Qwen3Config};
@@ -405,22 +407,14 @@ fn rank_zero_steps() {
     let Some(g) = child_group("rank_zero_steps", Duration::from_secs(60)) else {
         return;
     };
-    let mut group: Option<Box<dyn Collective>> = Some(Box::new(g));
-    for stage in [ZeroStage::One, ZeroStage::Two] {
-        group = Some(dp_cases_agree(
-            group.take().unwrap(),
-            Device::Cpu,
-            Some(stage),
-            &ZERO_CASES,
-        ));
-    }
+    let group = zero_cases_agree(Box::new(g), Device::Cpu);
 
     // Save after one ZeRO-2 step; restore on 2 ranks and, consolidated, on 1.
     let c = CASES[0];
     let seqs = batch(c.sequences);
     let mut one = trainer_for(&c);
     let mut dp = trainer_for(&c);
-    dp.set_collective(group.take().unwrap());
+    dp.set_collective(group);
     dp.set_zero(ZeroStage::Two).unwrap();
     step(&mut one, &c, &seqs);
     dp_step(&mut dp, &c, &seqs);

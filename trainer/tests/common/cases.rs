@@ -394,14 +394,19 @@ pub fn bf16_follows_fp32(device: Device) {
 /// minibatches, and one sequence (a rank with none).
 pub const ZERO_CASES: [Case; 3] = [CASES[0], CASES[2], CASES[5]];
 
-/// [`dp_cases_agree`] for every case in plain data parallel, then for [`ZERO_CASES`] under
-/// ZeRO-1 and ZeRO-2; the group back.
-pub fn dp_and_zero_cases_agree(group: Box<dyn Collective>, device: Device) -> Box<dyn Collective> {
-    let mut g = dp_cases_agree(group, device, None, &CASES);
+/// [`dp_cases_agree`] for [`ZERO_CASES`] under ZeRO-1, then under ZeRO-2; the group back.
+pub fn zero_cases_agree(group: Box<dyn Collective>, device: Device) -> Box<dyn Collective> {
+    let mut g = group;
     for stage in [ZeroStage::One, ZeroStage::Two] {
         g = dp_cases_agree(g, device, Some(stage), &ZERO_CASES);
     }
     g
+}
+
+/// [`dp_cases_agree`] for every case in plain data parallel, then [`zero_cases_agree`]; the
+/// group back.
+pub fn dp_and_zero_cases_agree(group: Box<dyn Collective>, device: Device) -> Box<dyn Collective> {
+    zero_cases_agree(dp_cases_agree(group, device, None, &CASES), device)
 }
 
 /// Every case of `cases` on `device`, as this rank of `group` (rank 0 leads each step, the

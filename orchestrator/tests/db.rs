@@ -661,6 +661,256 @@ async fn sql_budget_cuts_by_hops(pool: PgPool) {
     assert!(rows.iter().all(|r| r.get::<String, _>("recipe") == "full"));
 }
 
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn sql_eval_by_hops(pool: PgPool) {
+    let run_id = run(&pool, "evals").await;
+    let two_a = task_with(&pool, "two-a", serde_json::json!({"hops": 2})).await;
+    let two_b = task_with(&pool, "two-b", serde_json::json!({"hops": 2})).await;
+    let four = task_with(&pool, "four", serde_json::json!({"hops": 4})).await;
+    let bare = task_with(&pool, "bare", serde_json::json!({})).await;
+    // A rubric item as the lexical judge writes it, lowered or not for unretrieved citations.
+    let item = |lowered: bool| {
+        let note = if lowered {
+            "1/1 key terms present [x]; missing []; lowered one level: cites ids never retrieved (gene-1)"
+        } else {
+            "1/1 key terms present [x]; missing []"
+        };
+        serde_json::json!({"title": "t", "score": if lowered { 1 } else { 2 }, "justification": note})
+    };
+    // (task, finish reason, score, exact, tool calls, rubric items) per answer.
+    type Answer = (
+        Uuid,
+        &'static str,
+        Option<f64>,
+        Option<bool>,
+        i32,
+        Vec<serde_json::Value>,
+    );
+    let versions: [(i32, Vec<Answer>); 2] = [
+        (
+            0,
+            vec![
+                (
+                    two_a,
+                    "stop",
+                    Some(0.5),
+                    Some(true),
+                    2,
+                    vec![item(true), item(false)],
+                ),
+                (
+                    two_b,
+                    "stop",
+                    Some(0.5),
+                    Some(false),
+                    2,
+                    vec![item(true), item(true)],
+                ),
+                (four, "repetition", Some(0.0), None, 4, vec![]),
+                (bare, "stop", Some(1.0), None, 1, vec![item(false)]),
+            ],
+        ),
+        (
+            4,
+            vec![
+                (
+                    two_a,
+                    "stop",
+                    Some(1.0),
+                    Some(true),
+                    2,
+                    vec![item(false), item(false)],
+                ),
+                (two_b, "length", Some(0.0), Some(false), 3, vec![]),
+                (
+                    four,
+                    "stop",
+                    Some(0.2),
+                    None,
+                    4,
+                    vec![item(true), item(false)],
+                ),
+                (bare, "stop", Some(0.0), None, 0, vec![item(false)]),
+            ],
+        ),
+    ];
+    for (version, answers) in versions {
+        let results: Vec<db::evaluations::ResultRow> = answers
+            .into_iter()
+            .map(
+                |(task_id, finish, score, exact, calls, items)| db::evaluations::ResultRow {
+                    task_id,
+                    sample_index: 0,
+                    finish_reason: finish.into(),
+                    answer: None,
+                    parsed: serde_json::json!({}),
+                    num_model_tokens: 10,
+                    tool_calls: calls,
+                    parse_failed: false,
+                    score,
+                    rubric_scores: serde_json::Value::Array(items),
+                    exact,
+                    error: None,
+                },
+            )
+            .collect();
+        let summary = db::evaluations::EvalRow {
+            run_id,
+            policy_version: version,
+            subset: "held-out".into(),
+            judge_model: "lexical-v1".into(),
+            tasks: 4,
+            samples: 1,
+            score: None,
+            exact: None,
+            judged: 3,
+            failed: 1,
+            parse_failures: 0,
+            model_tokens: 40,
+            judge_cost_usd: 0.0,
+            seconds: 1.0,
+        };
+        db::evaluations::record(&pool, &summary, &results)
+            .await
+            .unwrap();
+    }
+    let rows = sqlx::query(&sql_file("eval_by_hops.sql"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    // hops, version, answers, mean score, exact, exact known, cut, tool calls, lowered share.
+    type EvalHopRow = (String, i32, i64, Option<f64>, i64, i64, i64, f64, f64);
+    let got: Vec<EvalHopRow> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("hops"),
+                r.get("policy_version"),
+                r.get("answers"),
+                r.get("mean_score"),
+                r.get("exact"),
+                r.get("exact_known"),
+                r.get("cut"),
+                r.get("tool_calls"),
+                r.get("uncited_lowered_share"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            // v0: two answered, one exact, 3 of 4 items lowered over the two (0.5 and 1.0).
+            ("2".into(), 0, 2, Some(0.5), 1, 2, 0, 2.0, 0.75),
+            // v4: one cut (scored 0, not exact), one exact with nothing lowered.
+            ("2".into(), 4, 2, Some(0.5), 1, 2, 1, 2.5, 0.0),
+            ("4".into(), 0, 1, Some(0.0), 0, 0, 1, 4.0, 0.0),
+            ("4".into(), 4, 1, Some(0.2), 0, 0, 0, 4.0, 0.5),
+            ("none".into(), 0, 1, Some(1.0), 0, 0, 0, 1.0, 0.0),
+            ("none".into(), 4, 1, Some(0.0), 0, 0, 0, 0.0, 0.0),
+        ]
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r.get::<String, _>("subset") == "held-out")
+    );
+    assert!(rows.iter().all(|r| r.get::<Uuid, _>("run_id") == run_id));
+}
+
+/// scripts/loop-onset.py over fixture trajectories: the rule runs per turn over model tokens only
+/// (a tool output neither counts nor joins turns), and the table's figures are hand-computed.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn loop_onset_script_replays_the_rule_on_stored_tokens(pool: PgPool) {
+    let run_id = run(&pool, "loops").await;
+    let task_id = task(&pool, "t").await;
+    db::runs::begin_step(&pool, run_id, 0, 0, &[task_id])
+        .await
+        .unwrap();
+    let with = |sample: i32, finish: &str, segments: Vec<Segment>| {
+        let mut t = traj(run_id, 0, task_id, sample, 0, serde_json::json!([]));
+        t.segments = segments;
+        t.finish_reason = finish.into();
+        t
+    };
+    let model = |ids: Vec<u32>| seg(SegmentKind::Model, Some(Stage::Answer), ids);
+    let looping: Vec<u32> = [7, 8].repeat(20);
+    let batch = vec![
+        // Cut: 3 tokens, a tool output that repeats one token (not the model's), then a
+        // 2-token block 20 times. Four copies end at model token 3 + 8 = 11 of 43.
+        with(
+            0,
+            "length",
+            vec![
+                model(vec![1, 2, 3]),
+                seg(SegmentKind::ToolOutput, None, vec![9; 6]),
+                model(looping),
+            ],
+        ),
+        // Answered, 20 distinct tokens: never stopped.
+        with(1, "answer", vec![model((10..30).collect())]),
+        // Answered after a loop it left (one token 6 times): stopped at its 4th token.
+        with(2, "answer", vec![model(vec![5, 5, 5, 5, 5, 5, 40, 41, 42])]),
+    ];
+    let recovered = batch[2].id;
+    db::trajectories::insert_batch(&pool, &batch).await.unwrap();
+    sqlx::query(
+        "INSERT INTO trajectory_rewards (trajectory_id, judge_model, recipe, reward, rubric, advantage)
+         VALUES ($1, 'lexical-v1', 'full', 0.5, 0.5, 0.1)",
+    )
+    .bind(recovered)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let db_name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let base = base.split('?').next().unwrap_or_default();
+    let (server, _) = base.rsplit_once('/').expect("a database URL with a path");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/loop-onset.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(run_id.to_string())
+        .args(["--period", "4", "--repeats", "4,8", "--db"])
+        .arg(format!("{server}/{db_name}"))
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 43 + 20 + 9 model tokens, 43 of them in the cut attempt.
+    assert!(
+        stdout.contains("3 trajectories of 1 run(s): 1 cut at the budget (0.33), holding 43 of 72 model tokens (0.60)"),
+        "{stdout}"
+    );
+    // Four copies: the cut attempt stops at 11 of 43 (0.26), saving 32 (0.74 of 43, 0.44 of
+    // 72); the recovered answer (reward 0.5) would be stopped too.
+    assert!(
+        stdout.contains("| 4 | 4 | 1 / 1 | 0.26 | 0.74 / 0.44 | 1 / 2 (1) |"),
+        "{stdout}"
+    );
+    // Eight copies of a block of up to 4: the cut attempt at 3 + 16 = 19 (0.44), saving 24;
+    // the six-fold token is not enough.
+    assert!(
+        stdout.contains("| 4 | 8 | 1 / 1 | 0.44 | 0.56 / 0.33 | 0 / 2 (0) |"),
+        "{stdout}"
+    );
+    let bad = std::process::Command::new("python3")
+        .arg(&script)
+        .args([&run_id.to_string(), "--repeats", "1"])
+        .output()
+        .expect("python3 runs");
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--repeats = 1"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
+
 /// Hostile model output: a NUL byte in a tool call's query, attributes, output, error and
 /// snippet ids (and in the parsed JSON) is stored as U+FFFD instead of failing the whole run's
 /// write (Postgres text and jsonb refuse NUL).

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""How much generation goes into verbatim loops, and what would stopping them save? (issue 25)
+
+A small policy that fails often does so by repeating one short span until the token budget
+cuts it (`finish_reason` = `length`). This reads the stored model segments of the given runs'
+trajectories and replays, token by token, a loop detector over each turn's model tokens (a
+tool output starts a new turn): it fires at the first token where the last REPEATS x p tokens
+are REPEATS copies of one p-token period, for some p <= PERIOD. For each setting it prints:
+
+- of the attempts cut at the budget, how many it stops and at what share of their model tokens
+  (median), and the model tokens it saves (the rest of the attempt), as a share of the cut
+  attempts' tokens and of all model tokens;
+- of the attempts not cut, how many it would stop (each one an answer lost), and how many of
+  those scored a reward above 0.
+
+Nothing here changes a run: it measures what a stop rule would buy before one is built.
+
+  usage: loop-onset.py RUN [RUN ...] [--period 32] [--repeats 4,8,16]
+         [--db postgres://postgres@127.0.0.1:5432/rubricem]
+
+Needs psql on PATH (one query over validated UUIDs). Standard library only.
+"""
+import argparse
+import statistics
+import subprocess
+import sys
+import uuid
+
+
+def fire_at(turns, max_period, repeats):
+    """Model tokens generated before the detector fires (counting the token it fires on), or
+    None. `turns` is a list of token lists; counters restart at each turn."""
+    seen = 0
+    for toks in turns:
+        run = [0] * (max_period + 1)
+        for i, tok in enumerate(toks):
+            for p in range(1, max_period + 1):
+                if i >= p and tok == toks[i - p]:
+                    run[p] += 1
+                    if run[p] >= (repeats - 1) * p:
+                        return seen + i + 1
+                else:
+                    run[p] = 0
+        seen += len(toks)
+    return None
+
+
+def load(db, runs):
+    ids = ",".join(f"'{r}'" for r in runs)
+    sql = f"""
+        SELECT t.id, t.finish_reason,
+               coalesce((SELECT max(w.reward) FROM trajectory_rewards w
+                         WHERE w.trajectory_id = t.id)::text, ''),
+               s.ordinal, s.kind, array_to_string(s.token_ids, ' ')
+        FROM trajectories t JOIN trajectory_segments s ON s.trajectory_id = t.id
+        WHERE t.run_id IN ({ids})
+        ORDER BY t.id, s.ordinal"""
+    out = subprocess.run(["psql", db, "-AtF", "\t", "-c", sql], check=True,
+                         capture_output=True, text=True).stdout
+    trajs = {}
+    for line in out.splitlines():
+        tid, finish, reward, _, kind, toks = line.split("\t")
+        t = trajs.setdefault(tid, {"finish": finish,
+                                   "reward": float(reward) if reward else None,
+                                   "turns": [[]]})
+        if kind == "model":
+            t["turns"][-1].extend(int(x) for x in toks.split())
+        elif t["turns"][-1]:
+            t["turns"].append([])
+    return list(trajs.values())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="run ids")
+    ap.add_argument("--period", type=int, default=32, help="longest period checked (tokens)")
+    ap.add_argument("--repeats", default="4,8,16", help="comma-separated repeat counts")
+    ap.add_argument("--db", default="postgres://postgres@127.0.0.1:5432/rubricem")
+    a = ap.parse_args()
+    try:
+        runs = [str(uuid.UUID(r)) for r in a.runs]
+    except ValueError as e:
+        sys.exit(f"loop-onset: a run id is not a UUID ({e})")
+    try:
+        repeats = [int(x) for x in a.repeats.split(",")]
+    except ValueError:
+        sys.exit(f"loop-onset: --repeats = {a.repeats!r}; expected integers such as 4,8,16")
+    if not 1 <= a.period <= 512 or any(r < 2 or r > 1000 for r in repeats):
+        sys.exit(f"loop-onset: --period = {a.period} (allowed 1-512), --repeats = {a.repeats} "
+                 "(each allowed 2-1000)")
+    trajs = load(a.db, runs)
+    if not trajs:
+        sys.exit(f"loop-onset: no trajectories with segments for {', '.join(runs)}")
+    size = {id(t): sum(len(x) for x in t["turns"]) for t in trajs}
+    cut = [t for t in trajs if t["finish"] == "length"]
+    rest = [t for t in trajs if t["finish"] != "length"]
+    all_tokens = sum(size.values())
+    cut_tokens = sum(size[id(t)] for t in cut)
+    print(f"{len(trajs)} trajectories of {len(runs)} run(s): {len(cut)} cut at the budget "
+          f"({len(cut) / len(trajs):.2f}), holding {cut_tokens} of {all_tokens} model tokens "
+          f"({cut_tokens / all_tokens:.2f})")
+    print("| period <= | repeats | cut attempts stopped | onset (median share of the attempt) "
+          "| tokens saved (of cut / of all) | other attempts stopped (reward > 0) |")
+    print("|---|---|---|---|---|---|")
+    for r in repeats:
+        stopped, saved, onset = 0, 0, []
+        for t in cut:
+            f = fire_at(t["turns"], a.period, r)
+            if f is not None:
+                stopped += 1
+                saved += size[id(t)] - f
+                onset.append(f / size[id(t)])
+        false_stops = [t for t in rest if fire_at(t["turns"], a.period, r) is not None]
+        rewarded = sum(1 for t in false_stops if (t["reward"] or 0) > 0)
+        med = f"{statistics.median(onset):.2f}" if onset else "-"
+        print(f"| {a.period} | {r} | {stopped} / {len(cut)} | {med} | "
+              f"{saved / max(cut_tokens, 1):.2f} / {saved / all_tokens:.2f} | "
+              f"{len(false_stops)} / {len(rest)} ({rewarded}) |")
+
+
+if __name__ == "__main__":
+    main()

@@ -86,6 +86,7 @@ fn main() {
                         max_tokens: 8192,
                         forced_answer_tokens: Some(512),
                         max_prompt_tokens: None,
+                        repetition_detection: None,
                         temperature: 1.0,
                         top_p: 1.0,
                     },

@@ -155,6 +155,7 @@ async fn the_rollout_engine_parses_by_the_configured_scaffold() {
             max_tokens: 8000,
             forced_answer_tokens: Some(200),
             max_prompt_tokens: None,
+            repetition_detection: None,
             temperature: 1.0,
             top_p: 1.0,
         },

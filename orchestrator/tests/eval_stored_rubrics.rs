@@ -42,6 +42,7 @@ fn ctx(server: &FakeServer) -> RolloutCtx {
             max_tokens: 4000,
             forced_answer_tokens: Some(200),
             max_prompt_tokens: None,
+            repetition_detection: None,
             temperature: 0.0,
             top_p: 1.0,
         },

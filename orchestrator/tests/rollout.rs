@@ -58,6 +58,7 @@ async fn setup(cache: Option<Arc<dyn ToolCache>>, max_tool_calls: u32, max_token
             max_tokens,
             forced_answer_tokens: Some(200),
             max_prompt_tokens: None,
+            repetition_detection: None,
             temperature: 1.0,
             top_p: 1.0,
         },
@@ -239,6 +240,70 @@ async fn never_closing_a_tag_ends_with_length() {
         Some(Stage::Plan),
         "unrecognised text stays in Plan"
     );
+}
+
+/// `rollout.repetition_detection` goes to the server as vLLM's request field on every turn,
+/// and a turn the server ends with `repetition` ends the trajectory there (finish reason
+/// `repetition`, no forced answer), whatever budget is left. Unset, the field is not sent.
+#[tokio::test]
+async fn a_loop_the_server_stops_ends_the_trajectory_without_a_forced_answer() {
+    let mut s = setup(None, 10, 2000).await;
+    s.ctx.cfg.repetition_detection = Some(orchestrator::domain::config::RepetitionDetection {
+        max_pattern_size: 32,
+        min_pattern_size: 1,
+        min_count: 16,
+    });
+    s.server
+        .state
+        .record_bodies
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    s.server.push_scripted(Scripted::reply(T1, "stop")).await;
+    let looping = format!("<think>{}", "ab ".repeat(40));
+    s.server
+        .push_scripted(Scripted::reply(&looping, "repetition"))
+        .await;
+    let r = s
+        .ctx
+        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
+        .await
+        .unwrap();
+    assert_eq!(r.trajectory.finish_reason, "repetition");
+    assert!(
+        r.trajectory
+            .segments
+            .iter()
+            .all(|x| x.kind != SegmentKind::Injected),
+        "no forced-answer prefix after a loop stop"
+    );
+    assert_eq!(r.calls.len(), 1, "the first turn's search ran");
+    assert!(!r.parsed.answer_closed);
+    let bodies = s.server.state.last_bodies.lock().await.clone();
+    assert_eq!(bodies.len(), 2, "two turns, nothing after the stop");
+    for b in &bodies {
+        assert_eq!(
+            b["repetition_detection"],
+            serde_json::json!({"max_pattern_size": 32, "min_pattern_size": 1, "min_count": 16})
+        );
+    }
+
+    let plain = setup(None, 10, 2000).await;
+    plain
+        .server
+        .state
+        .record_bodies
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    plain
+        .server
+        .push_scripted(Scripted::reply(T3, "stop"))
+        .await;
+    let r = plain
+        .ctx
+        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
+        .await
+        .unwrap();
+    assert_eq!(r.trajectory.finish_reason, "answer");
+    let body = plain.server.state.last_bodies.lock().await[0].clone();
+    assert!(body.get("repetition_detection").is_none(), "{body}");
 }
 
 #[tokio::test]

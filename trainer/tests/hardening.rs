@@ -242,6 +242,40 @@ async fn generation_lengths_are_checked_without_overflow_against_the_position_li
     let long: Vec<u32> = (0..MAX_POS as u32).map(|k| k % 200 + 5).collect();
     let (code, e) = complete(&s, &long, 1).await;
     assert_eq!(code, 400, "{e}");
+    // repetition_detection out of its ranges is refused naming the value and the limit; its
+    // max_pattern_size 0 is vLLM's "off" and runs.
+    for (rule, needle) in [
+        (
+            serde_json::json!({"max_pattern_size": 8, "min_count": 1}),
+            "min_count = 1; allowed: 2..=4096",
+        ),
+        (
+            serde_json::json!({"max_pattern_size": 4097, "min_count": 2}),
+            "max_pattern_size = 4097 (allowed 0..=4096)",
+        ),
+        (
+            serde_json::json!({"max_pattern_size": 4, "min_pattern_size": 5, "min_count": 2}),
+            "min_pattern_size = 5 (allowed 0..=max_pattern_size)",
+        ),
+    ] {
+        let (code, e) = post_json(
+            &format!("{}/v1/completions", s.url),
+            serde_json::json!({"model": "policy", "prompt": [5, 6, 7], "max_tokens": 4,
+                               "repetition_detection": rule}),
+        )
+        .await;
+        assert_eq!(code, 400, "{e}");
+        assert!(message(&e).contains(needle), "{e}");
+    }
+    let (code, r) = post_json(
+        &format!("{}/v1/completions", s.url),
+        serde_json::json!({"model": "policy", "prompt": [5, 6, 7], "max_tokens": 4,
+                           "temperature": 0.0, "ignore_eos": true,
+                           "repetition_detection": {"max_pattern_size": 0, "min_count": 0}}),
+    )
+    .await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["choices"][0]["finish_reason"], "length");
     // The chat route shares the check.
     let (code, e) = post_json(
         &format!("{}/v1/chat/completions", s.url),
@@ -282,6 +316,7 @@ fn the_generation_worker_stops_at_the_position_limit() {
         include_stop_str_in_output: false,
         skip_special_tokens: true,
         ignore_eos: true,
+        repetition: None,
     };
     let job = |prompt: Vec<u32>, params: GenParams| {
         let (reply, rx) = tokio::sync::oneshot::channel();
@@ -314,6 +349,88 @@ fn the_generation_worker_stops_at_the_position_limit() {
     .unwrap();
     assert_eq!(ok[0].token_ids.len(), 3);
     assert!(!policy.is_poisoned());
+    drop(tx);
+    worker.join().unwrap();
+}
+
+/// vLLM's `repetition_detection` in the worker: greedy samples of a random model, once without
+/// the rule and once with it, from the same prompt. With it, a sample is the one without it cut
+/// at the first token where the rule fires (finish reason `repetition`), and unchanged where it
+/// never fires; a random model's greedy text loops, so at least one sample must be cut.
+#[test]
+fn the_generation_worker_ends_a_loop_where_the_repetition_rule_fires() {
+    use trainer::service::generate::{
+        GenJob, GenParams, GenStats, RepetitionDetection, run_worker,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path(), "model", MAX_POS, 3);
+    let loaded = load::load(&options(&dir, None)).unwrap();
+    let policy = Arc::new(std::sync::Mutex::new(loaded.policy));
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let worker = {
+        let tok = Arc::new(loaded.tokenizer);
+        let stats = Arc::new(GenStats::default());
+        std::thread::spawn(move || {
+            run_worker(policy, tok, vec![], stats, rx, 1 << 17, Default::default())
+        })
+    };
+    let job = |prompt: Vec<u32>, params: GenParams| {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        tx.blocking_send(GenJob {
+            prompt,
+            params,
+            reply,
+        })
+        .unwrap();
+        rx.blocking_recv().expect("the worker answers").unwrap()
+    };
+    let rule = RepetitionDetection {
+        max_pattern_size: 8,
+        min_pattern_size: 1,
+        min_count: 3,
+    };
+    let plain = GenParams {
+        max_tokens: 48,
+        temperature: 0.0,
+        top_p: 1.0,
+        n: 1,
+        stop: vec![],
+        seed: Some(3),
+        include_stop_str_in_output: false,
+        skip_special_tokens: true,
+        ignore_eos: true,
+        repetition: None,
+    };
+    let mut cut = 0;
+    for first in [5u32, 40, 77, 120, 150] {
+        let prompt: Vec<u32> = (0..8).map(|k| first + k).collect();
+        let free = job(prompt.clone(), plain.clone()).remove(0);
+        let stopped = job(
+            prompt,
+            GenParams {
+                repetition: Some(rule),
+                ..plain.clone()
+            },
+        )
+        .remove(0);
+        match (1..=free.token_ids.len()).find(|&n| rule.hit(&free.token_ids[..n])) {
+            Some(at) => {
+                cut += 1;
+                assert_eq!(stopped.token_ids, free.token_ids[..at]);
+                assert_eq!(stopped.logprobs, free.logprobs[..at]);
+                assert_eq!(stopped.finish_reason, "repetition");
+                assert_eq!(
+                    stopped.stop_reason,
+                    Some(serde_json::json!("repetition_detected"))
+                );
+            }
+            None => {
+                assert_eq!(stopped.token_ids, free.token_ids);
+                assert_eq!(stopped.finish_reason, free.finish_reason);
+            }
+        }
+    }
+    assert!(cut > 0, "no greedy sample of the random model looped");
     drop(tx);
     worker.join().unwrap();
 }

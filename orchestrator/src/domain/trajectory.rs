@@ -93,6 +93,14 @@ pub mod finish {
     pub const FORCED_ANSWER: &str = "forced_answer";
     /// The token budget ran out before a closed answer (e.g. a tag never closed).
     pub const LENGTH: &str = "length";
+    /// The policy server stopped a turn in a verbatim loop (`rollout.repetition_detection`);
+    /// the attempt ends there, as a budget cut would have later.
+    pub const REPETITION: &str = "repetition";
+    /// Whether a trajectory ended without an answer because it was cut (the token budget or a
+    /// loop stop): what DAPO's overlong filtering leaves out of the loss.
+    pub fn is_cut(reason: &str) -> bool {
+        reason == LENGTH || reason == REPETITION
+    }
     /// The policy server failed after retries (what was generated is kept).
     pub const ERROR: &str = "error";
     /// The prompt alone was over `rollout.max_prompt_tokens`; nothing was generated.

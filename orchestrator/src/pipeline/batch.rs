@@ -26,7 +26,7 @@ pub struct BatchStats {
     pub groups_dropped: usize,
     /// Trajectories left out because their scoring failed (never trained on as R = 0).
     pub failed_scoring: usize,
-    /// Budget-cut trajectories (`finish_reason = length`) left out of the loss by
+    /// Cut trajectories (`finish_reason` `length` or `repetition`) left out of the loss by
     /// `credit.overlong_filter` (their rewards still count in their group's advantages).
     pub overlong_filtered: usize,
     pub mean_abs_advantage: [f64; 4],
@@ -121,10 +121,10 @@ pub async fn build(
 
 /// The batch of a judged step. Left out: trajectories whose scoring failed or that have no
 /// stored advantages (never trained on as R = 0), trajectories without model tokens, with
-/// `overlong_filter` the trajectories cut by the token budget (`finish_reason = length`; their
-/// advantages were computed with them in the group, so the others' credit is unchanged), and
-/// degenerate groups (every remaining member's advantages all zero). Groups are numbered by
-/// task in stored order.
+/// `overlong_filter` the trajectories cut by the token budget or a loop stop (`finish::is_cut`:
+/// `length`, `repetition`; their advantages were computed with them in the group, so the
+/// others' credit is unchanged), and degenerate groups (every remaining member's advantages all
+/// zero). Groups are numbered by task in stored order.
 pub fn assemble(
     trajs: &[Trajectory],
     adv: &HashMap<Uuid, [f64; 4]>,
@@ -147,7 +147,7 @@ pub fn assemble(
         if t.num_model_tokens() == 0 {
             continue;
         }
-        if overlong_filter && t.finish_reason == finish::LENGTH {
+        if overlong_filter && finish::is_cut(&t.finish_reason) {
             stats.overlong_filtered += 1;
             continue;
         }
@@ -282,11 +282,12 @@ mod tests {
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
         // Task a: two finished members and one cut by the budget (reward 0, so the finished
         // ones carry positive advantages computed against it). Task b: one finished member at
-        // advantage 0 and one cut member: once the cut one is out, the group is degenerate.
+        // advantage 0 and one stopped in a loop (`repetition`, a cut too): once the cut one is
+        // out, the group is degenerate.
         let mut ta = [traj(a), traj(a), traj(a)];
         ta[2].finish_reason = finish::LENGTH.into();
         let mut tb = [traj(b), traj(b)];
-        tb[1].finish_reason = finish::LENGTH.into();
+        tb[1].finish_reason = finish::REPETITION.into();
         let mut adv = HashMap::new();
         adv.insert(ta[0].id, [0.7; 4]);
         adv.insert(ta[1].id, [0.7; 4]);

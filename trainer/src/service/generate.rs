@@ -33,6 +33,42 @@ pub struct GenParams {
     pub skip_special_tokens: bool,
     /// Keep generating past end-of-sequence tokens (benchmarks).
     pub ignore_eos: bool,
+    /// vLLM's `repetition_detection` (>= 0.17): end a sample in a verbatim loop.
+    pub repetition: Option<RepetitionDetection>,
+}
+
+/// A sample ends (finish reason `repetition`, stop reason `repetition_detected`, as vLLM
+/// reports it) when its last `p x min_count` generated tokens are `min_count` copies of one
+/// `p`-token block, for some `p` in `min_pattern_size..=max_pattern_size`. The prompt does not
+/// count. `max_pattern_size` 0 turns it off; `min_pattern_size` 0 means 1 (vLLM's reading).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub struct RepetitionDetection {
+    pub max_pattern_size: usize,
+    #[serde(default)]
+    pub min_pattern_size: usize,
+    pub min_count: usize,
+}
+
+impl RepetitionDetection {
+    /// Whether `ids` (the generated tokens so far) now end in such a loop. Per block size it
+    /// compares the newest token with the one a block earlier first, so the cost per token is
+    /// about one comparison per size while nothing repeats.
+    pub fn hit(&self, ids: &[u32]) -> bool {
+        let n = ids.len();
+        if self.max_pattern_size == 0 || self.min_count < 2 {
+            return false;
+        }
+        for p in self.min_pattern_size.max(1)..=self.max_pattern_size {
+            let Some(span) = p.checked_mul(self.min_count).filter(|&span| span <= n) else {
+                break;
+            };
+            let tail = &ids[n - span..];
+            if (p..span).all(|i| tail[i] == tail[i - p]) {
+                return true;
+            }
+        }
+        false
+    }
 }
 
 /// One finished sample.
@@ -41,9 +77,9 @@ pub struct Sample {
     pub token_ids: Vec<u32>,
     pub logprobs: Vec<f32>,
     pub text: String,
-    /// `stop` (EOS or a stop string) or `length`.
+    /// `stop` (EOS or a stop string), `length` or `repetition`.
     pub finish_reason: &'static str,
-    /// The stop string or EOS token id that ended it.
+    /// The stop string or EOS token id that ended it (`repetition_detected` for a loop).
     pub stop_reason: Option<serde_json::Value>,
 }
 
@@ -72,7 +108,7 @@ struct Seq {
 
 /// How a sample ended.
 enum Done {
-    /// `stop` or `length`, and the stop string or EOS id.
+    /// `stop`, `length` or `repetition`, and the stop string, EOS id or loop note.
     Finished(&'static str, Option<serde_json::Value>),
     /// Its request was dropped (the client left).
     Abort,
@@ -400,6 +436,11 @@ pub fn run_worker(
                 s.done = Some(Done::Finished("stop", Some(serde_json::json!(stop))));
             } else if s.ids.len() >= prm.max_tokens || s.ids.len() >= s.room {
                 s.done = Some(Done::Finished("length", None));
+            } else if prm.repetition.is_some_and(|r| r.hit(&s.ids)) {
+                s.done = Some(Done::Finished(
+                    "repetition",
+                    Some(serde_json::json!("repetition_detected")),
+                ));
             }
         }
         hand_back(&mut seqs, &mut kv, &mut jobs, &tokenizer, &mut store);
@@ -518,7 +559,8 @@ fn hand_back(
         let mut text = tokenizer
             .decode(&s.ids, job.params.skip_special_tokens)
             .unwrap_or_default();
-        if !job.params.include_stop_str_in_output
+        if reason == "stop"
+            && !job.params.include_stop_str_in_output
             && let Some(st) = stop.as_ref().and_then(|v| v.as_str())
             && let Some(at) = text.find(st)
         {
@@ -556,6 +598,39 @@ fn stop_hit(tok: &tokenizers::Tokenizer, ids: &[u32], stops: &[String]) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rule(min: usize, max: usize, count: usize) -> RepetitionDetection {
+        RepetitionDetection {
+            max_pattern_size: max,
+            min_pattern_size: min,
+            min_count: count,
+        }
+    }
+
+    /// The first length at which the rule fires on `ids` grown a token at a time, as the
+    /// worker checks it.
+    fn fires_at(r: RepetitionDetection, ids: &[u32]) -> Option<usize> {
+        (1..=ids.len()).find(|&n| r.hit(&ids[..n]))
+    }
+
+    #[test]
+    fn the_repetition_rule_fires_at_the_token_that_completes_the_last_copy() {
+        // A 3-token block, three times, after a lead-in: fires at its third copy's last token.
+        let ids = [9, 8, 1, 2, 3, 1, 2, 3, 1, 2, 3, 7];
+        assert_eq!(fires_at(rule(1, 4, 3), &ids), Some(11));
+        // Two copies suffice at min_count 2, so the second copy ends it.
+        assert_eq!(fires_at(rule(1, 4, 2), &ids), Some(8));
+        // Block sizes outside the range do not count: only 3 repeats here.
+        assert_eq!(fires_at(rule(4, 8, 2), &ids), None);
+        assert_eq!(fires_at(rule(1, 2, 3), &ids), None);
+        // One token three times is a block of size 1; min_pattern_size 0 reads as 1.
+        assert_eq!(fires_at(rule(0, 1, 3), &[4, 5, 5, 5]), Some(4));
+        // Off: max_pattern_size 0, or min_count under 2.
+        assert_eq!(fires_at(rule(1, 0, 3), &[5; 10]), None);
+        assert_eq!(fires_at(rule(1, 4, 1), &[5; 10]), None);
+        // A near-loop (one token differs in the middle copy) does not fire.
+        assert_eq!(fires_at(rule(1, 4, 3), &[1, 2, 3, 1, 9, 3, 1, 2, 3]), None);
+    }
 
     /// A one-layer cache of `n` positions (values do not matter to the store).
     fn cache(n: i64) -> KvCache {

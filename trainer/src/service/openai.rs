@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::generate::{GenJob, GenParams, Sample};
+use super::generate::{GenJob, GenParams, RepetitionDetection, Sample};
 use super::{ApiError, ApiResult, AppState};
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +69,9 @@ struct CompletionBody {
     prompt_logprobs: Option<u32>,
     #[serde(default)]
     ignore_eos: bool,
+    /// vLLM's (>= 0.17) loop stop: finish reason `repetition`.
+    #[serde(default)]
+    repetition_detection: Option<RepetitionDetection>,
 }
 
 fn yes() -> bool {
@@ -113,9 +116,13 @@ struct ChatBody {
     seed: Option<u64>,
     #[serde(default)]
     stop: Option<StopField>,
+    #[serde(default)]
+    repetition_detection: Option<RepetitionDetection>,
 }
 
 const MAX_N: usize = 64;
+/// The largest loop block and copy count `repetition_detection` may ask for.
+const MAX_PATTERN: usize = 4096;
 /// The most `prompt_logprobs` alternatives a request may ask for (vLLM's `max_logprobs`).
 const MAX_PROMPT_LOGPROBS: u32 = 20;
 
@@ -149,6 +156,21 @@ fn check_params(prompt_len: usize, p: &GenParams, context: usize) -> ApiResult<(
     }
     if p.max_tokens == 0 {
         return bad("max_tokens = 0; allowed: at least 1".into());
+    }
+    if let Some(r) = p.repetition.filter(|r| r.max_pattern_size > 0) {
+        if r.max_pattern_size > MAX_PATTERN || r.min_pattern_size > r.max_pattern_size {
+            return bad(format!(
+                "repetition_detection: max_pattern_size = {} (allowed 0..={MAX_PATTERN}), \
+                 min_pattern_size = {} (allowed 0..=max_pattern_size)",
+                r.max_pattern_size, r.min_pattern_size
+            ));
+        }
+        if !(2..=MAX_PATTERN).contains(&r.min_count) {
+            return bad(format!(
+                "repetition_detection: min_count = {}; allowed: 2..={MAX_PATTERN}",
+                r.min_count
+            ));
+        }
     }
     match prompt_len.checked_add(p.max_tokens) {
         Some(total) if total <= context => Ok(()),
@@ -229,6 +251,7 @@ async fn completions(
         include_stop_str_in_output: b.include_stop_str_in_output,
         skip_special_tokens: b.skip_special_tokens,
         ignore_eos: b.ignore_eos,
+        repetition: b.repetition_detection,
     };
     if let Some(k) = b.prompt_logprobs.filter(|&k| k > MAX_PROMPT_LOGPROBS) {
         return Err(ApiError::bad_request(format!(
@@ -349,6 +372,7 @@ async fn chat(State(s): State<Arc<AppState>>, Json(b): Json<ChatBody>) -> ApiRes
         include_stop_str_in_output: false,
         skip_special_tokens: true,
         ignore_eos: false,
+        repetition: b.repetition_detection,
     };
     let n_prompt = prompt.len();
     let samples = run(&s, prompt, params).await?;

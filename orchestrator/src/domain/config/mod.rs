@@ -504,7 +504,7 @@ pub struct CreditConfig {
     #[serde(default)]
     pub citation: bool,
     /// Overlong filtering (DAPO, Yu et al. 2025, section 3.4): trajectories cut by the token
-    /// budget (`finish_reason = length`) keep their reward in their group's statistics, so the
+    /// budget or stopped in a loop (`finish_reason` `length` or `repetition`) keep their reward in their group's statistics, so the
     /// members that finished are still credited against them, but their own tokens are left out
     /// of the loss: a reasoning chain that was merely cut is not pushed down as if it were wrong.
     /// Counted per step as `train/overlong_filtered`. Off by default (none of the three papers
@@ -614,6 +614,29 @@ pub struct RolloutConfig {
     pub max_prompt_tokens: Option<u32>,
     pub temperature: f32,
     pub top_p: f32,
+    /// Ends a turn whose generated tokens close in a verbatim loop, and with it the trajectory
+    /// (finish reason `repetition`, scored and trained like a budget cut), instead of
+    /// generating the loop to the budget. Sent as vLLM's `repetition_detection` request field
+    /// (vLLM >= 0.17; `trainer serve` applies the same rule; a server without it may ignore
+    /// the field or refuse the request). Unset: off, as in the papers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_detection: Option<RepetitionDetection>,
+}
+
+/// vLLM's repetition rule: a turn stops when its last `p x min_count` generated tokens are
+/// `min_count` copies of one `p`-token block, for some `p` in
+/// `min_pattern_size..=max_pattern_size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepetitionDetection {
+    pub max_pattern_size: u32,
+    #[serde(default = "one")]
+    pub min_pattern_size: u32,
+    pub min_count: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl RolloutConfig {

@@ -496,6 +496,61 @@ fn tracking_section_parses_validates_refuses_unknown_keys_and_redacts() {
 }
 
 #[test]
+fn repetition_detection_is_off_in_every_preset_set_by_override_and_checked() {
+    for (name, _) in PRESETS {
+        let c = Config::load(name, &Overrides::default()).unwrap();
+        assert_eq!(c.rollout.repetition_detection, None, "{name}");
+        let text = toml::to_string(&c.rollout).unwrap();
+        assert!(!text.contains("repetition_detection"), "{name}: {text}");
+    }
+    let load = |set: &str| {
+        Config::load(
+            "smoke",
+            &Overrides {
+                sets: vec![set.into()],
+                ..Default::default()
+            },
+        )
+    };
+    let c = load("rollout.repetition_detection={max_pattern_size=32,min_count=16}").unwrap();
+    assert_eq!(
+        c.rollout.repetition_detection,
+        Some(RepetitionDetection {
+            max_pattern_size: 32,
+            min_pattern_size: 1,
+            min_count: 16
+        })
+    );
+    for (set, field, value) in [
+        (
+            "rollout.repetition_detection={max_pattern_size=0,min_count=16}",
+            "rollout.repetition_detection.max_pattern_size",
+            "0",
+        ),
+        (
+            "rollout.repetition_detection={max_pattern_size=8,min_pattern_size=9,min_count=4}",
+            "rollout.repetition_detection.min_pattern_size",
+            "9",
+        ),
+        (
+            "rollout.repetition_detection={max_pattern_size=8,min_count=1}",
+            "rollout.repetition_detection.min_count",
+            "1",
+        ),
+    ] {
+        let err = load(set).unwrap_err().to_string();
+        assert!(
+            err.contains(field) && err.contains(&format!("= {value} ")),
+            "{set}: {err}"
+        );
+    }
+    let err = load("rollout.repetition_detection={max_pattern_size=8,min_count=4,window=9}")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("window"), "{err}");
+}
+
+#[test]
 fn overlong_filtering_is_off_in_every_preset_and_set_by_override() {
     for (name, _) in PRESETS {
         let c = Config::load(name, &Overrides::default()).unwrap();

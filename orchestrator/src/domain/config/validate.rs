@@ -276,6 +276,26 @@ impl Config {
             ro.top_p,
             "(0, 1]",
         )?;
+        if let Some(r) = ro.repetition_detection {
+            check(
+                (1..=1024).contains(&r.max_pattern_size),
+                "rollout.repetition_detection.max_pattern_size",
+                r.max_pattern_size,
+                "1..=1024",
+            )?;
+            check(
+                r.min_pattern_size >= 1 && r.min_pattern_size <= r.max_pattern_size,
+                "rollout.repetition_detection.min_pattern_size",
+                r.min_pattern_size,
+                "1..=max_pattern_size",
+            )?;
+            check(
+                (2..=1024).contains(&r.min_count),
+                "rollout.repetition_detection.min_count",
+                r.min_count,
+                "2..=1024",
+            )?;
+        }
         self.validate_eval()?;
         self.validate_tracking()
     }

@@ -24,6 +24,19 @@ pub struct CompletionRequest {
     /// Older vLLM: logprob tokens as `token_id:N`, a second source of the ids.
     pub return_tokens_as_token_ids: bool,
     pub logprobs: u32,
+    /// vLLM's (>= 0.17) loop stop: the request ends with finish reason `repetition` when its
+    /// generated tokens close in `min_count` copies of one block of `min_pattern_size` to
+    /// `max_pattern_size` tokens. Omitted when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repetition_detection: Option<RepetitionDetection>,
+}
+
+/// The `repetition_detection` request object, vLLM's field names.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct RepetitionDetection {
+    pub max_pattern_size: u32,
+    pub min_pattern_size: u32,
+    pub min_count: u32,
 }
 
 impl CompletionRequest {
@@ -42,6 +55,7 @@ impl CompletionRequest {
             return_token_ids: true,
             return_tokens_as_token_ids: true,
             logprobs: 0,
+            repetition_detection: None,
         }
     }
 }
@@ -53,6 +67,8 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` reached.
     Length,
+    /// The server's repetition detection ended a loop (vLLM's `repetition`).
+    Repetition,
     /// The server aborted the request (resumable).
     Abort,
     /// Anything else a server reports.
@@ -64,6 +80,7 @@ impl FinishReason {
         match raw {
             Some("stop") | Some("eos") | Some("stop_sequence") => FinishReason::Stop,
             Some("length") | Some("max_tokens") => FinishReason::Length,
+            Some("repetition") => FinishReason::Repetition,
             Some("abort") => FinishReason::Abort,
             _ => FinishReason::Other,
         }

@@ -6,7 +6,9 @@
 //!
 //! Finish reasons (stored in `trajectories.finish_reason`) are the constants of
 //! `domain::trajectory::finish`: `answer`, `forced_answer`, `length` (the token budget ran out
-//! before a closed answer), `error` and `prompt_too_long`.
+//! before a closed answer), `repetition` (with `rollout.repetition_detection`, the server
+//! stopped a turn in a verbatim loop: the attempt ends there, unanswered), `error` and
+//! `prompt_too_long`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -132,6 +134,7 @@ enum Turn {
     Tool,
     Stopped,
     Length,
+    Looped,
 }
 
 impl RolloutCtx {
@@ -150,6 +153,14 @@ impl RolloutCtx {
         // the same step must reproduce them.
         req.seed = seed.map(|s| mix_seed(s, context.len() as u64));
         req.stop = STOPS.iter().map(|s| s.to_string()).collect();
+        req.repetition_detection =
+            self.cfg
+                .repetition_detection
+                .map(|r| crate::infra::llm::RepetitionDetection {
+                    max_pattern_size: r.max_pattern_size,
+                    min_pattern_size: r.min_pattern_size,
+                    min_count: r.min_count,
+                });
         let (comp, _timing) = self.client.complete(session, &req).await?;
         let endpoint = comp.endpoint.clone();
         let choice = comp
@@ -285,6 +296,8 @@ impl RolloutCtx {
                 Turn::Tool
             } else if fr == FinishReason::Length {
                 Turn::Length
+            } else if fr == FinishReason::Repetition {
+                Turn::Looped
             } else {
                 Turn::Stopped
             };
@@ -302,6 +315,12 @@ impl RolloutCtx {
                         break;
                     }
                     continue; // the budget check above forces the answer
+                }
+                Turn::Looped => {
+                    // Not forced to answer: a model in a loop mostly loops again, and the
+                    // attempt is what a budget cut would have made of it, less the loop.
+                    reason = finish::REPETITION;
+                    break;
                 }
                 Turn::Stopped => {
                     if forced {

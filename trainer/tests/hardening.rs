@@ -287,25 +287,61 @@ async fn generation_lengths_are_checked_without_overflow_against_the_position_li
     assert_alive(&s).await;
 }
 
+/// A generation worker on its own thread over a fresh tiny model (LoRA or full), as
+/// `trainer serve` runs it: the job sender, the thread and the policy it serves.
+struct Worker {
+    tx: tokio::sync::mpsc::Sender<trainer::service::generate::GenJob>,
+    thread: std::thread::JoinHandle<()>,
+    policy: Arc<std::sync::Mutex<trainer::service::Policy>>,
+}
+
+impl Worker {
+    fn start(tmp: &Path, lora: Option<&trainer::model::LoraConfig>) -> Self {
+        use trainer::service::generate::{GenStats, run_worker};
+        let dir = model_dir(tmp, "model", MAX_POS, 3);
+        let loaded = load::load(&options(&dir, lora)).unwrap();
+        let policy = Arc::new(std::sync::Mutex::new(loaded.policy));
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let tok = Arc::new(loaded.tokenizer);
+        let stats = Arc::new(GenStats::default());
+        let p = policy.clone();
+        let thread = std::thread::spawn(move || {
+            run_worker(p, tok, vec![], stats, rx, 1 << 17, Default::default())
+        });
+        Self { tx, thread, policy }
+    }
+
+    /// One job, answered.
+    fn ask(
+        &self,
+        prompt: Vec<u32>,
+        params: trainer::service::generate::GenParams,
+    ) -> Result<Vec<trainer::service::generate::Sample>, String> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .blocking_send(trainer::service::generate::GenJob {
+                prompt,
+                params,
+                reply,
+            })
+            .unwrap();
+        rx.blocking_recv().expect("the worker answers")
+    }
+
+    fn stop(self) {
+        drop(self.tx);
+        self.thread.join().unwrap();
+    }
+}
+
 /// The generation worker itself never decodes past the position limit, even for a job that
 /// skipped the request checks: it ends the sample with `length` at the limit, and refuses a
 /// prompt longer than the limit with an error, and keeps serving.
 #[test]
 fn the_generation_worker_stops_at_the_position_limit() {
-    use trainer::service::generate::{GenJob, GenParams, GenStats, run_worker};
+    use trainer::service::generate::GenParams;
     let tmp = tempfile::tempdir().unwrap();
-    let dir = model_dir(tmp.path(), "model", MAX_POS, 3);
-    let loaded = load::load(&options(&dir, Some(&lora()))).unwrap();
-    let policy = Arc::new(std::sync::Mutex::new(loaded.policy));
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let worker = {
-        let tok = Arc::new(loaded.tokenizer);
-        let stats = Arc::new(GenStats::default());
-        let p = policy.clone();
-        std::thread::spawn(move || {
-            run_worker(p, tok, vec![], stats, rx, 1 << 17, Default::default())
-        })
-    };
+    let w = Worker::start(tmp.path(), Some(&lora()));
     let params = GenParams {
         max_tokens: usize::MAX,
         temperature: 0.0,
@@ -318,16 +354,7 @@ fn the_generation_worker_stops_at_the_position_limit() {
         ignore_eos: true,
         repetition: None,
     };
-    let job = |prompt: Vec<u32>, params: GenParams| {
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        tx.blocking_send(GenJob {
-            prompt,
-            params,
-            reply,
-        })
-        .unwrap();
-        rx.blocking_recv().expect("the worker answers")
-    };
+    let job = |prompt: Vec<u32>, params: GenParams| w.ask(prompt, params);
     let prompt: Vec<u32> = (0..60).map(|k| k % 200 + 5).collect();
     let samples = job(prompt, params.clone()).unwrap();
     assert_eq!(samples.len(), 2);
@@ -348,9 +375,8 @@ fn the_generation_worker_stops_at_the_position_limit() {
     )
     .unwrap();
     assert_eq!(ok[0].token_ids.len(), 3);
-    assert!(!policy.is_poisoned());
-    drop(tx);
-    worker.join().unwrap();
+    assert!(!w.policy.is_poisoned());
+    w.stop();
 }
 
 /// vLLM's `repetition_detection` in the worker: greedy samples of a random model, once without
@@ -359,31 +385,10 @@ fn the_generation_worker_stops_at_the_position_limit() {
 /// never fires; a random model's greedy text loops, so at least one sample must be cut.
 #[test]
 fn the_generation_worker_ends_a_loop_where_the_repetition_rule_fires() {
-    use trainer::service::generate::{
-        GenJob, GenParams, GenStats, RepetitionDetection, run_worker,
-    };
+    use trainer::service::generate::{GenParams, RepetitionDetection};
     let tmp = tempfile::tempdir().unwrap();
-    let dir = model_dir(tmp.path(), "model", MAX_POS, 3);
-    let loaded = load::load(&options(&dir, None)).unwrap();
-    let policy = Arc::new(std::sync::Mutex::new(loaded.policy));
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let worker = {
-        let tok = Arc::new(loaded.tokenizer);
-        let stats = Arc::new(GenStats::default());
-        std::thread::spawn(move || {
-            run_worker(policy, tok, vec![], stats, rx, 1 << 17, Default::default())
-        })
-    };
-    let job = |prompt: Vec<u32>, params: GenParams| {
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        tx.blocking_send(GenJob {
-            prompt,
-            params,
-            reply,
-        })
-        .unwrap();
-        rx.blocking_recv().expect("the worker answers").unwrap()
-    };
+    let w = Worker::start(tmp.path(), None);
+    let job = |prompt: Vec<u32>, params: GenParams| w.ask(prompt, params).unwrap();
     let rule = RepetitionDetection {
         max_pattern_size: 8,
         min_pattern_size: 1,
@@ -431,8 +436,7 @@ fn the_generation_worker_ends_a_loop_where_the_repetition_rule_fires() {
         }
     }
     assert!(cut > 0, "no greedy sample of the random model looped");
-    drop(tx);
-    worker.join().unwrap();
+    w.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

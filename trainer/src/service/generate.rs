@@ -63,7 +63,7 @@ impl RepetitionDetection {
                 break;
             };
             let tail = &ids[n - span..];
-            if (p..span).all(|i| tail[i] == tail[i - p]) {
+            if (p..span).rev().all(|i| tail[i] == tail[i - p]) {
                 return true;
             }
         }

@@ -504,9 +504,10 @@ pub struct CreditConfig {
     #[serde(default)]
     pub citation: bool,
     /// Overlong filtering (DAPO, Yu et al. 2025, section 3.4): trajectories cut by the token
-    /// budget or stopped in a loop (`finish_reason` `length` or `repetition`) keep their reward in their group's statistics, so the
-    /// members that finished are still credited against them, but their own tokens are left out
-    /// of the loss: a reasoning chain that was merely cut is not pushed down as if it were wrong.
+    /// budget or stopped in a loop (`finish_reason` `length` or `repetition`) keep their reward
+    /// in their group's statistics, so the members that finished are still credited against
+    /// them, but their own tokens are left out of the loss: a reasoning chain that was merely
+    /// cut is not pushed down as if it were wrong.
     /// Counted per step as `train/overlong_filtered`. Off by default (none of the three papers
     /// uses it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -625,7 +626,8 @@ pub struct RolloutConfig {
 
 /// vLLM's repetition rule: a turn stops when its last `p x min_count` generated tokens are
 /// `min_count` copies of one `p`-token block, for some `p` in
-/// `min_pattern_size..=max_pattern_size`.
+/// `min_pattern_size..=max_pattern_size`. Sent to the policy server as it is (the field names
+/// are vLLM's request fields).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RepetitionDetection {

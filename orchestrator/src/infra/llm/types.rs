@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::domain::config::RepetitionDetection;
+
 /// `/v1/completions` with a token-id prompt. Token ids come back (`return_token_ids`), with one
 /// sampled-token logprob each (`logprobs: 0`).
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -26,17 +28,10 @@ pub struct CompletionRequest {
     pub logprobs: u32,
     /// vLLM's (>= 0.17) loop stop: the request ends with finish reason `repetition` when its
     /// generated tokens close in `min_count` copies of one block of `min_pattern_size` to
-    /// `max_pattern_size` tokens. Omitted when unset.
+    /// `max_pattern_size` tokens. The config's `rollout.repetition_detection` as it is (its
+    /// field names are vLLM's). Omitted when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repetition_detection: Option<RepetitionDetection>,
-}
-
-/// The `repetition_detection` request object, vLLM's field names.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
-pub struct RepetitionDetection {
-    pub max_pattern_size: u32,
-    pub min_pattern_size: u32,
-    pub min_count: u32,
 }
 
 impl CompletionRequest {

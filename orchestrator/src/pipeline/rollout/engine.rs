@@ -153,14 +153,7 @@ impl RolloutCtx {
         // the same step must reproduce them.
         req.seed = seed.map(|s| mix_seed(s, context.len() as u64));
         req.stop = STOPS.iter().map(|s| s.to_string()).collect();
-        req.repetition_detection =
-            self.cfg
-                .repetition_detection
-                .map(|r| crate::infra::llm::RepetitionDetection {
-                    max_pattern_size: r.max_pattern_size,
-                    min_pattern_size: r.min_pattern_size,
-                    min_count: r.min_count,
-                });
+        req.repetition_detection = self.cfg.repetition_detection;
         let (comp, _timing) = self.client.complete(session, &req).await?;
         let endpoint = comp.endpoint.clone();
         let choice = comp

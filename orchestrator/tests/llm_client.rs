@@ -43,10 +43,7 @@ fn one(server: &FakeServer) -> LlmClient {
 #[tokio::test]
 async fn token_ids_in_and_out_with_logprobs() {
     let server = FakeServer::start().await;
-    server
-        .state
-        .record_bodies
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    server.record_bodies();
     let c = one(&server);
     let mut req = CompletionRequest::new("policy", vec![100, 200, 300], 5);
     req.stop = vec!["</call_tool>".into()];

@@ -168,10 +168,7 @@ async fn job_grades_candidates_banks_the_best_and_the_bank_reloads_identically(p
     let policy = FakeServer::start().await;
     *policy.state.reflection_replies.write().unwrap() =
         vec![INVALID.into(), SPECIFIC.into(), GENERIC.into()];
-    policy
-        .state
-        .record_bodies
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    policy.record_bodies();
     let r = reflector(&pool, run, &policy.url(), judge.clone()).await;
     let rep = r.run_job(0, 1).await.unwrap();
     assert_eq!(

@@ -81,6 +81,16 @@ fn texts(w: &orchestrator::domain::data::world::World) -> (String, String, Strin
     (gene, protein, t.answer.clone(), gene_doc.id.clone())
 }
 
+impl Setup {
+    /// One trajectory of a new task in a new run, through the scripted server.
+    async fn roll(&self) -> orchestrator::domain::rollout::Rollout {
+        self.ctx
+            .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
+            .await
+            .unwrap()
+    }
+}
+
 fn task(task_id: Uuid) -> RolloutTask {
     RolloutTask {
         task_id,
@@ -108,11 +118,7 @@ async fn three_turn_rollout_has_exact_tokens_stages_and_masks() {
     for t in [&t1, &t2, &t3] {
         s.server.push_scripted(Scripted::reply(t, "stop")).await;
     }
-    let r = s
-        .ctx
-        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
-        .await
-        .unwrap();
+    let r = s.roll().await;
     let traj = &r.trajectory;
     assert_eq!(traj.finish_reason, "answer");
     assert!(r.error.is_none());
@@ -215,11 +221,7 @@ async fn never_closing_a_tag_ends_with_length() {
     s.server
         .push_scripted(Scripted::reply(&"y".repeat(150), "length"))
         .await;
-    let r = s
-        .ctx
-        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
-        .await
-        .unwrap();
+    let r = s.roll().await;
     assert_eq!(r.trajectory.finish_reason, "length");
     let injected = r
         .trajectory
@@ -253,20 +255,13 @@ async fn a_loop_the_server_stops_ends_the_trajectory_without_a_forced_answer() {
         min_pattern_size: 1,
         min_count: 16,
     });
-    s.server
-        .state
-        .record_bodies
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    s.server.record_bodies();
     s.server.push_scripted(Scripted::reply(T1, "stop")).await;
     let looping = format!("<think>{}", "ab ".repeat(40));
     s.server
         .push_scripted(Scripted::reply(&looping, "repetition"))
         .await;
-    let r = s
-        .ctx
-        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
-        .await
-        .unwrap();
+    let r = s.roll().await;
     assert_eq!(r.trajectory.finish_reason, "repetition");
     assert!(
         r.trajectory
@@ -287,20 +282,12 @@ async fn a_loop_the_server_stops_ends_the_trajectory_without_a_forced_answer() {
     }
 
     let plain = setup(None, 10, 2000).await;
-    plain
-        .server
-        .state
-        .record_bodies
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    plain.server.record_bodies();
     plain
         .server
         .push_scripted(Scripted::reply(T3, "stop"))
         .await;
-    let r = plain
-        .ctx
-        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
-        .await
-        .unwrap();
+    let r = plain.roll().await;
     assert_eq!(r.trajectory.finish_reason, "answer");
     let body = plain.server.state.last_bodies.lock().await[0].clone();
     assert!(body.get("repetition_detection").is_none(), "{body}");
@@ -315,11 +302,7 @@ async fn stopping_without_answer_forces_one() {
     s.server
         .push_scripted(Scripted::reply("A guess.</answer>", "stop"))
         .await;
-    let r = s
-        .ctx
-        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
-        .await
-        .unwrap();
+    let r = s.roll().await;
     assert_eq!(r.trajectory.finish_reason, "forced_answer");
     let last = r.trajectory.segments.last().unwrap();
     assert_eq!(
@@ -344,11 +327,7 @@ async fn tool_budget_is_enforced() {
     s.server
         .push_scripted(Scripted::reply("<answer>done</answer>", "stop"))
         .await;
-    let r = s
-        .ctx
-        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
-        .await
-        .unwrap();
+    let r = s.roll().await;
     assert_eq!(r.calls.len(), 1, "the second call is refused");
     let outputs: Vec<&str> = r
         .trajectory
@@ -371,11 +350,7 @@ async fn a_server_returning_more_than_asked_is_cut_to_the_budget() {
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let long = format!("<think>{}</think>", "x".repeat(500));
     s.server.push_scripted(Scripted::reply(&long, "stop")).await;
-    let r = s
-        .ctx
-        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
-        .await
-        .unwrap();
+    let r = s.roll().await;
     let model: Vec<u32> = r
         .trajectory
         .segments
@@ -428,11 +403,7 @@ async fn server_failure_keeps_what_was_generated() {
     s.server
         .push_fault(common::fake_openai::Fault::Status(400))
         .await;
-    let r = s
-        .ctx
-        .run(&task(Uuid::now_v7()), slot(Uuid::now_v7()))
-        .await
-        .unwrap();
+    let r = s.roll().await;
     assert_eq!(r.trajectory.finish_reason, "error");
     assert!(r.error.as_deref().unwrap().contains("400"));
     assert_eq!(r.calls.len(), 1, "the first turn's tool call ran");

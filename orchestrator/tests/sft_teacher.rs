@@ -65,10 +65,7 @@ async fn teacher_rounds_are_prompted_postprocessed_checked_and_written() {
     .unwrap();
 
     let server = FakeServer::start().await;
-    server
-        .state
-        .record_bodies
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    server.record_bodies();
     let replies = [
         // t0: kept. The server dropped the stop strings; the tool name is a variant.
         format!("{PLAN}<call_tool name=\"google_web_search\">gene protein"),
@@ -197,10 +194,7 @@ async fn api_key_comes_from_the_named_variable_and_is_never_printed() {
     let key = ApiKey::from_env("PATH").unwrap();
     assert_eq!(format!("{key:?}"), "ApiKey(***)");
     let server = FakeServer::start().await;
-    server
-        .state
-        .record_bodies
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    server.record_bodies();
     server.push_chat("hello").await;
     let client = teacher_client(&server).with_api_key(Some(key));
     assert!(!format!("{client:?}").contains(secret.trim()));

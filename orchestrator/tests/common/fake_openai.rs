@@ -193,6 +193,11 @@ impl FakeServer {
             .push_back(content.into());
     }
 
+    /// Keep the body of every completion and chat request from now on (`state.last_bodies`).
+    pub fn record_bodies(&self) {
+        self.state.record_bodies.store(true, Ordering::SeqCst);
+    }
+
     pub fn set_latency(&self, d: Duration) {
         *self.state.latency.write().unwrap() = d;
     }

@@ -15,12 +15,20 @@ are REPEATS copies of one p-token period, for some p <= PERIOD. For each setting
 
 Nothing here changes a run: it measures what a stop rule would buy before one is built.
 
-  usage: loop-onset.py RUN [RUN ...] [--period 32] [--repeats 4,8,16]
+With --probs, it also reads the sampled tokens' stored probabilities p (the behaviour
+logprobs) in each attempt the detector stops at the largest REPEATS (or that a run's own loop
+stop ended, finish reason `repetition`), split into the tokens before the loop's first copy,
+the first copy, and the later copies, and prints their mean p and mean 1 - p. A policy
+gradient reaches a sampled token's logit scaled by 1 - p, so 1 - p near 0 over the copies says
+that a negative reward cannot unlearn the loop there: only the tokens where it begins can move.
+
+  usage: loop-onset.py RUN [RUN ...] [--period 32] [--repeats 4,8,16] [--probs]
          [--db postgres://postgres@127.0.0.1:5432/rubricem]
 
 Needs psql on PATH (one query over validated UUIDs). Standard library only.
 """
 import argparse
+import math
 import statistics
 import subprocess
 import sys
@@ -45,13 +53,45 @@ def fire_at(turns, max_period, repeats):
     return None
 
 
+def loop_span(turns, max_period, repeats):
+    """(start, end, period) of the first loop the detector fires on, as offsets into the
+    attempt's model tokens (all turns joined): the loop's `repeats` copies are
+    [start, end) with end the token it fires on, exclusive, plus one; None if it never fires."""
+    seen = 0
+    for toks in turns:
+        run = [0] * (max_period + 1)
+        for i, tok in enumerate(toks):
+            for p in range(1, max_period + 1):
+                if i >= p and tok == toks[i - p]:
+                    run[p] += 1
+                    if run[p] >= (repeats - 1) * p:
+                        end = seen + i + 1
+                        return end - repeats * p, end, p
+                else:
+                    run[p] = 0
+        seen += len(toks)
+    return None
+
+
+def prob_regions(t, max_period, repeats):
+    """The stored probabilities of an attempt's model tokens before its loop, in the loop's
+    first copy and in the later copies; None when the detector does not fire."""
+    span = loop_span(t["turns"], max_period, repeats)
+    if span is None:
+        return None
+    start, end, p = span
+    probs = [math.exp(x) for turn in t["probs"] for x in turn]
+    return probs[:start], probs[start:start + p], probs[start + p:end]
+
+
 def load(db, runs):
     ids = ",".join(f"'{r}'" for r in runs)
     sql = f"""
         SELECT t.id, t.finish_reason,
                coalesce((SELECT max(w.reward) FROM trajectory_rewards w
                          WHERE w.trajectory_id = t.id)::text, ''),
-               s.ordinal, s.kind, array_to_string(s.token_ids, ' ')
+               s.ordinal, s.kind, array_to_string(s.token_ids, ' '),
+               coalesce(array_to_string(s.logprobs, ' '), '')
         FROM trajectories t JOIN trajectory_segments s ON s.trajectory_id = t.id
         WHERE t.run_id IN ({ids})
         ORDER BY t.id, s.ordinal"""
@@ -59,14 +99,16 @@ def load(db, runs):
                          capture_output=True, text=True).stdout
     trajs = {}
     for line in out.splitlines():
-        tid, finish, reward, _, kind, toks = line.split("\t")
+        tid, finish, reward, _, kind, toks, logprobs = line.split("\t")
         t = trajs.setdefault(tid, {"finish": finish,
                                    "reward": float(reward) if reward else None,
-                                   "turns": [[]]})
+                                   "turns": [[]], "probs": [[]]})
         if kind == "model":
             t["turns"][-1].extend(int(x) for x in toks.split())
+            t["probs"][-1].extend(float(x) for x in logprobs.split())
         elif t["turns"][-1]:
             t["turns"].append([])
+            t["probs"].append([])
     return list(trajs.values())
 
 
@@ -75,6 +117,8 @@ def main():
     ap.add_argument("runs", nargs="+", help="run ids")
     ap.add_argument("--period", type=int, default=32, help="longest period checked (tokens)")
     ap.add_argument("--repeats", default="4,8,16", help="comma-separated repeat counts")
+    ap.add_argument("--probs", action="store_true",
+                    help="also print the sampled tokens' probabilities before and in the loops")
     ap.add_argument("--db", default="postgres://postgres@127.0.0.1:5432/rubricem")
     a = ap.parse_args()
     try:
@@ -92,6 +136,8 @@ def main():
     if not trajs:
         sys.exit(f"loop-onset: no trajectories with segments for {', '.join(runs)}")
     size = {id(t): sum(len(x) for x in t["turns"]) for t in trajs}
+    if a.probs:
+        print_probs(trajs, a.period, max(repeats))
     cut = [t for t in trajs if t["finish"] == "length"]
     rest = [t for t in trajs if t["finish"] != "length"]
     all_tokens = sum(size.values())
@@ -116,6 +162,24 @@ def main():
         print(f"| {a.period} | {r} | {stopped} / {len(cut)} | {med} | "
               f"{saved / max(cut_tokens, 1):.2f} / {saved / all_tokens:.2f} | "
               f"{len(false_stops)} / {len(rest)} ({rewarded}) |")
+
+
+def print_probs(trajs, max_period, repeats):
+    regions = [r for r in (prob_regions(t, max_period, repeats) for t in trajs) if r]
+    if not regions:
+        print(f"no attempt loops {repeats} times within a period of {max_period}")
+        return
+    print(f"{len(regions)} looping attempts (period <= {max_period}, {repeats} copies): "
+          "sampled tokens' probability p")
+    print("| tokens | count | mean p | mean 1 - p | share of the attempts' 1 - p |")
+    print("|---|---|---|---|---|")
+    names = ["before the loop", "the loop's first copy", "the later copies"]
+    mass = [sum(1 - x for r in regions for x in r[k]) for k in range(3)]
+    for k, name in enumerate(names):
+        xs = [x for r in regions for x in r[k]]
+        mean = sum(xs) / len(xs) if xs else float("nan")
+        print(f"| {name} | {len(xs)} | {mean:.3f} | {1 - mean:.3f} | "
+              f"{mass[k] / max(sum(mass), 1e-12):.3f} |")
 
 
 if __name__ == "__main__":

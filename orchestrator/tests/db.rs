@@ -603,8 +603,9 @@ async fn sql_budget_cuts_by_hops(pool: PgPool) {
         ids.push(task_with(&pool, ext, metadata).await);
     }
     // Steps 0-3: steps 0 and 1 are the first half, 2 and 3 the second. Per step, which of the
-    // two samples of the two-hop and four-hop tasks ran to the budget; the task without hops is
-    // rolled out once, at step 0, and not cut.
+    // two samples of the two-hop and four-hop tasks were cut (at the budget; the second sample
+    // at step 3 by the loop stop); the task without hops is rolled out once, at step 0, and not
+    // cut.
     let cut: [[[bool; 2]; 2]; 4] = [
         [[false, false], [true, false]],
         [[false, false], [false, false]],
@@ -621,7 +622,12 @@ async fn sql_budget_cuts_by_hops(pool: PgPool) {
             for (i, is_cut) in samples.iter().enumerate() {
                 let mut t = traj(run_id, step, ids[k], i as i32, 4, serde_json::json!([]));
                 if *is_cut {
-                    t.finish_reason = "length".into();
+                    t.finish_reason = if (step, i) == (3, 1) {
+                        "repetition"
+                    } else {
+                        "length"
+                    }
+                    .into();
                 }
                 batch.push(t);
             }
@@ -898,6 +904,26 @@ async fn loop_onset_script_replays_the_rule_on_stored_tokens(pool: PgPool) {
         stdout.contains("| 4 | 8 | 1 / 1 | 0.44 | 0.56 / 0.33 | 0 / 2 (0) |"),
         "{stdout}"
     );
+    // --probs: the stored probabilities (the fixture's logprob of token t is -t/1000) of the
+    // one attempt that loops 8 times: tokens 1-3 before the loop, the first copy (7, 8), and
+    // seven more copies; 1 - p of each region over the attempt's total, figured by hand.
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(run_id.to_string())
+        .args(["--period", "4", "--repeats", "4,8", "--probs", "--db"])
+        .arg(format!("{server}/{db_name}"))
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for row in [
+        "1 looping attempts (period <= 4, 8 copies)",
+        "| before the loop | 3 | 0.998 | 0.002 | 0.048 |",
+        "| the loop's first copy | 2 | 0.993 | 0.007 | 0.119 |",
+        "| the later copies | 14 | 0.993 | 0.007 | 0.833 |",
+    ] {
+        assert!(stdout.contains(row), "{row}\n{stdout}");
+    }
     let bad = std::process::Command::new("python3")
         .arg(&script)
         .args([&run_id.to_string(), "--repeats", "1"])

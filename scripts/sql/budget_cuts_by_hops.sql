@@ -1,6 +1,8 @@
 -- Budget cuts by task length: per run and the task's `hops` (tasks.metadata; 'none' when the
--- task has no such field), the share of trajectories that ran to the token budget
--- (finish_reason = 'length') over the first half of the run's steps and over the second half.
+-- task has no such field), the share of trajectories cut before their answer over the first half
+-- of the run's steps and over the second half: run to the token budget (finish_reason =
+-- 'length') or stopped in a loop by `rollout.repetition_detection` ('repetition', which would
+-- otherwise have run to the budget).
 -- Issue 25 found the bank recipes' cuts climbing on four-hop tasks in the second half; a share
 -- that climbs on long tasks only, in one recipe only, is that pattern.
 WITH per_run AS (
@@ -12,7 +14,7 @@ tagged AS (
     SELECT t.run_id,
            coalesce(tk.metadata ->> 'hops', 'none')       AS hops,
            (2 * t.step > pr.last_step)                    AS late,
-           (t.finish_reason = 'length')                   AS cut
+           (t.finish_reason IN ('length', 'repetition')) AS cut
     FROM trajectories t
     JOIN per_run pr ON pr.run_id = t.run_id
     JOIN tasks tk   ON tk.id = t.task_id

@@ -82,7 +82,7 @@ fn main() {
             client: client.clone(),
             codec: Arc::new(ToyCodec),
             tools: Arc::new(three_turns::runner(1024)),
-            cfg: RolloutConfig { n: 1, tasks_per_step: 1, max_tool_calls: 10, max_tokens: 8192, forced_answer_tokens: Some(512), max_prompt_tokens: None, temperature: 1.0, top_p: 1.0, repetition_detection: None },
+            cfg: RolloutConfig { n: 1, tasks_per_step: 1, max_tool_calls: 10, max_tokens: 8192, forced_answer_tokens: Some(512), max_prompt_tokens: None, temperature: 1.0, top_p: 1.0, repetition_detection: None, answer_after_loop: false },
             seed: Some(1),
             scaffold: orchestrator::domain::scaffold::Scaffold::Rubricem,
         };

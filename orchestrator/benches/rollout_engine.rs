@@ -87,6 +87,7 @@ fn main() {
                         forced_answer_tokens: Some(512),
                         max_prompt_tokens: None,
                         repetition_detection: None,
+                        answer_after_loop: false,
                         temperature: 1.0,
                         top_p: 1.0,
                     },

@@ -156,6 +156,7 @@ async fn the_rollout_engine_parses_by_the_configured_scaffold() {
             forced_answer_tokens: Some(200),
             max_prompt_tokens: None,
             repetition_detection: None,
+            answer_after_loop: false,
             temperature: 1.0,
             top_p: 1.0,
         },

@@ -43,6 +43,7 @@ fn ctx(server: &FakeServer) -> RolloutCtx {
             forced_answer_tokens: Some(200),
             max_prompt_tokens: None,
             repetition_detection: None,
+            answer_after_loop: false,
             temperature: 0.0,
             top_p: 1.0,
         },
@@ -98,6 +99,8 @@ async fn subset_of(pool: &sqlx::PgPool, path: &Path) -> (Vec<TaskRow>, Subset) {
     let tasks = RolloutTask::from_rows(&rows, &ids, "SYS");
     let subset = Subset {
         name: "held-out".into(),
+        samples: None,
+        temperature: None,
         tasks: rows
             .iter()
             .zip(tasks)

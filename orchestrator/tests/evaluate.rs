@@ -35,6 +35,7 @@ fn ctx(server: &FakeServer) -> RolloutCtx {
             forced_answer_tokens: Some(200),
             max_prompt_tokens: None,
             repetition_detection: None,
+            answer_after_loop: false,
             temperature: 0.0,
             top_p: 1.0,
         },
@@ -82,6 +83,8 @@ async fn a_right_answer_outscores_a_wrong_one_and_the_evaluation_is_stored_whole
     let tasks = RolloutTask::from_rows(&rows, &ids, "SYS");
     let subset = Subset {
         name: "held-out".into(),
+        samples: None,
+        temperature: None,
         tasks: rows
             .iter()
             .zip(tasks)
@@ -389,6 +392,8 @@ async fn held_out_tasks_leave_the_schedule_and_bad_subsets_are_refused(pool: sql
         name: "other".into(),
         tasks: b.join("tasks.jsonl"),
         size: 100,
+        n: Some(3),
+        temperature: Some(0.7),
         benchmark: None,
         judges: vec![],
     }];
@@ -399,6 +404,13 @@ async fn held_out_tasks_leave_the_schedule_and_bad_subsets_are_refused(pool: sql
             .map(|e| (e.name.as_str(), e.tasks.len()))
             .collect::<Vec<_>>(),
         vec![("held-out", 3), ("other", 5)]
+    );
+    // The set's own samples and temperature; the held-out subset keeps eval.n and
+    // eval.temperature.
+    assert_eq!((evals[0].samples, evals[0].temperature), (None, None));
+    assert_eq!(
+        (evals[1].samples, evals[1].temperature),
+        (Some(3), Some(0.7))
     );
     // The training file itself as a set overlaps the training tasks.
     cfg.eval.sets[0].tasks = a.join("tasks.jsonl");
@@ -528,6 +540,7 @@ async fn a_benchmark_set_is_answered_by_the_agent_and_graded_by_the_gold_panel(p
             usd_per_mtok_prompt: 0.0,
             usd_per_mtok_completion: 0.0,
         }],
+        temperature: None,
     };
     let exp = db::runs::create_experiment(&pool, "t", "smoke", &serde_json::json!({}))
         .await

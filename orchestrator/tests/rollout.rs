@@ -59,6 +59,7 @@ async fn setup(cache: Option<Arc<dyn ToolCache>>, max_tool_calls: u32, max_token
             forced_answer_tokens: Some(200),
             max_prompt_tokens: None,
             repetition_detection: None,
+            answer_after_loop: false,
             temperature: 1.0,
             top_p: 1.0,
         },
@@ -291,6 +292,81 @@ async fn a_loop_the_server_stops_ends_the_trajectory_without_a_forced_answer() {
     assert_eq!(r.trajectory.finish_reason, "answer");
     let body = plain.server.state.last_bodies.lock().await[0].clone();
     assert!(body.get("repetition_detection").is_none(), "{body}");
+}
+
+/// `rollout.answer_after_loop`: a loop the server stops before the answer opened is cut back to
+/// where its copies begin (neither kept nor trained) and the answer is forced, as when the
+/// budget runs out; a loop inside the answer still ends the trajectory.
+#[tokio::test]
+async fn with_answer_after_loop_a_loop_before_the_answer_is_cut_and_the_answer_forced() {
+    let rule = orchestrator::domain::config::RepetitionDetection {
+        max_pattern_size: 8,
+        min_pattern_size: 1,
+        min_count: 4,
+    };
+    let mut s = setup(None, 10, 2000).await;
+    s.ctx.cfg.repetition_detection = Some(rule);
+    s.ctx.cfg.answer_after_loop = true;
+    s.server.record_bodies();
+    s.server.push_scripted(Scripted::reply(T1, "stop")).await;
+    // The byte-level toy codec: "ab " is a 3-token block; four copies end the turn.
+    let before = "<think>Found it. ";
+    let looping = format!("{before}{}", "ab ".repeat(4));
+    s.server
+        .push_scripted(Scripted::reply(&looping, "repetition"))
+        .await;
+    let answer = "It binds <cite id=\"CITE\">COMPOUND</cite>.</answer>";
+    s.server
+        .push_scripted(Scripted::reply(answer, "stop"))
+        .await;
+    let r = s.roll().await;
+    assert_eq!(r.trajectory.finish_reason, "forced_answer");
+    let got = r.parsed.answer.clone().unwrap_or_default();
+    assert!(got.contains("COMPOUND"), "{got}");
+    let model: String = r
+        .trajectory
+        .segments
+        .iter()
+        .filter(|x| x.kind != SegmentKind::ToolOutput)
+        .map(|x| x.text.as_str())
+        .collect();
+    assert!(model.contains(&format!("{before}\n<answer>\n")), "{model}");
+    assert!(!model.contains("ab ab"), "the copies are cut: {model}");
+    for x in &r.trajectory.segments {
+        assert_eq!(
+            x.token_ids,
+            toy_tokenize(&x.text),
+            "tokens and text agree after the cut"
+        );
+        if let Some(l) = &x.logprobs {
+            assert_eq!(l.len(), x.token_ids.len());
+        }
+    }
+    assert_eq!(
+        r.trajectory.parsed["loop_cut_tokens"], 12,
+        "4 copies of 3 tokens"
+    );
+    // The forced answer's request continues from the context without the copies.
+    let bodies = s.server.state.last_bodies.lock().await.clone();
+    assert_eq!(bodies.len(), 3);
+    let prompt: Vec<u32> = serde_json::from_value(bodies[2]["prompt"].clone()).unwrap();
+    let tail = toy_tokenize(&format!("{before}\n<answer>\n"));
+    assert!(
+        prompt.ends_with(&tail),
+        "the third request ends with the kept text and <answer>"
+    );
+
+    // A loop inside the answer still ends the trajectory.
+    let mut s = setup(None, 10, 2000).await;
+    s.ctx.cfg.repetition_detection = Some(rule);
+    s.ctx.cfg.answer_after_loop = true;
+    let looping = format!("<answer>It binds {}", "ab ".repeat(4));
+    s.server
+        .push_scripted(Scripted::reply(&looping, "repetition"))
+        .await;
+    let r = s.roll().await;
+    assert_eq!(r.trajectory.finish_reason, "repetition");
+    assert!(r.trajectory.parsed.get("loop_cut_tokens").is_none());
 }
 
 #[tokio::test]

@@ -69,6 +69,10 @@ impl EvalTask {
 pub struct Subset {
     pub name: String,
     pub tasks: Vec<EvalTask>,
+    /// Samples per task on this subset; `None` = `eval.n`.
+    pub samples: Option<u32>,
+    /// Sampling temperature on this subset; `None` = `eval.temperature`.
+    pub temperature: Option<f32>,
 }
 
 /// Whether the policy after `version` trained steps (of `steps`) is evaluated.
@@ -153,6 +157,8 @@ pub async fn with_stored_rubrics(pool: &PgPool, subset: &Subset) -> Result<Subse
     let stored = crate::infra::db::tasks::get_many(pool, &ids).await?;
     Ok(Subset {
         name: subset.name.clone(),
+        samples: subset.samples,
+        temperature: subset.temperature,
         tasks: subset
             .tasks
             .iter()
@@ -476,22 +482,25 @@ impl Pipeline {
             if db::evaluations::exists(&self.pool, self.run_id, version, &subset.name).await? {
                 continue;
             }
+            let samples = subset.samples.unwrap_or(self.eval.n);
+            let temperature = subset.temperature.or(self.eval.temperature);
             tracing::info!(
                 version,
                 subset = %subset.name,
                 tasks = subset.tasks.len(),
-                samples = self.eval.n,
+                samples,
+                temperature,
                 "evaluating"
             );
             loop {
                 let mut ctx = self.rollout_ctx(shared);
-                if let Some(t) = self.eval.temperature {
+                if let Some(t) = temperature {
                     ctx.cfg.temperature = t;
                 }
                 let er = EvalRun {
                     run_id: self.run_id,
                     version,
-                    samples: self.eval.n,
+                    samples,
                     max_inflight: self.cfg.max_inflight as usize,
                     ctx: &ctx,
                     judge: self.judge.as_ref(),
@@ -555,7 +564,7 @@ impl Pipeline {
         for set in &self.bench_sets {
             tracing::info!(version, set = %crate::pipeline::bench::periodic::describe(set), "benchmark evaluation");
             let mut ctx = self.rollout_ctx(shared);
-            if let Some(t) = self.eval.temperature {
+            if let Some(t) = set.temperature.or(self.eval.temperature) {
                 ctx.cfg.temperature = t;
             }
             let r = crate::pipeline::bench::periodic::evaluate_set(

@@ -136,7 +136,7 @@ pub async fn split_tasks(
         let hall = RolloutTask::from_rows(&hrows, &hids, system);
         let picks = crate::domain::schedule::held_out(hrows.len(), k, cfg.experiment.seed);
         if !picks.is_empty() {
-            evals.push(subset(HELD_OUT, &picks, &hrows, &hall));
+            evals.push(subset(HELD_OUT, &picks, &hrows, &hall, None));
         }
         for (t, r) in all.into_iter().zip(&rows) {
             tasks.push(t);
@@ -156,7 +156,7 @@ pub async fn split_tasks(
         }
         let held = crate::domain::schedule::held_out(rows.len(), k, cfg.experiment.seed);
         if !held.is_empty() {
-            evals.push(subset(HELD_OUT, &held, &rows, &all));
+            evals.push(subset(HELD_OUT, &held, &rows, &all, None));
         }
         for (i, (t, r)) in all.into_iter().zip(&rows).enumerate() {
             if held.binary_search(&i).is_err() {
@@ -181,21 +181,25 @@ pub async fn split_tasks(
                 cfg.data.tasks.display()
             )));
         }
-        evals.push(subset(&set.name, &picks, &rows, &ts));
+        evals.push(subset(&set.name, &picks, &rows, &ts, Some(set)));
     }
     Ok((tasks, questions, evals))
 }
 
 /// The evaluation subset `name` of the tasks at `picks` (indexes into `rows` and `tasks`, the
-/// same task file's rows and their rollout tasks).
+/// same task file's rows and their rollout tasks), with `set`'s samples and temperature where it
+/// sets them.
 fn subset(
     name: &str,
     picks: &[usize],
     rows: &[crate::domain::data::tasks::TaskRow],
     tasks: &[RolloutTask],
+    set: Option<&crate::domain::config::EvalSet>,
 ) -> super::evaluate::Subset {
     super::evaluate::Subset {
         name: name.to_string(),
+        samples: set.and_then(|s| s.n),
+        temperature: set.and_then(|s| s.temperature),
         tasks: picks
             .iter()
             .map(|&i| super::evaluate::EvalTask::new(&rows[i], tasks[i].clone()))

@@ -241,6 +241,14 @@ pub struct EvalSet {
     pub tasks: PathBuf,
     /// Tasks drawn from it (all of them when the file holds fewer).
     pub size: u32,
+    /// Samples per task on this set; unset = `eval.n`. With `temperature`, one task file can be
+    /// evaluated greedily in one set and at the rollout temperature in another, in one run.
+    /// Not with `benchmark` (a benchmark's protocol fixes its samples).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    /// Sampling temperature on this set (0 = greedy); unset = `eval.temperature`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
     /// The benchmark `tasks` is a published file of (e.g. "simpleqa", "healthbench"): the set
     /// is then scored by the benchmark harness with the benchmark's own protocol and the
     /// `judges` panel (the gold judges), stored as a benchmark evaluation per policy version,
@@ -622,6 +630,15 @@ pub struct RolloutConfig {
     /// the field or refuse the request). Unset: off, as in the papers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repetition_detection: Option<RepetitionDetection>,
+    /// With `repetition_detection`: a loop stopped before the answer opened is cut back to
+    /// where its copies begin, and the answer is forced with the reserved budget (`<answer>`
+    /// injected, as when the budget runs out): DR Tulu runs a forced answer step for an
+    /// attempt that has none (benchmarks.md, section 10). The cut copies are neither kept nor
+    /// trained; the trajectory records how many tokens were cut (`parsed.loop_cut_tokens`). A
+    /// loop inside the answer, or in the forced answer, still ends the trajectory
+    /// (`repetition`). Off: every loop stop ends it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub answer_after_loop: bool,
 }
 
 /// vLLM's repetition rule: a turn stops when its last `p x min_count` generated tokens are
@@ -639,6 +656,25 @@ pub struct RepetitionDetection {
 
 fn one() -> u32 {
     1
+}
+
+impl RepetitionDetection {
+    /// The tokens of the loop this rule ends `ids` on: `min_count x p` for the smallest block
+    /// size `p` in `min_pattern_size..=max_pattern_size` whose last `min_count` copies close
+    /// `ids`; `None` when no block does (the rule would not have stopped here).
+    pub fn loop_len(&self, ids: &[u32]) -> Option<usize> {
+        let count = self.min_count as usize;
+        (self.min_pattern_size as usize..=self.max_pattern_size as usize)
+            .filter(|&p| p > 0)
+            .find(|&p| {
+                let n = p.saturating_mul(count);
+                n <= ids.len() && {
+                    let tail = &ids[ids.len() - n..];
+                    tail.chunks(p).all(|c| c == &tail[n - p..])
+                }
+            })
+            .map(|p| p * count)
+    }
 }
 
 impl RolloutConfig {

@@ -142,6 +142,34 @@ fn eval_settings_are_validated() {
     let two = "eval.sets=[{name = \"qa\", tasks = \"a\", size = 1}, {name = \"qa\", tasks = \"b\", size = 1}]";
     let err = load(&[two]).unwrap_err().to_string();
     assert!(err.contains("used by one set only"), "{err}");
+    // A set's own samples and temperature (a greedy and a sampled view of one file in one run).
+    let own =
+        "eval.sets=[{name = \"t7\", tasks = \"t.jsonl\", size = 4, n = 4, temperature = 0.7}]";
+    let s = &load(&[own]).unwrap().eval.sets[0];
+    assert_eq!((s.n, s.temperature), (Some(4), Some(0.7)));
+    let s = &load(&[&set("qa", 5)]).unwrap().eval.sets[0];
+    assert_eq!(
+        (s.n, s.temperature),
+        (None, None),
+        "unset: eval.n and eval.temperature"
+    );
+    let err = load(&["eval.sets=[{name = \"a\", tasks = \"t\", size = 1, n = 65}]"])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "`eval.sets.n` = 65 is out of range; allowed: 1..=64");
+    let err = load(&["eval.sets=[{name = \"a\", tasks = \"t\", size = 1, temperature = -1.0}]"])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "`eval.sets.temperature` = -1 is out of range; allowed: 0..=2 (0 = greedy)"
+    );
+    let bench_n = "eval.sets=[{name = \"sq\", tasks = \"s.csv\", size = 10, benchmark = \"simpleqa\", n = 2}]";
+    let err = load(&[bench_n]).unwrap_err().to_string();
+    assert!(
+        err.contains("eval.sets.n") && err.contains("names its benchmark"),
+        "{err}"
+    );
     for p in ["ablation-600", "rubricem", "drtulu"] {
         let c = Config::load(p, &Overrides::default()).unwrap();
         assert!(c.eval.enabled(), "{p} evaluates on a fixed subset");
@@ -548,6 +576,64 @@ fn repetition_detection_is_off_in_every_preset_set_by_override_and_checked() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("window"), "{err}");
+}
+
+#[test]
+fn answer_after_loop_is_off_in_every_preset_and_needs_the_loop_stop() {
+    for (name, _) in PRESETS {
+        let c = Config::load(name, &Overrides::default()).unwrap();
+        assert!(!c.rollout.answer_after_loop, "{name}");
+        let text = toml::to_string(&c.rollout).unwrap();
+        assert!(!text.contains("answer_after_loop"), "{name}: {text}");
+    }
+    let load = |sets: &[&str]| {
+        Config::load(
+            "smoke",
+            &Overrides {
+                sets: sets.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            },
+        )
+    };
+    let c = load(&[
+        "rollout.repetition_detection={max_pattern_size=32,min_count=16}",
+        "rollout.answer_after_loop=true",
+    ])
+    .unwrap();
+    assert!(c.rollout.answer_after_loop);
+    let err = load(&["rollout.answer_after_loop=true"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("rollout.answer_after_loop") && err.contains("repetition_detection"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_loop_a_repetition_rule_stops_on_is_measured_from_the_end() {
+    let rule = RepetitionDetection {
+        max_pattern_size: 4,
+        min_pattern_size: 1,
+        min_count: 3,
+    };
+    // Three copies of a 2-token block after a prefix.
+    assert_eq!(rule.loop_len(&[9, 8, 1, 2, 1, 2, 1, 2]), Some(6));
+    // One token six times: the smallest block (1 x 3), not 2 x 3.
+    assert_eq!(rule.loop_len(&[4, 5, 5, 5, 5, 5, 5]), Some(3));
+    // Two copies only, a near-loop, too short, or a block longer than the largest.
+    assert_eq!(rule.loop_len(&[1, 2, 1, 2]), None);
+    assert_eq!(rule.loop_len(&[1, 2, 1, 2, 1, 3]), None);
+    assert_eq!(rule.loop_len(&[]), None);
+    assert_eq!(rule.loop_len(&[1, 2, 3, 4, 5].repeat(3)), None);
+    let wide = RepetitionDetection {
+        max_pattern_size: 5,
+        min_pattern_size: 2,
+        min_count: 3,
+    };
+    assert_eq!(wide.loop_len(&[1, 2, 3, 4, 5].repeat(3)), Some(15));
+    // min_pattern_size 2: a run of one token is a 2-token block.
+    assert_eq!(wide.loop_len(&[7; 6]), Some(6));
 }
 
 #[test]

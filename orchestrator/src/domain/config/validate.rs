@@ -296,6 +296,12 @@ impl Config {
                 "2..=1024",
             )?;
         }
+        check(
+            !ro.answer_after_loop || ro.repetition_detection.is_some(),
+            "rollout.answer_after_loop",
+            "true without rollout.repetition_detection",
+            "false unless rollout.repetition_detection is set (it answers after a loop stop)",
+        )?;
         self.validate_eval()?;
         self.validate_tracking()
     }
@@ -372,6 +378,23 @@ impl Config {
                 set.size,
                 "1..=1000000",
             )?;
+            if let Some(n) = set.n {
+                check((1..=64).contains(&n), "eval.sets.n", n, "1..=64")?;
+                check(
+                    set.benchmark.is_none(),
+                    "eval.sets.n",
+                    format!("{n} on benchmark set {:?}", set.name),
+                    "unset on a set that names its benchmark (its protocol fixes the samples)",
+                )?;
+            }
+            if let Some(t) = set.temperature {
+                check(
+                    t.is_finite() && (0.0..=2.0).contains(&t),
+                    "eval.sets.temperature",
+                    t,
+                    "0..=2 (0 = greedy)",
+                )?;
+            }
             if let Some(b) = &set.benchmark {
                 let parsed = b.parse::<crate::domain::bench::Benchmark>();
                 check(

@@ -34,6 +34,8 @@ pub struct BenchSet {
     pub items: Vec<Item>,
     pub selection: serde_json::Value,
     pub judges: Vec<JudgeSpec>,
+    /// The set's sampling temperature (`eval.sets.temperature`); `None` = `eval.temperature`.
+    pub temperature: Option<f32>,
 }
 
 /// The benchmark sets of `cfg.eval.sets` (seeded DR Tulu draw of `size` items).
@@ -83,6 +85,7 @@ fn load_set(cfg: &Config, set: &EvalSet) -> Result<BenchSet, String> {
         items,
         selection: json!({"limit": set.size, "seed": cfg.experiment.seed, "sampling": "drtulu"}),
         judges,
+        temperature: set.temperature,
     })
 }
 

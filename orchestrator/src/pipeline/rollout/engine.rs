@@ -101,6 +101,42 @@ impl Transcript {
         self.pieces.push(p);
         start
     }
+
+    /// Whether the model or an injection has opened the answer.
+    fn answer_opened(&self) -> bool {
+        self.pieces
+            .iter()
+            .any(|p| p.kind != SegmentKind::ToolOutput && p.text.contains("<answer>"))
+    }
+
+    /// Cut the loop `rule` stopped the last model piece on (its `min_count` copies) from the
+    /// piece and the context; the piece's text is decoded again from the tokens kept. Returns
+    /// the tokens cut (0 when the piece does not end in such a loop).
+    fn cut_loop(
+        &mut self,
+        rule: &crate::domain::config::RepetitionDetection,
+        codec: &dyn TokenCodec,
+    ) -> Result<usize, CodecError> {
+        let Some(last) = self.pieces.last_mut() else {
+            return Ok(0);
+        };
+        if last.kind != SegmentKind::Model {
+            return Ok(0);
+        }
+        let Some(n) = rule.loop_len(&last.ids) else {
+            return Ok(0);
+        };
+        let keep = last.ids.len() - n;
+        last.ids.truncate(keep);
+        if let Some(l) = last.logprobs.as_mut() {
+            l.truncate(keep);
+        }
+        let text = codec.decode(&last.ids)?;
+        self.parse_len = self.parse_len - last.text.len() + text.len();
+        last.text = text;
+        self.context.truncate(self.context.len() - n);
+        Ok(n)
+    }
 }
 
 /// Everything a rollout needs.
@@ -220,6 +256,7 @@ impl RolloutCtx {
             .saturating_sub(self.cfg.forced_answer_budget())
             .max(1);
         let mut forced = false;
+        let mut loop_cut = 0usize; // tokens of a stopped loop cut before a forced answer
         let mut reason = finish::LENGTH;
         let too_long = self
             .cfg
@@ -310,8 +347,20 @@ impl RolloutCtx {
                     continue; // the budget check above forces the answer
                 }
                 Turn::Looped => {
-                    // Not forced to answer: a model in a loop mostly loops again, and the
-                    // attempt is what a budget cut would have made of it, less the loop.
+                    // Before the answer, with answer_after_loop: cut the copies and force the
+                    // answer. Otherwise the trajectory ends: a model looping inside its answer
+                    // mostly loops again, and the attempt is what a budget cut would have made
+                    // of it, less the loop.
+                    if self.cfg.answer_after_loop
+                        && !forced
+                        && !tr.answer_opened()
+                        && let Some(rule) = self.cfg.repetition_detection
+                    {
+                        loop_cut += tr.cut_loop(&rule, self.codec.as_ref())?;
+                        forced = true;
+                        tr.push(self.inject("\n<answer>\n")?);
+                        continue;
+                    }
                     reason = finish::REPETITION;
                     break;
                 }
@@ -405,6 +454,9 @@ impl RolloutCtx {
             .collect();
         let mut parsed_json = parsed.to_json();
         parsed_json["turns"] = json!(turns);
+        if loop_cut > 0 {
+            parsed_json["loop_cut_tokens"] = json!(loop_cut);
+        }
         let trajectory = Trajectory {
             id,
             run_id: slot.run_id,

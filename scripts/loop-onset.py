@@ -38,19 +38,8 @@ import uuid
 def fire_at(turns, max_period, repeats):
     """Model tokens generated before the detector fires (counting the token it fires on), or
     None. `turns` is a list of token lists; counters restart at each turn."""
-    seen = 0
-    for toks in turns:
-        run = [0] * (max_period + 1)
-        for i, tok in enumerate(toks):
-            for p in range(1, max_period + 1):
-                if i >= p and tok == toks[i - p]:
-                    run[p] += 1
-                    if run[p] >= (repeats - 1) * p:
-                        return seen + i + 1
-                else:
-                    run[p] = 0
-        seen += len(toks)
-    return None
+    span = loop_span(turns, max_period, repeats)
+    return None if span is None else span[1]
 
 
 def loop_span(turns, max_period, repeats):

@@ -89,17 +89,20 @@ fn precedence_preset_file_flags() {
     );
 }
 
+/// The smoke preset with `sets` as `--set` overrides.
+fn smoke_with(sets: &[&str]) -> Result<Config, ConfigError> {
+    Config::load(
+        "smoke",
+        &Overrides {
+            sets: sets.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        },
+    )
+}
+
 #[test]
 fn eval_settings_are_validated() {
-    let load = |sets: &[&str]| {
-        Config::load(
-            "smoke",
-            &Overrides {
-                sets: sets.iter().map(|s| s.to_string()).collect(),
-                ..Default::default()
-            },
-        )
-    };
+    let load = smoke_with;
     let cfg = load(&[]).unwrap();
     assert_eq!((cfg.eval.held_out, cfg.data.world_held_out), (16, 16));
     assert!(cfg.eval.enabled() && cfg.eval.initial);
@@ -428,15 +431,7 @@ fn partial_tables_merge_over_defaults_and_gaps_are_validated() {
 
 #[test]
 fn benchmark_eval_sets_name_their_benchmark_and_gold_judges() {
-    let load = |sets: &[&str]| {
-        Config::load(
-            "smoke",
-            &Overrides {
-                sets: sets.iter().map(|s| s.to_string()).collect(),
-                ..Default::default()
-            },
-        )
-    };
+    let load = smoke_with;
     let ok = "eval.sets=[{name = \"sq\", tasks = \"s.csv\", size = 10, benchmark = \"simpleqa\"}]";
     let cfg = load(&[ok]).unwrap();
     assert_eq!(cfg.eval.sets[0].benchmark.as_deref(), Some("simpleqa"));
@@ -477,15 +472,7 @@ fn the_deeprubric_preset_states_its_rl_setting() {
 
 #[test]
 fn tracking_section_parses_validates_refuses_unknown_keys_and_redacts() {
-    let load = |sets: &[&str]| {
-        Config::load(
-            "smoke",
-            &Overrides {
-                sets: sets.iter().map(|s| s.to_string()).collect(),
-                ..Default::default()
-            },
-        )
-    };
+    let load = smoke_with;
     let off = load(&[]).unwrap();
     assert!(!off.tracking.enabled());
     assert!(
@@ -586,15 +573,7 @@ fn answer_after_loop_is_off_in_every_preset_and_needs_the_loop_stop() {
         let text = toml::to_string(&c.rollout).unwrap();
         assert!(!text.contains("answer_after_loop"), "{name}: {text}");
     }
-    let load = |sets: &[&str]| {
-        Config::load(
-            "smoke",
-            &Overrides {
-                sets: sets.iter().map(|s| s.to_string()).collect(),
-                ..Default::default()
-            },
-        )
-    };
+    let load = smoke_with;
     let c = load(&[
         "rollout.repetition_detection={max_pattern_size=32,min_count=16}",
         "rollout.answer_after_loop=true",

@@ -1077,3 +1077,99 @@ async fn orchestrators_sharing_an_experiment_take_only_free_unfinished_runs(pool
     assert!(matches!(claim(&pool, free).await.unwrap(), Claim::Held(_)));
     lease.release().await;
 }
+
+/// `scripts/seen-tasks.py` keeps the rows of a task file that every run of an experiment trained
+/// on (or any run, with --any), read from the runs' trajectories in Postgres.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn seen_tasks_script_keeps_the_tasks_an_experiment_trained_on(pool: PgPool) {
+    let exp = db::runs::create_experiment(&pool, "seen", "smoke", &serde_json::json!({}))
+        .await
+        .unwrap();
+    let mut runs = Vec::new();
+    for name in ["a", "b"] {
+        runs.push(
+            db::runs::create_run(&pool, exp, name, "full", &serde_json::json!({}), 1)
+                .await
+                .unwrap(),
+        );
+    }
+    // Another experiment's run trained on t4: never counted.
+    let other = run(&pool, "other").await;
+    let mut t = Vec::new();
+    for ext in ["t1", "t2", "t3", "t4"] {
+        t.push(task(&pool, ext).await);
+    }
+    // Run a trained on t1 and t2, run b on t2 and t3.
+    for (run_id, trained) in [
+        (runs[0], vec![t[0], t[1]]),
+        (runs[1], vec![t[1], t[2]]),
+        (other, vec![t[3]]),
+    ] {
+        db::runs::begin_step(&pool, run_id, 0, 0, &trained)
+            .await
+            .unwrap();
+        let batch: Vec<_> = trained
+            .iter()
+            .enumerate()
+            .map(|(i, &task_id)| traj(run_id, 0, task_id, i as i32, 4, serde_json::json!([])))
+            .collect();
+        db::trajectories::insert_batch(&pool, &batch).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = dir.path().join("tasks.jsonl");
+    std::fs::write(
+        &tasks,
+        ["t1", "t2", "t3", "t4", "t5"]
+            .iter()
+            .map(|id| format!("{{\"id\":\"{id}\",\"query\":\"q {id}\"}}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let db_name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let base = base.split('?').next().unwrap_or_default();
+    let (server, _) = base.rsplit_once('/').expect("a database URL with a path");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/seen-tasks.py");
+    let kept = |any: bool| {
+        let out_file = dir
+            .path()
+            .join(if any { "any.jsonl" } else { "every.jsonl" });
+        let mut cmd = std::process::Command::new("python3");
+        cmd.arg(&script)
+            .arg(exp.to_string())
+            .arg(&tasks)
+            .arg(&out_file)
+            .arg("--db")
+            .arg(format!("{server}/{db_name}"));
+        if any {
+            cmd.arg("--any");
+        }
+        let out = cmd.output().expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read_to_string(out_file)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(kept(false), ["\"t2\""], "trained on by both runs");
+    assert_eq!(
+        kept(true),
+        ["\"t1\"", "\"t2\"", "\"t3\""],
+        "by either run, in file order"
+    );
+    let bad = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["not-a-uuid", "a", "b"])
+        .output()
+        .expect("python3 runs");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a UUID"));
+}

@@ -16,10 +16,12 @@
 //! (Phase B).
 //!
 //! The rest of the trainer HTTP API is JSON, typed in [`api`] (replies, requests, the error
-//! body); [`PolicyVersion`] is the policy version both sides count in.
+//! body); [`PolicyVersion`] is the policy version both sides count in; [`repetition`] is the
+//! loop rule both sides apply (vLLM's `repetition_detection`).
 
 pub mod api;
 mod policy_version;
+pub mod repetition;
 pub mod settings;
 pub mod token;
 

@@ -50,24 +50,16 @@ pub struct RepetitionDetection {
 }
 
 impl RepetitionDetection {
-    /// Whether `ids` (the generated tokens so far) now end in such a loop. Per block size it
-    /// compares the newest token with the one a block earlier first, so the cost per token is
-    /// about one comparison per size while nothing repeats.
+    /// Whether `ids` (the generated tokens so far) now end in such a loop
+    /// ([`wire::repetition::loop_len`], the rule the orchestrator reads loops by).
     pub fn hit(&self, ids: &[u32]) -> bool {
-        let n = ids.len();
-        if self.max_pattern_size == 0 || self.min_count < 2 {
-            return false;
-        }
-        for p in self.min_pattern_size.max(1)..=self.max_pattern_size {
-            let Some(span) = p.checked_mul(self.min_count).filter(|&span| span <= n) else {
-                break;
-            };
-            let tail = &ids[n - span..];
-            if (p..span).rev().all(|i| tail[i] == tail[i - p]) {
-                return true;
-            }
-        }
-        false
+        wire::repetition::loop_len(
+            ids,
+            self.min_pattern_size,
+            self.max_pattern_size,
+            self.min_count,
+        )
+        .is_some()
     }
 }
 

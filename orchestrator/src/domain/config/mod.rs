@@ -661,19 +661,15 @@ fn one() -> u32 {
 impl RepetitionDetection {
     /// The tokens of the loop this rule ends `ids` on: `min_count x p` for the smallest block
     /// size `p` in `min_pattern_size..=max_pattern_size` whose last `min_count` copies close
-    /// `ids`; `None` when no block does (the rule would not have stopped here).
+    /// `ids`; `None` when no block does (the rule would not have stopped here). The rule is
+    /// [`wire::repetition::loop_len`], the one `trainer serve` stops samples with.
     pub fn loop_len(&self, ids: &[u32]) -> Option<usize> {
-        let count = self.min_count as usize;
-        (self.min_pattern_size as usize..=self.max_pattern_size as usize)
-            .filter(|&p| p > 0)
-            .find(|&p| {
-                let n = p.saturating_mul(count);
-                n <= ids.len() && {
-                    let tail = &ids[ids.len() - n..];
-                    tail.chunks(p).all(|c| c == &tail[n - p..])
-                }
-            })
-            .map(|p| p * count)
+        wire::repetition::loop_len(
+            ids,
+            self.min_pattern_size as usize,
+            self.max_pattern_size as usize,
+            self.min_count as usize,
+        )
     }
 }
 

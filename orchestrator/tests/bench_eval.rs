@@ -611,12 +611,7 @@ async fn a_killed_eval_resumes_without_regenerating_or_regrading(pool: sqlx::PgP
     *g.state.policy_reply.write().unwrap() =
         "See a doctor about lethargy and thirst; exercise matters.".into();
     g.set_latency(Duration::from_millis(400));
-    let db_name: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let base = std::env::var("DATABASE_URL").unwrap();
-    let url = format!("{}/{db_name}", base.rsplit_once('/').unwrap().0);
+    let url = common::database::db_url(&pool).await;
     let args = |out: &std::path::Path| {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_orchestrator"));
         c.args([

@@ -9,15 +9,22 @@
     reason = "test and benchmark code fails loudly"
 )]
 
+mod common;
+
 use orchestrator::domain::trajectory::{Segment, SegmentKind, Stage, Trajectory};
 use orchestrator::infra::db::{self, DbError, MIGRATOR};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
+/// `scripts/NAME` of the repository.
+fn script(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(name)
+}
+
 fn sql_file(name: &str) -> String {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../scripts/sql")
-        .join(name);
+    let path = script("sql").join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -866,19 +873,13 @@ async fn loop_onset_script_replays_the_rule_on_stored_tokens(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
-    let db_name: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let base = base.split('?').next().unwrap_or_default();
-    let (server, _) = base.rsplit_once('/').expect("a database URL with a path");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/loop-onset.py");
+    let url = common::database::db_url(&pool).await;
+    let script = script("loop-onset.py");
     let out = std::process::Command::new("python3")
         .arg(&script)
         .arg(run_id.to_string())
         .args(["--period", "4", "--repeats", "4,8", "--db"])
-        .arg(format!("{server}/{db_name}"))
+        .arg(&url)
         .output()
         .expect("python3 runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -911,7 +912,7 @@ async fn loop_onset_script_replays_the_rule_on_stored_tokens(pool: PgPool) {
         .arg(&script)
         .arg(run_id.to_string())
         .args(["--period", "4", "--repeats", "4,8", "--probs", "--db"])
-        .arg(format!("{server}/{db_name}"))
+        .arg(&url)
         .output()
         .expect("python3 runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -1125,14 +1126,8 @@ async fn seen_tasks_script_keeps_the_tasks_an_experiment_trained_on(pool: PgPool
             .collect::<String>(),
     )
     .unwrap();
-    let db_name: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let base = base.split('?').next().unwrap_or_default();
-    let (server, _) = base.rsplit_once('/').expect("a database URL with a path");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/seen-tasks.py");
+    let url = common::database::db_url(&pool).await;
+    let script = script("seen-tasks.py");
     let kept = |any: bool| {
         let out_file = dir
             .path()
@@ -1143,7 +1138,7 @@ async fn seen_tasks_script_keeps_the_tasks_an_experiment_trained_on(pool: PgPool
             .arg(&tasks)
             .arg(&out_file)
             .arg("--db")
-            .arg(format!("{server}/{db_name}"));
+            .arg(&url);
         if any {
             cmd.arg("--any");
         }

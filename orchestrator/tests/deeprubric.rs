@@ -216,12 +216,7 @@ async fn a_build_killed_mid_tree_continues_without_duplicates(pool: sqlx::PgPool
     let dir = tempfile::tempdir().unwrap();
     let seeds = dir.path().join("seeds.txt");
     std::fs::write(&seeds, SEEDS.join("\n")).unwrap();
-    let db_name: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let base = std::env::var("DATABASE_URL").unwrap();
-    let url = format!("{}/{db_name}", base.rsplit_once('/').unwrap().0);
+    let url = common::database::db_url(&pool).await;
     let out = dir.path().join("tasks.jsonl");
     let command = || {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_orchestrator"));

@@ -27,6 +27,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use common::database::db_url;
 use common::python::python;
 use orchestrator::domain::config::{Config, Overrides};
 use orchestrator::domain::tracking::{EndStatus, Point};
@@ -220,15 +221,6 @@ fn smoke_config(sets: &[String]) -> Config {
         },
     )
     .unwrap()
-}
-
-async fn db_url(pool: &sqlx::PgPool) -> String {
-    let db_name: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    let base = std::env::var("DATABASE_URL").unwrap();
-    format!("{}/{db_name}", base.rsplit_once('/').unwrap().0)
 }
 
 async fn record(pool: &sqlx::PgPool, run: &PlannedRun, step: i32, reward: f64) {

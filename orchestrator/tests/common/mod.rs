@@ -1,4 +1,5 @@
 pub mod browser;
+pub mod database;
 pub mod fake_deeprubric;
 pub mod fake_grader;
 pub mod fake_judge;

@@ -693,10 +693,15 @@ async fn a_trajectory_whose_scoring_failed_is_left_out_of_its_groups_statistics(
         }
     }
     // And it never reaches a train batch.
-    let (batch, stats) =
-        orchestrator::pipeline::batch::build(&pool, fx.run, 0, judge.model(), false)
-            .await
-            .unwrap();
+    let (batch, stats) = orchestrator::pipeline::batch::build(
+        &pool,
+        fx.run,
+        0,
+        judge.model(),
+        orchestrator::domain::config::CutCredit::Whole,
+    )
+    .await
+    .unwrap();
     assert_eq!(stats.failed_scoring, 2);
     assert_eq!(batch.seqs.len(), 4);
 }

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::domain::config::{CutCredit, RepetitionDetection};
 use crate::domain::trajectory::{SegmentKind, Trajectory, finish};
 use crate::infra::db::DbError;
 
@@ -29,6 +30,13 @@ pub struct BatchStats {
     /// Cut trajectories (`finish_reason` `length` or `repetition`) left out of the loss by
     /// `credit.overlong_filter` (their rewards still count in their group's advantages).
     pub overlong_filtered: usize,
+    /// Loop-stopped trajectories whose tokens before the loop were left out of the loss
+    /// (`credit.loop_tokens_only`), and the loop tokens they kept.
+    pub loop_only: usize,
+    pub loop_only_tokens: usize,
+    /// Loop-stopped trajectories in which the rule found no closing loop (a server that stops
+    /// by another rule): trained whole, as before, and counted.
+    pub loop_not_found: usize,
     pub mean_abs_advantage: [f64; 4],
     pub std_advantage: [f64; 4],
     /// Mean of `step - policy_version` over sequences (how stale the behaviour policy was).
@@ -58,6 +66,15 @@ impl BatchStats {
             (
                 "train/overlong_filtered".to_string(),
                 self.overlong_filtered as f64,
+            ),
+            ("train/loop_only".to_string(), self.loop_only as f64),
+            (
+                "train/loop_only_tokens".to_string(),
+                self.loop_only_tokens as f64,
+            ),
+            (
+                "train/loop_not_found".to_string(),
+                self.loop_not_found as f64,
             ),
         ];
         for (k, s) in crate::domain::trajectory::Stage::ALL.iter().enumerate() {
@@ -104,33 +121,33 @@ pub fn sequence(t: &Trajectory, adv: &[f64; 4], group: u32) -> wire::WireSequenc
 }
 
 /// The RL batch of a judged step. Trajectories without model tokens are left out (nothing to
-/// learn from); groups are numbered by task in stored order. `overlong_filter`: see
-/// [`assemble`].
+/// learn from); groups are numbered by task in stored order. `cut`: see [`assemble`].
 pub async fn build(
     pool: &PgPool,
     run_id: Uuid,
     step: i32,
     judge_model: &str,
-    overlong_filter: bool,
+    cut: CutCredit,
 ) -> Result<(wire::Batch, BatchStats), DbError> {
     let trajs = crate::infra::db::trajectories::list_for_step(pool, run_id, step).await?;
     let adv = crate::pipeline::judging::load_advantages(pool, run_id, step, judge_model).await?;
     let failed = crate::infra::db::judging::failed_scoring(pool, run_id, step, judge_model).await?;
-    Ok(assemble(&trajs, &adv, &failed, step, overlong_filter))
+    Ok(assemble(&trajs, &adv, &failed, step, cut))
 }
 
 /// The batch of a judged step. Left out: trajectories whose scoring failed or that have no
 /// stored advantages (never trained on as R = 0), trajectories without model tokens, with
-/// `overlong_filter` the trajectories cut by the token budget or a loop stop (`finish::is_cut`:
-/// `length`, `repetition`; their advantages were computed with them in the group, so the
-/// others' credit is unchanged), and degenerate groups (every remaining member's advantages all
-/// zero). Groups are numbered by task in stored order.
+/// [`CutCredit::Drop`] the trajectories cut by the token budget or a loop stop
+/// (`finish::is_cut`: `length`, `repetition`; their advantages were computed with them in the
+/// group, so the others' credit is unchanged), and degenerate groups (every remaining member's
+/// advantages all zero). With [`CutCredit::LoopOnly`] a loop-stopped trajectory's tokens before
+/// its loop leave the loss. Groups are numbered by task in stored order.
 pub fn assemble(
     trajs: &[Trajectory],
     adv: &HashMap<Uuid, [f64; 4]>,
     failed: &HashSet<Uuid>,
     step: i32,
-    overlong_filter: bool,
+    cut: CutCredit,
 ) -> (wire::Batch, BatchStats) {
     let mut stats = BatchStats::default();
     // Groups by task, in stored order, of the trajectories that can be trained on.
@@ -147,7 +164,7 @@ pub fn assemble(
         if t.num_model_tokens() == 0 {
             continue;
         }
-        if overlong_filter && finish::is_cut(&t.finish_reason) {
+        if cut == CutCredit::Drop && finish::is_cut(&t.finish_reason) {
             stats.overlong_filtered += 1;
             continue;
         }
@@ -173,9 +190,22 @@ pub fn assemble(
     for (t, a) in kept {
         let next = groups.len() as u32;
         let g = *groups.entry(t.task_id).or_insert(next);
-        let seq = sequence(t, &a, g);
+        let mut seq = sequence(t, &a, g);
         if seq.tokens.len() < 2 {
             continue;
+        }
+        if let CutCredit::LoopOnly(rule) = cut
+            && t.finish_reason == finish::REPETITION
+        {
+            match loop_tokens(t, &rule) {
+                Some(n) => {
+                    let start = seq.loss_mask.len() - n;
+                    seq.loss_mask[..start].fill(false);
+                    stats.loop_only += 1;
+                    stats.loop_only_tokens += n;
+                }
+                None => stats.loop_not_found += 1,
+            }
         }
         stats.sequences += 1;
         stats.tokens += seq.tokens.len();
@@ -213,6 +243,23 @@ pub fn assemble(
         seqs,
     };
     (batch, stats)
+}
+
+/// The tokens of the loop that closes a loop-stopped trajectory: the rule's span over the model
+/// tokens of its final turn (its trailing model segments, which may span stages). `None` when
+/// the trajectory does not end in model tokens closing such a loop.
+fn loop_tokens(t: &Trajectory, rule: &RepetitionDetection) -> Option<usize> {
+    let turn: Vec<u32> = {
+        let tail: Vec<&[u32]> = t
+            .segments
+            .iter()
+            .rev()
+            .take_while(|s| s.kind == SegmentKind::Model)
+            .map(|s| s.token_ids.as_slice())
+            .collect();
+        tail.into_iter().rev().flatten().copied().collect()
+    };
+    rule.loop_len(&turn)
 }
 
 #[cfg(test)]
@@ -261,7 +308,7 @@ mod tests {
         adv.insert(tc[0].id, [1.0; 4]);
         let failed: HashSet<Uuid> = [tc[0].id].into_iter().collect();
         let all: Vec<Trajectory> = ta.iter().chain(&tb).chain(&tc).cloned().collect();
-        let (batch, stats) = assemble(&all, &adv, &failed, 3, false);
+        let (batch, stats) = assemble(&all, &adv, &failed, 3, CutCredit::Whole);
         assert_eq!(batch.seqs.len(), 2, "only task a's group is trained on");
         assert!(batch.seqs.iter().all(|s| s.group_id == 0));
         assert_eq!(stats.groups, 1);
@@ -272,7 +319,7 @@ mod tests {
         assert_eq!(m["train/failed_scoring"], 2.0);
 
         // Every group degenerate: nothing to train.
-        let (batch, stats) = assemble(&tb, &adv, &HashSet::new(), 3, false);
+        let (batch, stats) = assemble(&tb, &adv, &HashSet::new(), 3, CutCredit::Whole);
         assert!(batch.seqs.is_empty());
         assert_eq!((stats.groups, stats.groups_dropped), (0, 1));
     }
@@ -296,7 +343,7 @@ mod tests {
         adv.insert(tb[1].id, [-0.5; 4]);
         let all: Vec<Trajectory> = ta.iter().chain(&tb).cloned().collect();
 
-        let (off, s_off) = assemble(&all, &adv, &HashSet::new(), 3, false);
+        let (off, s_off) = assemble(&all, &adv, &HashSet::new(), 3, CutCredit::Whole);
         assert_eq!(
             off.seqs.len(),
             5,
@@ -304,7 +351,7 @@ mod tests {
         );
         assert_eq!((s_off.overlong_filtered, s_off.groups), (0, 2));
 
-        let (on, s_on) = assemble(&all, &adv, &HashSet::new(), 3, true);
+        let (on, s_on) = assemble(&all, &adv, &HashSet::new(), 3, CutCredit::Drop);
         assert_eq!(s_on.overlong_filtered, 2);
         assert_eq!(
             s_on.groups, 1,
@@ -316,5 +363,90 @@ mod tests {
         assert!(on.seqs.iter().all(|q| q.advantages == vec![0.7f32; 4]));
         let m: HashMap<String, f64> = s_on.metrics().into_iter().collect();
         assert_eq!(m["train/overlong_filtered"], 2.0);
+    }
+
+    #[test]
+    fn loop_only_credit_keeps_a_loop_stopped_attempts_loop_and_nothing_before_it() {
+        use crate::domain::trajectory::Stage;
+        let rule = RepetitionDetection {
+            max_pattern_size: 4,
+            min_pattern_size: 1,
+            min_count: 3,
+        };
+        let model = |stage, ids: Vec<u32>| Segment {
+            kind: SegmentKind::Model,
+            stage: Some(stage),
+            logprobs: Some(vec![-0.1; ids.len()]),
+            token_ids: ids,
+            text: String::new(),
+            policy_version: Some(3),
+        };
+        let a = Uuid::now_v7();
+        // Member 0 finished. Member 1 planned, searched (tool output), then looped over a
+        // 2-token block three times in a final turn whose segments span Research and Answer.
+        // Member 2 was cut by the budget. Member 3 was stopped by a server whose rule this is
+        // not (no closing loop found).
+        let mut t = [traj(a), traj(a), traj(a), traj(a)];
+        t[1].finish_reason = finish::REPETITION.into();
+        t[1].segments = vec![
+            model(Stage::Plan, vec![10, 11, 12]),
+            Segment {
+                kind: SegmentKind::ToolOutput,
+                stage: None,
+                token_ids: vec![20, 21],
+                logprobs: None,
+                text: String::new(),
+                policy_version: None,
+            },
+            model(Stage::Research, vec![13, 7, 8, 7]),
+            model(Stage::Answer, vec![8, 7, 8]),
+        ];
+        t[2].finish_reason = finish::LENGTH.into();
+        t[3].finish_reason = finish::REPETITION.into();
+        let mut adv = HashMap::new();
+        for (x, v) in t.iter().zip([1.5, -1.0, -0.5, 0.0]) {
+            adv.insert(x.id, [v; 4]);
+        }
+        let (whole, s_whole) = assemble(&t, &adv, &HashSet::new(), 3, CutCredit::Whole);
+        let (looped, s_loop) = assemble(&t, &adv, &HashSet::new(), 3, CutCredit::LoopOnly(rule));
+        // prompt 2 + plan 3 + tool 2 + research 4 + answer 3
+        let mask = |b: &wire::Batch| b.seqs[1].loss_mask.clone();
+        let (f, tr) = (false, true);
+        assert_eq!(
+            mask(&whole),
+            [f, f, tr, tr, tr, f, f, tr, tr, tr, tr, tr, tr, tr]
+        );
+        assert_eq!(
+            mask(&looped),
+            [f, f, f, f, f, f, f, f, tr, tr, tr, tr, tr, tr],
+            "the six loop tokens (7 8 x 3) only, across the stage boundary"
+        );
+        // The loop's tokens keep their own stages' advantages.
+        assert_eq!(looped.seqs[1].advantages, vec![-1.0f32; 4]);
+        assert_eq!(looped.seqs[1].stages, whole.seqs[1].stages);
+        // Everything else as without it: the finished member, the budget cut, and the loop the
+        // rule does not find (trained whole and counted).
+        for k in [0, 2, 3] {
+            assert_eq!(looped.seqs[k], whole.seqs[k], "member {k}");
+        }
+        assert_eq!((s_whole.loop_only, s_whole.loop_not_found), (0, 0));
+        assert_eq!(
+            (
+                s_loop.loop_only,
+                s_loop.loop_only_tokens,
+                s_loop.loop_not_found
+            ),
+            (1, 6, 1)
+        );
+        assert_eq!(s_loop.loss_tokens, s_whole.loss_tokens - 4);
+        let m: HashMap<String, f64> = s_loop.metrics().into_iter().collect();
+        assert_eq!(
+            (
+                m["train/loop_only"],
+                m["train/loop_only_tokens"],
+                m["train/loop_not_found"]
+            ),
+            (1.0, 6.0, 1.0)
+        );
     }
 }

@@ -129,8 +129,9 @@ pub struct Pipeline {
     pub admission: Option<Arc<Admission>>,
     pub judge: Arc<dyn Judge>,
     pub judge_opts: StepOptions,
-    /// `credit.overlong_filter`: budget-cut trajectories are left out of the loss.
-    pub overlong_filter: bool,
+    /// What cut trajectories put in the loss (`credit.overlong_filter`,
+    /// `credit.loop_tokens_only`).
+    pub cut_credit: crate::domain::config::CutCredit,
     /// The judge's endpoints, for messages (`lexical` for the offline judge).
     pub judge_url: String,
     /// `judge.max_failure_rate`: the circuit breaker of each step's scoring calls.

@@ -366,7 +366,7 @@ pub async fn pipeline(
             research_evidence: cfg.judge.research_evidence,
             ..StepOptions::for_recipe(recipe, cfg.credit.lambda, cfg.credit.citation)
         },
-        overlong_filter: cfg.credit.overlong_filter,
+        cut_credit: cfg.cut_credit(),
         judge_url: if cfg.judge.urls.is_empty() {
             cfg.judge.kind.as_str().to_string()
         } else {

@@ -520,6 +520,18 @@ pub struct CreditConfig {
     /// uses it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub overlong_filter: bool,
+    /// An attempt stopped in a loop (`finish_reason` `repetition`) keeps only the loop's tokens
+    /// (the copies `rollout.repetition_detection` stopped it on) in the loss; its tokens before
+    /// the loop leave it. Its reward still counts in its group, and its advantage (negative when
+    /// it scored below the group) then lands on the loop alone, not on the plan, searches and
+    /// review before it, where 92% of what a policy gradient can move sat in session 47's
+    /// measurement (BENCHMARKS, issue 25). Budget cuts are trained whole. Counted per step as
+    /// `train/loop_only` (and `train/loop_only_tokens`; `train/loop_not_found` when the rule
+    /// finds no closing loop, trained whole). Needs `rollout.repetition_detection`; not with
+    /// `overlong_filter`, which leaves the whole attempt out. Off by default (no paper does
+    /// this).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub loop_tokens_only: bool,
 }
 
 impl JudgeConfig {
@@ -670,6 +682,39 @@ impl RepetitionDetection {
             self.max_pattern_size as usize,
             self.min_count as usize,
         )
+    }
+}
+
+/// What a cut attempt (`finish::is_cut`: stopped by the token budget or in a loop) puts in the
+/// loss. Its reward always counts in its group's advantages; this decides which of its own
+/// tokens carry that advantage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CutCredit {
+    /// Every model token, as a finished attempt's (the papers').
+    #[default]
+    Whole,
+    /// None: cut attempts are left out of the loss (`credit.overlong_filter`, DAPO's overlong
+    /// filtering).
+    Drop,
+    /// An attempt stopped in a loop (`repetition`) keeps only the loop's tokens (the copies
+    /// this rule stopped it on) in the loss, so its advantage lands on the loop, not on the
+    /// plan, searches and review before it (`credit.loop_tokens_only`). Budget cuts keep every
+    /// token.
+    LoopOnly(RepetitionDetection),
+}
+
+impl Config {
+    /// What a cut attempt puts in the loss, from `credit` and the loop rule.
+    pub fn cut_credit(&self) -> CutCredit {
+        match (
+            self.credit.overlong_filter,
+            self.credit.loop_tokens_only,
+            self.rollout.repetition_detection,
+        ) {
+            (true, _, _) => CutCredit::Drop,
+            (false, true, Some(rule)) => CutCredit::LoopOnly(rule),
+            _ => CutCredit::Whole,
+        }
     }
 }
 

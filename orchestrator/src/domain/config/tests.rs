@@ -637,3 +637,47 @@ fn overlong_filtering_is_off_in_every_preset_and_set_by_override() {
     let err = Config::load("smoke", &bad).unwrap_err().to_string();
     assert!(err.contains("overlong_filter"), "{err}");
 }
+
+#[test]
+fn loop_tokens_only_is_off_in_every_preset_needs_the_loop_stop_and_excludes_the_filter() {
+    for (name, _) in PRESETS {
+        let c = Config::load(name, &Overrides::default()).unwrap();
+        assert!(!c.credit.loop_tokens_only, "{name}");
+        assert_eq!(c.cut_credit(), CutCredit::Whole, "{name}");
+        let text = toml::to_string(&c.credit).unwrap();
+        assert!(!text.contains("loop_tokens_only"), "{name}: {text}");
+    }
+    let rule = "rollout.repetition_detection={max_pattern_size=32,min_count=16}";
+    let c = smoke_with(&[rule, "credit.loop_tokens_only=true"]).unwrap();
+    assert_eq!(
+        c.cut_credit(),
+        CutCredit::LoopOnly(RepetitionDetection {
+            max_pattern_size: 32,
+            min_pattern_size: 1,
+            min_count: 16,
+        })
+    );
+    let c = smoke_with(&[rule, "credit.overlong_filter=true"]).unwrap();
+    assert_eq!(c.cut_credit(), CutCredit::Drop);
+    let c = smoke_with(&[rule]).unwrap();
+    assert_eq!(c.cut_credit(), CutCredit::Whole);
+
+    let err = smoke_with(&["credit.loop_tokens_only=true"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("credit.loop_tokens_only") && err.contains("repetition_detection"),
+        "{err}"
+    );
+    let err = smoke_with(&[
+        rule,
+        "credit.loop_tokens_only=true",
+        "credit.overlong_filter=true",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("credit.loop_tokens_only") && err.contains("overlong_filter"),
+        "{err}"
+    );
+}

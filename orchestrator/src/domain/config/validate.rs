@@ -302,6 +302,18 @@ impl Config {
             "true without rollout.repetition_detection",
             "false unless rollout.repetition_detection is set (it answers after a loop stop)",
         )?;
+        check(
+            !self.credit.loop_tokens_only || ro.repetition_detection.is_some(),
+            "credit.loop_tokens_only",
+            "true without rollout.repetition_detection",
+            "false unless rollout.repetition_detection is set (it finds the loop with that rule)",
+        )?;
+        check(
+            !(self.credit.loop_tokens_only && self.credit.overlong_filter),
+            "credit.loop_tokens_only",
+            "true with credit.overlong_filter",
+            "one of the two (the filter leaves loop-stopped attempts out of the loss whole)",
+        )?;
         self.validate_eval()?;
         self.validate_tracking()
     }

@@ -1168,3 +1168,142 @@ async fn seen_tasks_script_keeps_the_tasks_an_experiment_trained_on(pool: PgPool
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not a UUID"));
 }
+
+/// `scripts/seen-task-probe.py --summary` compares probes' version-0 `seen` evaluations with the
+/// first, paired over tasks (per-task means over samples); other versions and subsets are not
+/// read.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn seen_task_probe_summary_pairs_each_probe_with_the_reference_over_tasks(pool: PgPool) {
+    let t = [
+        task(&pool, "t1").await,
+        task(&pool, "t2").await,
+        task(&pool, "t3").await,
+    ];
+    // Per probe, per task: two samples' (score, exact).
+    type Samples = [(f64, Option<bool>); 2];
+    let (f, tr) = (Some(false), Some(true));
+    let probes: [(&str, [Samples; 3]); 3] = [
+        (
+            "ref",
+            [
+                [(0.2, f), (0.4, tr)],
+                [(0.5, None), (0.5, None)],
+                [(0.0, f), (0.2, f)],
+            ],
+        ),
+        (
+            "new",
+            [
+                [(0.6, tr), (0.4, tr)],
+                [(0.5, None), (0.7, None)],
+                [(0.2, f), (0.2, tr)],
+            ],
+        ),
+        (
+            "same",
+            [
+                [(0.2, f), (0.4, tr)],
+                [(0.5, None), (0.5, None)],
+                [(0.0, f), (0.2, f)],
+            ],
+        ),
+    ];
+    let mut args = Vec::new();
+    for (label, samples) in probes {
+        let run_id = run(&pool, label).await;
+        let exp: Uuid = sqlx::query_scalar("SELECT experiment_id FROM runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        args.push(format!("{label}={exp}"));
+        // Version 0 of `seen` is read; version 1 and another subset at version 0 (all 1.0) not.
+        for (version, subset, all_one) in [(0, "seen", false), (1, "seen", true), (0, "x", true)] {
+            let results: Vec<db::evaluations::ResultRow> = samples
+                .iter()
+                .zip(t)
+                .flat_map(|(s, task_id)| {
+                    s.iter().enumerate().map(move |(i, &(score, exact))| {
+                        db::evaluations::ResultRow {
+                            task_id,
+                            sample_index: i as i32,
+                            finish_reason: "stop".into(),
+                            answer: None,
+                            parsed: serde_json::json!({}),
+                            num_model_tokens: 10,
+                            tool_calls: 1,
+                            parse_failed: false,
+                            score: Some(if all_one { 1.0 } else { score }),
+                            rubric_scores: serde_json::json!([]),
+                            exact,
+                            error: None,
+                        }
+                    })
+                })
+                .collect();
+            let summary = db::evaluations::EvalRow {
+                run_id,
+                policy_version: version,
+                subset: subset.into(),
+                judge_model: "lexical-v1".into(),
+                tasks: 3,
+                samples: 2,
+                score: None,
+                exact: None,
+                judged: 6,
+                failed: 0,
+                parse_failures: 0,
+                model_tokens: 60,
+                judge_cost_usd: 0.0,
+                seconds: 1.0,
+            };
+            db::evaluations::record(&pool, &summary, &results)
+                .await
+                .unwrap();
+        }
+    }
+    let url = common::database::db_url(&pool).await;
+    let script = script("seen-task-probe.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg("--db")
+        .arg(&url)
+        .arg("--summary")
+        .args(&args)
+        .output()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Score: reference 1.8/6, new 2.6/6; per-task changes +0.2, +0.1, +0.1 (mean 0.133, sd
+    // 0.0577, s.e. 0.0333). Exact over known answers (t1, t3): 1/4 and 3/4, per-task +0.5, +0.5.
+    assert!(text.contains("Tasks scored: 3 (reference: ref)"), "{text}");
+    assert!(text.contains("| ref | "), "{text}");
+    assert!(
+        text.contains("| 0.4333 | +0.133 ± 0.033 (3 tasks) | 0.750 | +0.500 ± 0.000 |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| 0.3000 | +0.000 ± 0.000 (3 tasks) | 0.250 | +0.000 ± 0.000 |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Score change over 2 runs: +0.067 ± 0.094 (mean ± sd)"),
+        "{text}"
+    );
+
+    let bad = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["--summary", "ref=not-a-uuid"])
+        .output()
+        .expect("python3 runs");
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("ref=not-a-uuid: 'not-a-uuid' is not a UUID"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}

@@ -21,8 +21,10 @@ stop ended, finish reason `repetition`), split into the tokens before the loop's
 the first copy, and the later copies, and prints their mean p and mean 1 - p. A policy
 gradient reaches a sampled token's logit scaled by 1 - p, so 1 - p near 0 over the copies says
 that a negative reward cannot unlearn the loop there: only the tokens where it begins can move.
+With --by-step K it also prints, per K training steps, the share of attempts that loop and the
+mean p of the three regions, to see whether training moves the loop's onset.
 
-  usage: loop-onset.py RUN [RUN ...] [--period 32] [--repeats 4,8,16] [--probs]
+  usage: loop-onset.py RUN [RUN ...] [--period 32] [--repeats 4,8,16] [--probs [--by-step K]]
          [--db postgres://postgres@127.0.0.1:5432/rubricem]
 
 Needs psql on PATH (one query over validated UUIDs). Standard library only.
@@ -76,7 +78,7 @@ def prob_regions(t, max_period, repeats):
 def load(db, runs):
     ids = ",".join(f"'{r}'" for r in runs)
     sql = f"""
-        SELECT t.id, t.finish_reason,
+        SELECT t.id, t.step, t.finish_reason,
                coalesce((SELECT max(w.reward) FROM trajectory_rewards w
                          WHERE w.trajectory_id = t.id)::text, ''),
                s.ordinal, s.kind, array_to_string(s.token_ids, ' '),
@@ -88,8 +90,8 @@ def load(db, runs):
                          capture_output=True, text=True).stdout
     trajs = {}
     for line in out.splitlines():
-        tid, finish, reward, _, kind, toks, logprobs = line.split("\t")
-        t = trajs.setdefault(tid, {"finish": finish,
+        tid, step, finish, reward, _, kind, toks, logprobs = line.split("\t")
+        t = trajs.setdefault(tid, {"finish": finish, "step": int(step),
                                    "reward": float(reward) if reward else None,
                                    "turns": [[]], "probs": [[]]})
         if kind == "model":
@@ -108,6 +110,8 @@ def main():
     ap.add_argument("--repeats", default="4,8,16", help="comma-separated repeat counts")
     ap.add_argument("--probs", action="store_true",
                     help="also print the sampled tokens' probabilities before and in the loops")
+    ap.add_argument("--by-step", type=int, metavar="K",
+                    help="with --probs: also per K training steps (does the loop's onset fall?)")
     ap.add_argument("--db", default="postgres://postgres@127.0.0.1:5432/rubricem")
     a = ap.parse_args()
     try:
@@ -118,6 +122,8 @@ def main():
         repeats = [int(x) for x in a.repeats.split(",")]
     except ValueError:
         sys.exit(f"loop-onset: --repeats = {a.repeats!r}; expected integers such as 4,8,16")
+    if a.by_step is not None and not (a.probs and 1 <= a.by_step <= 10_000):
+        sys.exit(f"loop-onset: --by-step = {a.by_step}; allowed: 1 to 10000, with --probs")
     if not 1 <= a.period <= 512 or any(r < 2 or r > 1000 for r in repeats):
         sys.exit(f"loop-onset: --period = {a.period} (allowed 1-512), --repeats = {a.repeats} "
                  "(each allowed 2-1000)")
@@ -126,7 +132,7 @@ def main():
         sys.exit(f"loop-onset: no trajectories with segments for {', '.join(runs)}")
     size = {id(t): sum(len(x) for x in t["turns"]) for t in trajs}
     if a.probs:
-        print_probs(trajs, a.period, max(repeats))
+        print_probs(trajs, a.period, max(repeats), a.by_step)
     cut = [t for t in trajs if t["finish"] == "length"]
     rest = [t for t in trajs if t["finish"] != "length"]
     all_tokens = sum(size.values())
@@ -153,7 +159,11 @@ def main():
               f"{len(false_stops)} / {len(rest)} ({rewarded}) |")
 
 
-def print_probs(trajs, max_period, repeats):
+def mean_or_nan(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def print_probs(trajs, max_period, repeats, by_step=None):
     regions = [r for r in (prob_regions(t, max_period, repeats) for t in trajs) if r]
     if not regions:
         print(f"no attempt loops {repeats} times within a period of {max_period}")
@@ -169,6 +179,23 @@ def print_probs(trajs, max_period, repeats):
         mean = sum(xs) / len(xs) if xs else float("nan")
         print(f"| {name} | {len(xs)} | {mean:.3f} | {1 - mean:.3f} | "
               f"{mass[k] / max(sum(mass), 1e-12):.3f} |")
+    if by_step is None:
+        return
+    print(f"\nPer {by_step} training steps: attempts that loop, and the sampled tokens' mean p")
+    print("| steps | attempts | looping | before the loop | first copy | later copies |")
+    print("|---|---|---|---|---|---|")
+    bins = {}
+    for t in trajs:
+        b = bins.setdefault(t["step"] // by_step, [0, []])
+        b[0] += 1
+        r = prob_regions(t, max_period, repeats)
+        if r:
+            b[1].append(r)
+    for k in sorted(bins):
+        n, rs = bins[k]
+        ps = [f"{mean_or_nan([x for r in rs for x in r[j]]):.3f}" for j in range(3)]
+        print(f"| {k * by_step}-{(k + 1) * by_step - 1} | {n} | {len(rs)} ({len(rs) / n:.2f}) | "
+              f"{' | '.join(ps)} |")
 
 
 if __name__ == "__main__":

@@ -911,7 +911,16 @@ async fn loop_onset_script_replays_the_rule_on_stored_tokens(pool: PgPool) {
     let out = std::process::Command::new("python3")
         .arg(&script)
         .arg(run_id.to_string())
-        .args(["--period", "4", "--repeats", "4,8", "--probs", "--db"])
+        .args([
+            "--period",
+            "4",
+            "--repeats",
+            "4,8",
+            "--probs",
+            "--by-step",
+            "2",
+        ])
+        .arg("--db")
         .arg(&url)
         .output()
         .expect("python3 runs");
@@ -922,6 +931,8 @@ async fn loop_onset_script_replays_the_rule_on_stored_tokens(pool: PgPool) {
         "| before the loop | 3 | 0.998 | 0.002 | 0.048 |",
         "| the loop's first copy | 2 | 0.993 | 0.007 | 0.119 |",
         "| the later copies | 14 | 0.993 | 0.007 | 0.833 |",
+        // --by-step 2: all three attempts are of step 0, one of them loops 8 times.
+        "| 0-1 | 3 | 1 (0.33) | 0.998 | 0.993 | 0.993 |",
     ] {
         assert!(stdout.contains(row), "{row}\n{stdout}");
     }
@@ -933,6 +944,18 @@ async fn loop_onset_script_replays_the_rule_on_stored_tokens(pool: PgPool) {
     assert!(!bad.status.success());
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("--repeats = 1"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let bad = std::process::Command::new("python3")
+        .arg(&script)
+        .args([&run_id.to_string(), "--by-step", "2"])
+        .output()
+        .expect("python3 runs");
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr)
+            .contains("--by-step = 2; allowed: 1 to 10000, with --probs"),
         "{}",
         String::from_utf8_lossy(&bad.stderr)
     );

@@ -23,6 +23,18 @@ fn script(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
+/// Runs a script that must refuse its arguments, and checks that its message says `message`.
+fn assert_refused(script: &std::path::Path, args: &[&str], message: &str) {
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted {args:?}: {stderr}");
+    assert!(stderr.contains(message), "{message:?} not in: {stderr}");
+}
+
 fn sql_file(name: &str) -> String {
     let path = script("sql").join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -936,28 +948,12 @@ async fn loop_onset_script_replays_the_rule_on_stored_tokens(pool: PgPool) {
     ] {
         assert!(stdout.contains(row), "{row}\n{stdout}");
     }
-    let bad = std::process::Command::new("python3")
-        .arg(&script)
-        .args([&run_id.to_string(), "--repeats", "1"])
-        .output()
-        .expect("python3 runs");
-    assert!(!bad.status.success());
-    assert!(
-        String::from_utf8_lossy(&bad.stderr).contains("--repeats = 1"),
-        "{}",
-        String::from_utf8_lossy(&bad.stderr)
-    );
-    let bad = std::process::Command::new("python3")
-        .arg(&script)
-        .args([&run_id.to_string(), "--by-step", "2"])
-        .output()
-        .expect("python3 runs");
-    assert!(!bad.status.success());
-    assert!(
-        String::from_utf8_lossy(&bad.stderr)
-            .contains("--by-step = 2; allowed: 1 to 10000, with --probs"),
-        "{}",
-        String::from_utf8_lossy(&bad.stderr)
+    let id = run_id.to_string();
+    assert_refused(&script, &[&id, "--repeats", "1"], "--repeats = 1");
+    assert_refused(
+        &script,
+        &[&id, "--by-step", "2"],
+        "--by-step = 2; allowed: 1 to 10000, with --probs",
     );
 }
 
@@ -1183,13 +1179,7 @@ async fn seen_tasks_script_keeps_the_tasks_an_experiment_trained_on(pool: PgPool
         ["\"t1\"", "\"t2\"", "\"t3\""],
         "by either run, in file order"
     );
-    let bad = std::process::Command::new("python3")
-        .arg(&script)
-        .args(["not-a-uuid", "a", "b"])
-        .output()
-        .expect("python3 runs");
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a UUID"));
+    assert_refused(&script, &["not-a-uuid", "a", "b"], "not a UUID");
 }
 
 /// `scripts/seen-task-probe.py --summary` compares probes' version-0 `seen` evaluations with the
@@ -1318,15 +1308,9 @@ async fn seen_task_probe_summary_pairs_each_probe_with_the_reference_over_tasks(
         "{text}"
     );
 
-    let bad = std::process::Command::new("python3")
-        .arg(&script)
-        .args(["--summary", "ref=not-a-uuid"])
-        .output()
-        .expect("python3 runs");
-    assert!(!bad.status.success());
-    assert!(
-        String::from_utf8_lossy(&bad.stderr).contains("ref=not-a-uuid: 'not-a-uuid' is not a UUID"),
-        "{}",
-        String::from_utf8_lossy(&bad.stderr)
+    assert_refused(
+        &script,
+        &["--summary", "ref=not-a-uuid"],
+        "ref=not-a-uuid: 'not-a-uuid' is not a UUID",
     );
 }

@@ -26,11 +26,9 @@ rollout.repetition_detection, ...); the probe's step count, seeds, recipe, train
 evaluation sets are the probe's. Needs psql on PATH; standard library only.
 """
 import argparse
-import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys

@@ -23,6 +23,55 @@ fn script(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
+/// An evaluation result of `task_id`'s sample with the given score and exact match (a stopped
+/// answer, one tool call, no rubric items); callers set other fields with `..`.
+fn result_row(
+    task_id: Uuid,
+    sample_index: i32,
+    score: Option<f64>,
+    exact: Option<bool>,
+) -> db::evaluations::ResultRow {
+    db::evaluations::ResultRow {
+        task_id,
+        sample_index,
+        finish_reason: "stop".into(),
+        answer: None,
+        parsed: serde_json::json!({}),
+        num_model_tokens: 10,
+        tool_calls: 1,
+        parse_failed: false,
+        score,
+        rubric_scores: serde_json::json!([]),
+        exact,
+        error: None,
+    }
+}
+
+/// An evaluation summary of `run_id` at `version` on `subset` with the given counts.
+fn eval_row(
+    run_id: Uuid,
+    version: i32,
+    subset: &str,
+    (tasks, samples, judged, failed): (i32, i32, i32, i32),
+) -> db::evaluations::EvalRow {
+    db::evaluations::EvalRow {
+        run_id,
+        policy_version: version,
+        subset: subset.into(),
+        judge_model: "lexical-v1".into(),
+        tasks,
+        samples,
+        score: None,
+        exact: None,
+        judged,
+        failed,
+        parse_failures: 0,
+        model_tokens: 10 * i64::from(tasks * samples),
+        judge_cost_usd: 0.0,
+        seconds: 1.0,
+    }
+}
+
 /// Runs a script that must refuse its arguments, and checks that its message says `message`.
 fn assert_refused(script: &std::path::Path, args: &[&str], message: &str) {
     let out = std::process::Command::new("python3")
@@ -764,37 +813,14 @@ async fn sql_eval_by_hops(pool: PgPool) {
             .into_iter()
             .map(
                 |(task_id, finish, score, exact, calls, items)| db::evaluations::ResultRow {
-                    task_id,
-                    sample_index: 0,
                     finish_reason: finish.into(),
-                    answer: None,
-                    parsed: serde_json::json!({}),
-                    num_model_tokens: 10,
                     tool_calls: calls,
-                    parse_failed: false,
-                    score,
                     rubric_scores: serde_json::Value::Array(items),
-                    exact,
-                    error: None,
+                    ..result_row(task_id, 0, score, exact)
                 },
             )
             .collect();
-        let summary = db::evaluations::EvalRow {
-            run_id,
-            policy_version: version,
-            subset: "held-out".into(),
-            judge_model: "lexical-v1".into(),
-            tasks: 4,
-            samples: 1,
-            score: None,
-            exact: None,
-            judged: 3,
-            failed: 1,
-            parse_failures: 0,
-            model_tokens: 40,
-            judge_cost_usd: 0.0,
-            seconds: 1.0,
-        };
+        let summary = eval_row(run_id, version, "held-out", (4, 1, 3, 1));
         db::evaluations::record(&pool, &summary, &results)
             .await
             .unwrap();
@@ -1237,39 +1263,16 @@ async fn seen_task_probe_summary_pairs_each_probe_with_the_reference_over_tasks(
                 .zip(t)
                 .flat_map(|(s, task_id)| {
                     s.iter().enumerate().map(move |(i, &(score, exact))| {
-                        db::evaluations::ResultRow {
+                        result_row(
                             task_id,
-                            sample_index: i as i32,
-                            finish_reason: "stop".into(),
-                            answer: None,
-                            parsed: serde_json::json!({}),
-                            num_model_tokens: 10,
-                            tool_calls: 1,
-                            parse_failed: false,
-                            score: Some(if all_one { 1.0 } else { score }),
-                            rubric_scores: serde_json::json!([]),
+                            i as i32,
+                            Some(if all_one { 1.0 } else { score }),
                             exact,
-                            error: None,
-                        }
+                        )
                     })
                 })
                 .collect();
-            let summary = db::evaluations::EvalRow {
-                run_id,
-                policy_version: version,
-                subset: subset.into(),
-                judge_model: "lexical-v1".into(),
-                tasks: 3,
-                samples: 2,
-                score: None,
-                exact: None,
-                judged: 6,
-                failed: 0,
-                parse_failures: 0,
-                model_tokens: 60,
-                judge_cost_usd: 0.0,
-                seconds: 1.0,
-            };
+            let summary = eval_row(run_id, version, subset, (3, 2, 6, 0));
             db::evaluations::record(&pool, &summary, &results)
                 .await
                 .unwrap();

@@ -249,16 +249,15 @@ pub fn assemble(
 /// tokens of its final turn (its trailing model segments, which may span stages). `None` when
 /// the trajectory does not end in model tokens closing such a loop.
 fn loop_tokens(t: &Trajectory, rule: &RepetitionDetection) -> Option<usize> {
-    let turn: Vec<u32> = {
-        let tail: Vec<&[u32]> = t
-            .segments
-            .iter()
-            .rev()
-            .take_while(|s| s.kind == SegmentKind::Model)
-            .map(|s| s.token_ids.as_slice())
-            .collect();
-        tail.into_iter().rev().flatten().copied().collect()
-    };
+    let start = t
+        .segments
+        .iter()
+        .rposition(|s| s.kind != SegmentKind::Model)
+        .map_or(0, |i| i + 1);
+    let turn: Vec<u32> = t.segments[start..]
+        .iter()
+        .flat_map(|s| s.token_ids.iter().copied())
+        .collect();
     rule.loop_len(&turn)
 }
 

@@ -698,7 +698,7 @@ async fn a_trajectory_whose_scoring_failed_is_left_out_of_its_groups_statistics(
         fx.run,
         0,
         judge.model(),
-        orchestrator::domain::config::CutCredit::Whole,
+        orchestrator::domain::config::CutCredit::Whole.into(),
     )
     .await
     .unwrap();

@@ -116,6 +116,7 @@ fn main() {
         let (url, _state) = serve(&dir, 1 << 17).await;
         let n = 16_384;
         let batch = wire::Batch { policy_version: 0, rl: true, seqs: (0..256).map(|i| wire::WireSequence {
+            unlikelihood: Vec::new(),
             tokens: (0..n).map(|k| ((i * 7 + k) % 500) as u32).collect(),
             loss_mask: (0..n).map(|k| k % 3 != 0).collect(),
             stages: (0..n).map(|k| (k * 4 / n) as i8).collect(),

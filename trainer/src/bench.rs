@@ -83,6 +83,7 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
         .map(|r| {
             let n = spec.seq_len;
             Sequence {
+                unlikelihood: Vec::new(),
                 tokens: (0..n)
                     .map(|t| ((t * 7919 + r * 104729) as i64) % vocab)
                     .collect(),

@@ -1,7 +1,8 @@
 //! Losses as pure functions of tensors: chunked token log-probs, the clipped policy loss with
 //! per-token advantages (SS-GRPO from per-stage advantages and per-token stage indices, or one
 //! sequence advantage for GRPO), KL3 to the reference, truncated importance weights against
-//! behaviour log-probs, aggregation weights, and the masked SFT cross-entropy.
+//! behaviour log-probs, aggregation weights, the unlikelihood term on marked tokens, and the
+//! masked SFT cross-entropy.
 
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
@@ -46,6 +47,9 @@ pub struct PolicyLossConfig {
     /// Truncated importance weight min(π_old/π_behaviour, C) per token; None = off.
     pub tis_clamp: Option<f64>,
     pub aggregation: Aggregation,
+    /// Coefficient of [`unlikelihood`] on the tokens a sequence marks (a loop's repeated
+    /// copies); 0 = off.
+    pub unlikelihood: f64,
 }
 
 impl Default for PolicyLossConfig {
@@ -56,6 +60,7 @@ impl Default for PolicyLossConfig {
             kl_coef: 0.001,
             tis_clamp: Some(2.0),
             aggregation: Aggregation::TokenMean,
+            unlikelihood: 0.0,
         }
     }
 }
@@ -71,6 +76,12 @@ impl PolicyLossConfig {
         }
         if !(0.0..=10.0).contains(&self.kl_coef) {
             return bad(format!("kl_coef = {}; allowed: [0, 10]", self.kl_coef));
+        }
+        if !(0.0..=10.0).contains(&self.unlikelihood) {
+            return bad(format!(
+                "unlikelihood = {}; allowed: [0, 10]",
+                self.unlikelihood
+            ));
         }
         if let Some(c) = self.tis_clamp
             && (c.is_nan() || c < 1.0)
@@ -232,6 +243,18 @@ pub fn policy_terms(
     }
 }
 
+/// Floor on 1 − p in [`unlikelihood`]: −log(1 − p) is at most −ln(1e-5) ≈ 11.5, and a token
+/// already at p > 1 − 1e-5 gets no gradient (Welleck et al. clamp the same way).
+pub const UNLIKELIHOOD_FLOOR: f64 = 1e-5;
+
+/// The unlikelihood term per token, −log(max(1 − p, floor)) with p = exp(`logp`) (Welleck et
+/// al. 2020). 1 − p is taken as −expm1(log p), exact as p nears 1. Its gradient in log p is
+/// p / (1 − p), so through the softmax it moves the token's logit by −p: the more certain
+/// the token, the harder the push, where a policy gradient's push, |A|·(1 − p), vanishes.
+pub fn unlikelihood(logp: &Tensor) -> Tensor {
+    -(-logp.expm1()).clamp_min(UNLIKELIHOOD_FLOOR).log()
+}
+
 /// Masked SFT cross-entropy: mean −log p over counted tokens (tool outputs and prompts masked).
 pub fn sft_loss(logp: &Tensor, mask: &Tensor) -> Tensor {
     let mask = mask.to_kind(Kind::Float);
@@ -279,6 +302,30 @@ mod tests {
                 assert_eq!(a, 0.0, "position {i} is not kept");
             }
         }
+    }
+
+    #[test]
+    fn unlikelihood_is_minus_log_one_minus_p_with_gradient_p_over_one_minus_p() {
+        let p = [0.1f64, 0.5, 0.95, 0.999];
+        let logp = Tensor::from_slice(&p.map(f64::ln))
+            .to_kind(Kind::Double)
+            .set_requires_grad(true);
+        let u = unlikelihood(&logp);
+        u.sum(Kind::Double).backward();
+        let got = Vec::<f64>::try_from(&u.detach()).unwrap();
+        let grad = Vec::<f64>::try_from(&logp.grad()).unwrap();
+        for (k, &p) in p.iter().enumerate() {
+            assert!((got[k] + (1.0 - p).ln()).abs() < 1e-9, "p {p}: {}", got[k]);
+            let want = p / (1.0 - p);
+            assert!((grad[k] - want).abs() < 1e-6 * want, "p {p}: {}", grad[k]);
+        }
+        // At the floor the value is capped and the gradient is 0.
+        let logp = Tensor::from_slice(&[-1e-9f64]).set_requires_grad(true);
+        let u = unlikelihood(&logp);
+        u.sum(Kind::Double).backward();
+        let v = u.double_value(&[0]);
+        assert!((v + UNLIKELIHOOD_FLOOR.ln()).abs() < 1e-9, "{v}");
+        assert_eq!(logp.grad().double_value(&[0]), 0.0);
     }
 
     #[test]

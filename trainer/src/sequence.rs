@@ -14,6 +14,10 @@ pub struct Sequence {
     pub tokens: Vec<i64>,
     /// Token t counts in the loss (model-generated tokens; prompts and tool outputs do not).
     pub loss_mask: Vec<bool>,
+    /// Token t (a counted one) also carries the unlikelihood term (`loss::unlikelihood`, scaled
+    /// by the loss config's `unlikelihood`): a repeated copy of a loop. Empty: no token does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unlikelihood: Vec<bool>,
     /// Stage of token t (0..K), or -1 where it has none.
     #[serde(default)]
     pub stages: Vec<i8>,
@@ -51,6 +55,7 @@ impl Sequence {
         Self {
             tokens,
             loss_mask,
+            unlikelihood: Vec::new(),
             stages: Vec::new(),
             behaviour_logprobs: Vec::new(),
             advantages: Vec::new(),
@@ -81,6 +86,19 @@ impl Sequence {
         }
         if self.loss_mask[0] {
             return bad("the first token cannot count in the loss (nothing predicts it)".into());
+        }
+        if !self.unlikelihood.is_empty() {
+            if self.unlikelihood.len() != n {
+                return bad(format!(
+                    "{} unlikelihood entries for {n} tokens (or none)",
+                    self.unlikelihood.len()
+                ));
+            }
+            if let Some(t) = (0..n).find(|&t| self.unlikelihood[t] && !self.loss_mask[t]) {
+                return bad(format!(
+                    "token {t} carries unlikelihood but does not count in the loss"
+                ));
+            }
         }
         let vocab = limits.vocab;
         if let Some(t) = self.tokens.iter().find(|&&t| t < 0 || t >= vocab) {

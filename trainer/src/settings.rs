@@ -64,6 +64,7 @@ pub fn resolve(s: &TrainSettings) -> Result<Resolved, SettingsError> {
         clip_high: s.clip_high,
         kl_coef: s.kl_beta,
         tis_clamp: (s.tis_cap > 0.0).then_some(s.tis_cap),
+        unlikelihood: s.loop_unlikelihood,
         aggregation: match s.loss_aggregation {
             LossAggregation::TokenMean => Aggregation::TokenMean,
             LossAggregation::SequenceMean => Aggregation::SequenceMean,
@@ -180,6 +181,7 @@ pub fn from_config(train: &TrainConfig, lora: Option<&LoraConfig>) -> TrainSetti
         clip_low: l.clip_low,
         clip_high: l.clip_high,
         tis_cap: l.tis_clamp.unwrap_or(0.0),
+        loop_unlikelihood: l.unlikelihood,
         loss_aggregation,
         aggregation_constant,
         finetune,
@@ -228,6 +230,12 @@ mod tests {
         assert_eq!(r.train.loss.aggregation, Aggregation::Constant(4096.0));
         assert_eq!(r.train.optim.schedule, Schedule::Warmup { steps: 5 });
         assert_eq!(r.train.minibatches_per_step, 4);
+        assert_eq!(r.train.loss.unlikelihood, 0.0);
+        let s = TrainSettings {
+            loop_unlikelihood: 0.25,
+            ..TrainSettings::default()
+        };
+        assert_eq!(resolve(&s).unwrap().train.loss.unlikelihood, 0.25);
     }
 
     #[test]

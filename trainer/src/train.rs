@@ -68,6 +68,9 @@ struct Micro {
     /// The ratio's denominator log π_old where it is not the token's own detached log-prob:
     /// values, and (when not every position has one) where they apply.
     old: Option<(Tensor, Option<Tensor>)>,
+    /// 1 at the positions the unlikelihood term applies to (RL with a non-zero coefficient and
+    /// marked tokens only).
+    ul: Option<Tensor>,
 }
 
 impl Micro {
@@ -87,6 +90,7 @@ impl Micro {
                 .old
                 .as_ref()
                 .map(|(vals, usable)| (sel(vals), usable.as_ref().map(sel))),
+            ul: self.ul.as_ref().map(sel),
         }
     }
 }
@@ -120,6 +124,9 @@ struct Sums {
     tis: f64,
     tis_min: f64,
     tis_max: f64,
+    /// Σ −log(1 − p) over the tokens with the unlikelihood term, and their count.
+    ul: f64,
+    ul_tokens: f64,
 }
 
 /// What a step changes, as it was before ([`Trainer::snapshot`]).
@@ -266,6 +273,16 @@ pub fn aggregate(parts: &[StepMetrics]) -> StepMetrics {
             .iter()
             .map(|p| p.tis_max)
             .fold(f64::NEG_INFINITY, f64::max),
+        unlikelihood: parts
+            .iter()
+            .map(|p| p.unlikelihood * p.unlikelihood_tokens as f64)
+            .sum::<f64>()
+            / parts
+                .iter()
+                .map(|p| p.unlikelihood_tokens)
+                .sum::<i64>()
+                .max(1) as f64,
+        unlikelihood_tokens: parts.iter().map(|p| p.unlikelihood_tokens).sum(),
         seconds: parts.iter().map(|p| p.seconds).sum(),
     }
 }
@@ -308,6 +325,8 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         sums.entropy,
         sums.ratio,
         sums.tis,
+        sums.ul,
+        sums.ul_tokens,
         micro_batches as f64,
     ])
     .to_device(dev);
@@ -322,7 +341,19 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         w.wait()?;
     }
     let v = Vec::<f64>::try_from(&t.to_device(Device::Cpu))?;
-    let [loss, tokens, clipped, kl, entropy, ratio, tis, micro] = v[..] else {
+    let [
+        loss,
+        tokens,
+        clipped,
+        kl,
+        entropy,
+        ratio,
+        tis,
+        ul,
+        ul_tokens,
+        micro,
+    ] = v[..]
+    else {
         return Err(TrainerError::Panicked(
             "metric reduction lost values".into(),
         ));
@@ -337,6 +368,8 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         tis,
         tis_min: lo.double_value(&[0]),
         tis_max: hi.double_value(&[0]),
+        ul,
+        ul_tokens,
     };
     Ok(micro as usize)
 }
@@ -964,6 +997,8 @@ impl Trainer {
             } else {
                 1.0
             },
+            unlikelihood: sums.ul / sums.ul_tokens.max(1.0),
+            unlikelihood_tokens: sums.ul_tokens as i64,
             seconds: t0.elapsed().as_secs_f64(),
         })
     }
@@ -1060,6 +1095,22 @@ impl Trainer {
             }
             _ => None,
         };
+        // The unlikelihood term: the task loss's (Phase B) marked tokens, when it is on.
+        let ul = (mode == Mode::Rl
+            && self.cfg.loss.unlikelihood > 0.0
+            && rows.iter().any(|s| s.unlikelihood.contains(&true)))
+        .then(|| {
+            shift(&|s| {
+                if s.unlikelihood.is_empty() {
+                    vec![0.0; s.tokens.len()]
+                } else {
+                    s.unlikelihood
+                        .iter()
+                        .map(|&u| f32::from(u8::from(u)))
+                        .collect()
+                }
+            })
+        });
         let ids_t = pad_2d(&ids, 0i64, dev);
         let t = ids_t.size()[1];
         let targets = ids_t.narrow(1, 1, t - 1);
@@ -1088,6 +1139,7 @@ impl Trainer {
             behaviour: behaviour.map(|b| flat(pad_2d(&b, 0.0f32, dev))),
             reference: reference.map(flat),
             old: old.map(|(vals, usable)| (flat(vals), usable.map(flat))),
+            ul: ul.map(|u| flat(pad_2d(&u, 0.0f32, dev))),
         })
     }
 
@@ -1125,6 +1177,16 @@ impl Trainer {
                 behaviour.as_ref(),
                 &self.cfg.loss,
             );
+            // Marked tokens also carry coef · −log(1 − p), with their aggregation weight.
+            let ul_term = m.ul.as_ref().map(|ul| {
+                let ul = ul.narrow(0, s, c);
+                let u = loss::unlikelihood(logp);
+                tch::no_grad(|| {
+                    sums.ul += (&u * &ul).sum(Kind::Float).double_value(&[]);
+                    sums.ul_tokens += ul.sum(Kind::Float).double_value(&[]);
+                });
+                u * ul * self.cfg.loss.unlikelihood
+            });
             tch::no_grad(|| {
                 let sum = |t: &Tensor| (t * &mask).sum(Kind::Float).double_value(&[]);
                 sums.clipped += sum(&terms.clipped);
@@ -1138,7 +1200,10 @@ impl Trainer {
                     sums.tis_max = sums.tis_max.max(sel.max().double_value(&[]));
                 }
             });
-            terms.loss
+            match ul_term {
+                Some(u) => terms.loss + u,
+                None => terms.loss,
+            }
         } else {
             -logp
         };

@@ -234,6 +234,7 @@ fn bench_batch() -> Vec<Sequence> {
         .map(|i| {
             let len = 64 + (i * 37) % 160;
             Sequence {
+                unlikelihood: Vec::new(),
                 loss_mask: (0..len).map(|t| t >= 16).collect(),
                 stages: vec![],
                 behaviour_logprobs: vec![],

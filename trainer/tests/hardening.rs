@@ -170,6 +170,7 @@ fn wire_seq(s: &Server, tokens: &[u32], adv: Vec<f32>, phase: wire::Phase) -> wi
     let n = tokens.len();
     let counted = n.min(8);
     wire::WireSequence {
+        unlikelihood: Vec::new(),
         tokens: tokens.to_vec(),
         loss_mask: (0..n).map(|k| k >= n - counted).collect(),
         stages: (0..n)

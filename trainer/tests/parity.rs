@@ -199,6 +199,7 @@ fn policy_loss_and_lora_gradients_match_pytorch() {
             })
             .collect();
         seqs.push(Sequence {
+            unlikelihood: Vec::new(),
             tokens: tokens.clone(),
             loss_mask: mask,
             stages,
@@ -217,6 +218,7 @@ fn policy_loss_and_lora_gradients_match_pytorch() {
         kl_coef: 0.05,
         tis_clamp: Some(2.0),
         aggregation: Aggregation::TokenMean,
+        unlikelihood: 0.0,
     };
     // The batch as the reference script reads it (arrays shifted to target positions).
     let shifted = |f: &dyn Fn(&Sequence) -> Vec<f32>| {

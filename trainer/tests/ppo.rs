@@ -50,6 +50,7 @@ fn config(lr: f64, kl: f64, minibatches: usize) -> TrainConfig {
 /// A sequence of `n` tokens whose tokens from 3 on count, with one advantage.
 fn seq(offset: i64, n: usize, adv: f32) -> Sequence {
     Sequence {
+        unlikelihood: Vec::new(),
         tokens: (0..n as i64)
             .map(|t| (t * 7 + offset * 13 + 1) % 64)
             .collect(),

@@ -89,6 +89,7 @@ fn batch(seed: usize) -> wire::Batch {
                 .collect();
             let answer = n / 2;
             wire::WireSequence {
+                unlikelihood: Vec::new(),
                 loss_mask: (0..n).map(|k| k >= answer).collect(),
                 stages: (0..n)
                     .map(|k| if k >= answer { (k % 4) as i8 } else { -1 })

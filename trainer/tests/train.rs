@@ -1,6 +1,7 @@
 //! Train-step behaviour on CPU with tiny random models: SS-GRPO with equal stage advantages is
 //! GRPO; positive advantages raise log-probs and negative lower them; SFT overfits and masked
-//! tokens get no gradient; copy sequences repeat a span at varying distances; micro-batches
+//! tokens get no gradient; the unlikelihood term on marked tokens is −log(1 − p) with its
+//! gradient, and alone lowers those tokens; copy sequences repeat a span at varying distances; micro-batches
 //! keep the budget without padding short rows to long ones; optimizer + adapter checkpoints
 //! continue exactly, and so does a stopped `trainer sft`; the tokenizer trainer and `init`
 //! write a directory transformers loads with the same logits.
@@ -130,6 +131,7 @@ fn sft_overfits_and_masked_tokens_get_no_gradient() {
     let mk = |tokens: Vec<i64>| {
         let n = tokens.len();
         Sequence {
+            unlikelihood: Vec::new(),
             // Prompt (3 tokens) and a "tool output" span (8..11) are masked.
             loss_mask: (0..n).map(|t| t >= 3 && !(8..11).contains(&t)).collect(),
             stages: vec![],
@@ -182,6 +184,7 @@ fn sft_overfits_and_masked_tokens_get_no_gradient() {
 #[test]
 fn the_head_on_masked_positions_only_gives_the_full_heads_loss_and_gradients() {
     let mk = |tokens: Vec<i64>, prompt: usize, tool: std::ops::Range<usize>| Sequence {
+        unlikelihood: Vec::new(),
         loss_mask: (0..tokens.len())
             .map(|t| t >= prompt && !tool.contains(&t))
             .collect(),
@@ -244,6 +247,156 @@ fn the_head_on_masked_positions_only_gives_the_full_heads_loss_and_gradients() {
         let d = (g - p.grad()).abs().max().double_value(&[]);
         assert!(scale > 0.0, "{name}: no gradient");
         assert!(d <= 1e-5 * scale, "{name}: max |diff| {d} (scale {scale})");
+    }
+}
+
+/// RL sequences for the unlikelihood tests: `seq`'s stages and advantage `adv`, no behaviour
+/// log-probs (truncated importance weights 1), and `marks` carrying the unlikelihood term.
+fn marked(tokens: Vec<i64>, adv: f32, marks: std::ops::Range<usize>) -> Sequence {
+    let mut s = seq(tokens, vec![adv; 4]);
+    s.behaviour_logprobs.clear();
+    if !marks.is_empty() {
+        s.unlikelihood = (0..s.tokens.len()).map(|t| marks.contains(&t)).collect();
+    }
+    s
+}
+
+#[test]
+fn the_unlikelihood_term_adds_minus_log_one_minus_p_on_marked_tokens_with_its_gradient() {
+    let coef = 0.5;
+    // Rows of 21 and 13 tokens (3 prompt tokens each): the first ends in 6 marked tokens, the
+    // second has none; chunks of 7 positions cut across them.
+    let data = vec![
+        marked((0..21).map(|t| (t * 13 + 5) % 64).collect(), -1.0, 15..21),
+        marked((0..13).map(|t| (t * 29 + 3) % 64).collect(), 0.5, 0..0),
+    ];
+    let fresh = || {
+        let m = Qwen3::random(tiny_cfg(), 23, 0.2, Device::Cpu, Kind::Float).unwrap();
+        m.set_trainable(true);
+        m
+    };
+    let run = |c: f64| {
+        let mut tr = trainer(fresh(), 0.0, 0.0);
+        tr.cfg.loss.unlikelihood = c;
+        let m = tr.rl_step(&data).unwrap();
+        let g: Vec<(String, Tensor)> = tr
+            .model
+            .trainable()
+            .into_iter()
+            .map(|(n, p)| (n, p.grad().copy()))
+            .collect();
+        (m, g)
+    };
+    let (m, ours) = run(coef);
+
+    // The reference: token-mean over counted tokens of −A·ρ (ρ = 1, gradient −A·∇log p) plus
+    // coef · −log(1 − p) at the marked ones, through autograd with the full head.
+    let reference = fresh();
+    let counted: usize = data
+        .iter()
+        .map(|s| s.loss_mask[1..].iter().filter(|&&m| m).count())
+        .sum();
+    let mut total = Tensor::zeros([], (Kind::Float, Device::Cpu));
+    let (mut ul_sum, mut ul_n) = (0.0, 0.0);
+    for s in &data {
+        let n = s.tokens.len() as i64;
+        let ids = Tensor::from_slice(&s.tokens).view([1, n]);
+        let logp = reference
+            .logits(&ids.narrow(1, 0, n - 1), Fwd::TRAIN)
+            .log_softmax(-1, Kind::Float)
+            .squeeze_dim(0)
+            .gather(1, &ids.narrow(1, 1, n - 1).view([-1, 1]), false)
+            .squeeze_dim(1);
+        let f = |v: &[bool]| {
+            Tensor::from_slice(
+                &v[1..]
+                    .iter()
+                    .map(|&m| f32::from(u8::from(m)))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let ratio = (&logp - logp.detach()).exp();
+        total += (ratio * f(&s.loss_mask)).sum(Kind::Float) * -f64::from(s.advantages[0]);
+        if !s.unlikelihood.is_empty() {
+            let marks = f(&s.unlikelihood);
+            let u = -(logp.exp().neg() + 1.0).log();
+            ul_sum += (u.detach() * &marks).sum(Kind::Float).double_value(&[]);
+            ul_n += marks.sum(Kind::Float).double_value(&[]);
+            total += (u * marks).sum(Kind::Float) * coef;
+        }
+    }
+    let total = total / counted as f64;
+    total.backward();
+    let want = total.double_value(&[]);
+    assert!(
+        (m.loss - want).abs() < 1e-5 * want.abs(),
+        "loss {} vs {want}",
+        m.loss
+    );
+    assert_eq!((m.unlikelihood_tokens, ul_n), (6, 6.0));
+    assert!(
+        (m.unlikelihood - ul_sum / ul_n).abs() < 1e-5,
+        "mean −log(1 − p) {} vs {}",
+        m.unlikelihood,
+        ul_sum / ul_n
+    );
+    for (name, p) in reference.trainable() {
+        let g = &ours.iter().find(|(n, _)| *n == name).unwrap().1;
+        let scale = p.grad().abs().max().double_value(&[]);
+        let d = (g - p.grad()).abs().max().double_value(&[]);
+        assert!(scale > 0.0, "{name}: no gradient");
+        assert!(d <= 1e-5 * scale, "{name}: max |diff| {d} (scale {scale})");
+    }
+
+    // Off (coefficient 0) the marks change nothing: the policy gradient alone, no tokens counted.
+    let (m0, plain) = run(0.0);
+    assert_eq!((m0.unlikelihood_tokens, m0.unlikelihood), (0, 0.0));
+    let moved = ours
+        .iter()
+        .zip(&plain)
+        .map(|((_, a), (_, b))| (a - b).abs().max().double_value(&[]))
+        .fold(0.0, f64::max);
+    assert!(
+        moved > 1e-6,
+        "the term did not change the gradient ({moved})"
+    );
+}
+
+#[test]
+fn the_unlikelihood_term_alone_lowers_the_marked_tokens_and_leaves_a_zero_advantage_batch_else_unmoved()
+ {
+    // Advantages 0: the policy gradient is 0, so only the term moves the weights.
+    let s = marked((0..20).map(|t| (t * 11 + 2) % 64).collect(), 0.0, 12..20);
+    let at_marks = |tr: &Trainer| {
+        let lp = &tr.logprobs(std::slice::from_ref(&s.tokens), Fwd::POLICY)[0];
+        (13..20).map(|t| f64::from(lp[t - 1])).sum::<f64>() / 7.0
+    };
+    let model = || {
+        let m = Qwen3::random(tiny_cfg(), 5, 0.2, Device::Cpu, Kind::Float).unwrap();
+        m.set_trainable(true);
+        m
+    };
+    let mut tr = trainer(model(), 1e-2, 0.0);
+    tr.cfg.loss.unlikelihood = 1.0;
+    let before = at_marks(&tr);
+    for _ in 0..3 {
+        tr.rl_step(std::slice::from_ref(&s)).unwrap();
+    }
+    let after = at_marks(&tr);
+    assert!(
+        after < before - 1e-3,
+        "marked tokens' mean log-prob {before} -> {after}"
+    );
+    let mut off = trainer(model(), 1e-2, 0.0);
+    let w0 = off.model.trainable();
+    let w0: Vec<Tensor> = w0.iter().map(|(_, p)| p.copy()).collect();
+    off.rl_step(std::slice::from_ref(&s)).unwrap();
+    for ((name, p), w) in off.model.trainable().iter().zip(&w0) {
+        assert_eq!(
+            (p - w).abs().max().double_value(&[]),
+            0.0,
+            "{name} moved without the term"
+        );
     }
 }
 

@@ -337,6 +337,7 @@ async fn trainer_serve_publishes_each_version_over_the_nccl_route() {
         policy_version: 0,
         rl: false,
         seqs: vec![wire::WireSequence {
+            unlikelihood: Vec::new(),
             tokens: (5..40).collect(),
             loss_mask: (0..35).map(|k| k >= 10).collect(),
             stages: vec![-1; 35],

@@ -30,6 +30,12 @@ pub struct StepMetrics {
     pub tis_mean: f64,
     pub tis_min: f64,
     pub tis_max: f64,
+    /// Mean −log(1 − p) over the tokens the unlikelihood term applied to
+    /// (`trainer.loop_unlikelihood`), and how many there were (0 when it is off).
+    #[serde(default)]
+    pub unlikelihood: f64,
+    #[serde(default)]
+    pub unlikelihood_tokens: i64,
     pub seconds: f64,
 }
 

@@ -5,11 +5,12 @@
 //! ```text
 //! header   b"RBEMBAT1" | u32 n_seqs | i32 policy_version | u32 flags (bit 0: RL, else SFT)
 //! n_seqs x u32 len | u32 group_id | i32 policy_version | u16 n_adv | u16 phase (0 task, 1 reflection)
-//! n_seqs x tokens u32[len] | stages i8[len] | loss_mask u8[len] (0/1)
+//! n_seqs x tokens u32[len] | stages i8[len] | loss_mask u8[len] (0/1/2)
 //!          | behaviour_logprobs f32[len] | advantages f32[n_adv]
 //! ```
 //!
-//! 10 bytes per token: a 256 x 16k batch is 42 MB.
+//! 10 bytes per token: a 256 x 16k batch is 42 MB. A loss-mask byte 2 is a counted token that
+//! the unlikelihood term also pushes down (a repeated copy of a loop; `unlikelihood`).
 //!
 //! A train step applies the reflection sequences (phase 1, the meta-policy's deferred batch,
 //! method.md A.6.3) as their own optimizer step first (Phase A), then the task sequences
@@ -61,6 +62,10 @@ pub struct WireSequence {
     pub tokens: Vec<u32>,
     /// Token t counts in the loss (model tokens only).
     pub loss_mask: Vec<bool>,
+    /// Token t (a counted one) also carries the unlikelihood term −log(1 − p): a repeated copy
+    /// of the loop a loop-stopped attempt ended in (`trainer.loop_unlikelihood`). Empty when no
+    /// token does; otherwise one entry per token. On the wire, loss-mask byte 2.
+    pub unlikelihood: Vec<bool>,
     /// Stage of token t (0..=3), or -1.
     pub stages: Vec<i8>,
     /// Behaviour log-prob of token t from the inference server (0 where not generated).
@@ -124,6 +129,23 @@ impl Batch {
                     });
                 }
             }
+            if !s.unlikelihood.is_empty() {
+                if s.unlikelihood.len() != n {
+                    return Err(WireError::Seq {
+                        seq: i,
+                        what: format!(
+                            "unlikelihood has {} entries for {n} tokens (or none)",
+                            s.unlikelihood.len()
+                        ),
+                    });
+                }
+                if let Some(t) = (0..n).find(|&t| s.unlikelihood[t] && !s.loss_mask[t]) {
+                    return Err(WireError::Seq {
+                        seq: i,
+                        what: format!("token {t} carries unlikelihood but not the loss mask"),
+                    });
+                }
+            }
             if n > u32::MAX as usize || s.advantages.len() > u16::MAX as usize {
                 return Err(WireError::Seq {
                     seq: i,
@@ -151,7 +173,16 @@ impl Batch {
                 out.extend_from_slice(&t.to_le_bytes());
             }
             out.extend(s.stages.iter().map(|&k| k as u8));
-            out.extend(s.loss_mask.iter().map(|&m| u8::from(m)));
+            if s.unlikelihood.is_empty() {
+                out.extend(s.loss_mask.iter().map(|&m| u8::from(m)));
+            } else {
+                out.extend(
+                    s.loss_mask
+                        .iter()
+                        .zip(&s.unlikelihood)
+                        .map(|(&m, &u)| u8::from(m) + u8::from(u)),
+                );
+            }
             for x in &s.behaviour_logprobs {
                 out.extend_from_slice(&x.to_le_bytes());
             }
@@ -162,7 +193,7 @@ impl Batch {
         Ok(out)
     }
 
-    /// Decode and validate (lengths, mask bytes 0/1, stages -1..=3, finite floats). Never
+    /// Decode and validate (lengths, mask bytes 0/1/2, stages -1..=3, finite floats). Never
     /// panics: any body either decodes to the batch whose encoding it is, byte for byte, or is
     /// an error (`tests/decode.rs` checks both on arbitrary and mutated bodies).
     pub fn decode(body: &[u8]) -> Result<Batch, WireError> {
@@ -243,14 +274,20 @@ impl Batch {
             for (t, &b) in body[p..p + len].iter().enumerate() {
                 match b {
                     0 => loss_mask.push(false),
-                    1 => loss_mask.push(true),
+                    1 | 2 => loss_mask.push(true),
                     _ => {
                         return Err(bad(format!(
-                            "loss mask byte {b} at token {t}; allowed: 0, 1"
+                            "loss mask byte {b} at token {t}; allowed: 0, 1, 2 (counted, with \
+                             unlikelihood)"
                         )));
                     }
                 }
             }
+            let unlikelihood: Vec<bool> = if body[p..p + len].contains(&2) {
+                body[p..p + len].iter().map(|&b| b == 2).collect()
+            } else {
+                Vec::new()
+            };
             p += len;
             let behaviour_logprobs = f32s(&body[p..p + 4 * len]);
             p += 4 * len;
@@ -268,6 +305,7 @@ impl Batch {
             seqs.push(WireSequence {
                 tokens,
                 loss_mask,
+                unlikelihood,
                 stages,
                 behaviour_logprobs,
                 advantages,
@@ -297,6 +335,7 @@ mod tests {
                 WireSequence {
                     tokens: vec![1, 2, 3, 70000],
                     loss_mask: vec![false, true, true, false],
+                    unlikelihood: vec![false, false, true, false],
                     stages: vec![-1, 0, 3, -1],
                     behaviour_logprobs: vec![0.0, -0.5, -1.25, 0.0],
                     advantages: vec![0.5, -1.0, 0.0, 2.0],
@@ -307,6 +346,7 @@ mod tests {
                 WireSequence {
                     tokens: vec![9, 8],
                     loss_mask: vec![false, true],
+                    unlikelihood: vec![],
                     stages: vec![-1, 1],
                     behaviour_logprobs: vec![0.0, -2.0],
                     advantages: vec![],
@@ -347,14 +387,30 @@ mod tests {
         let e = Batch::decode(&s).unwrap_err().to_string();
         assert!(e.contains("sequence 0") && e.contains("stage 9"), "{e}");
         let mut k = bytes.clone();
-        k[stage_at + 4] = 2;
+        k[stage_at + 4] = 3;
         let e = Batch::decode(&k).unwrap_err().to_string();
-        assert!(e.contains("loss mask byte 2"), "{e}");
+        assert!(e.contains("loss mask byte 3"), "{e}");
+        // Byte 2 is a counted token with the unlikelihood term: token 1 gains it.
+        let mut u = bytes.clone();
+        u[stage_at + 4 + 1] = 2;
+        let d = Batch::decode(&u).unwrap();
+        assert_eq!(d.seqs[0].loss_mask, vec![false, true, true, false]);
+        assert_eq!(d.seqs[0].unlikelihood, vec![false, true, true, false]);
         // The second sequence's phase field (last 2 bytes of its header).
         let mut ph = bytes;
         ph[HEADER + 2 * SEQ_HEADER - 2] = 5;
         let e = Batch::decode(&ph).unwrap_err().to_string();
         assert!(e.contains("sequence 1") && e.contains("phase 5"), "{e}");
+        let mut off = sample();
+        off.seqs[0].unlikelihood[0] = true;
+        let e = off.encode().unwrap_err().to_string();
+        assert!(
+            e.contains("token 0 carries unlikelihood but not the loss mask"),
+            "{e}"
+        );
+        off.seqs[0].unlikelihood.pop();
+        let e = off.encode().unwrap_err().to_string();
+        assert!(e.contains("unlikelihood has 3 entries for 4 tokens"), "{e}");
         let mut bad = sample();
         bad.seqs[1].stages.pop();
         assert!(

@@ -130,6 +130,16 @@ pub struct TrainSettings {
     pub clip_high: f64,
     /// Truncated importance weight cap min(pi_old / pi_behaviour, cap); 0 = off.
     pub tis_cap: f64,
+    /// Coefficient of the unlikelihood term −log(1 − p) (Welleck et al. 2020, "Neural Text
+    /// Generation with Unlikelihood Training", their sequence-level form) on the repeated copies
+    /// of the loop that a loop-stopped attempt ended in, which the orchestrator marks by
+    /// `rollout.repetition_detection`'s rule; 0 = off (the papers'). Added to the step loss with
+    /// each marked token's aggregation weight. Where a policy gradient moves a token of
+    /// probability p by |A|·(1 − p), this term moves it by p: a near-certain loop is pushed
+    /// down hardest. Left out of the serialised settings (and so of [`TrainSettings::hash`])
+    /// when 0, so every earlier run's hash stands.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub loop_unlikelihood: f64,
     pub loss_aggregation: LossAggregation,
     /// Divisor when `loss_aggregation = "constant"`.
     pub aggregation_constant: f64,
@@ -163,6 +173,7 @@ impl Default for TrainSettings {
             clip_low: 0.2,
             clip_high: 0.2,
             tis_cap: 2.0,
+            loop_unlikelihood: 0.0,
             loss_aggregation: LossAggregation::TokenMean,
             aggregation_constant: 1.0,
             finetune: Finetune::Full,
@@ -172,6 +183,10 @@ impl Default for TrainSettings {
             minibatches_per_step: 1,
         }
     }
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// A setting outside its allowed range: names the field, the value and what is allowed.
@@ -282,6 +297,12 @@ impl TrainSettings {
             "0 (off) or >= 1",
         )?;
         check(
+            (0.0..=10.0).contains(&s.loop_unlikelihood),
+            "loop_unlikelihood",
+            s.loop_unlikelihood,
+            "[0, 10] (0: off)",
+        )?;
+        check(
             s.aggregation_constant.is_finite() && s.aggregation_constant > 0.0,
             "aggregation_constant",
             s.aggregation_constant,
@@ -387,6 +408,19 @@ mod tests {
         let back: TrainSettings =
             serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
         assert_eq!(back.hash(), a.hash());
+        // The unlikelihood term, off, is not in the JSON: hashes from before it stand. On, it
+        // is, and round-trips.
+        assert!(
+            !serde_json::to_string(&a)
+                .unwrap()
+                .contains("loop_unlikelihood")
+        );
+        let mut u = a.clone();
+        u.loop_unlikelihood = 0.5;
+        assert_ne!(u.hash(), a.hash());
+        let back: TrainSettings =
+            serde_json::from_str(&serde_json::to_string(&u).unwrap()).unwrap();
+        assert_eq!((back.loop_unlikelihood, back.hash()), (0.5, u.hash()));
     }
 
     #[test]
@@ -415,6 +449,15 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("lora.targets")
+        );
+        let s = TrainSettings {
+            loop_unlikelihood: 11.0,
+            ..TrainSettings::default()
+        };
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("trainer.loop_unlikelihood = 11") && e.contains("[0, 10]"),
+            "{e}"
         );
         let s = TrainSettings {
             schedule: LrSchedule::Cosine,

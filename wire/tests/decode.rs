@@ -33,7 +33,7 @@ fn sequence() -> impl Strategy<Value = WireSequence> {
     (0usize..24).prop_flat_map(|n| {
         (
             prop::collection::vec(any::<u32>(), n),
-            prop::collection::vec(any::<bool>(), n),
+            prop::collection::vec(any::<(bool, bool)>(), n),
             prop::collection::vec(-1i8..=3, n),
             prop::collection::vec(finite(), n),
             prop::collection::vec(finite(), 0..5),
@@ -42,10 +42,18 @@ fn sequence() -> impl Strategy<Value = WireSequence> {
             any::<bool>(),
         )
             .prop_map(
-                |(tokens, loss_mask, stages, behaviour_logprobs, advantages, group_id, pv, r)| {
+                |(tokens, marks, stages, behaviour_logprobs, advantages, group_id, pv, r)| {
+                    let loss_mask: Vec<bool> = marks.iter().map(|&(m, _)| m).collect();
+                    // Unlikelihood on counted tokens only, and empty when no token has it (the
+                    // one form a decode gives back).
+                    let mut unlikelihood: Vec<bool> = marks.iter().map(|&(m, u)| m && u).collect();
+                    if !unlikelihood.contains(&true) {
+                        unlikelihood.clear();
+                    }
                     WireSequence {
                         tokens,
                         loss_mask,
+                        unlikelihood,
                         stages,
                         behaviour_logprobs,
                         advantages,

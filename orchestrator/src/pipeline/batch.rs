@@ -1,14 +1,16 @@
 //! From a judged step in Postgres to the trainer's `wire` batch: per sequence the prompt and
 //! segment tokens, the loss mask and stage of every token (`credit::token_credit`), behaviour
-//! log-probs, the four stage advantages, the group (task) and the policy version. Built only
-//! from stored rows, so a replay after a crash sends byte-identical batches.
+//! log-probs, the four stage advantages, the group (task) and the policy version, and, with
+//! `trainer.loop_unlikelihood`, which tokens of a loop-stopped attempt's loop the trainer's
+//! unlikelihood term pushes down. Built only from stored rows, so a replay after a crash sends
+//! byte-identical batches.
 
 use std::collections::{HashMap, HashSet};
 
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::domain::config::{CutCredit, RepetitionDetection};
+use crate::domain::config::{BatchCredit, CutCredit, RepetitionDetection};
 use crate::domain::trajectory::{SegmentKind, Trajectory, finish};
 use crate::infra::db::DbError;
 
@@ -37,6 +39,10 @@ pub struct BatchStats {
     /// Loop-stopped trajectories in which the rule found no closing loop (a server that stops
     /// by another rule): trained whole, as before, and counted.
     pub loop_not_found: usize,
+    /// Loop-stopped trajectories whose loop's repeated copies carry the unlikelihood term
+    /// (`trainer.loop_unlikelihood`), and those tokens.
+    pub unlikelihood: usize,
+    pub unlikelihood_tokens: usize,
     pub mean_abs_advantage: [f64; 4],
     pub std_advantage: [f64; 4],
     /// Mean of `step - policy_version` over sequences (how stale the behaviour policy was).
@@ -76,6 +82,11 @@ impl BatchStats {
                 "train/loop_not_found".to_string(),
                 self.loop_not_found as f64,
             ),
+            ("batch/unlikelihood".to_string(), self.unlikelihood as f64),
+            (
+                "batch/unlikelihood_tokens".to_string(),
+                self.unlikelihood_tokens as f64,
+            ),
         ];
         for (k, s) in crate::domain::trajectory::Stage::ALL.iter().enumerate() {
             m.push((
@@ -111,6 +122,7 @@ pub fn sequence(t: &Trajectory, adv: &[f64; 4], group: u32) -> wire::WireSequenc
     wire::WireSequence {
         tokens,
         loss_mask: credit.loss_mask,
+        unlikelihood: Vec::new(),
         stages: credit.stage,
         behaviour_logprobs: behaviour,
         advantages: adv.iter().map(|&a| a as f32).collect(),
@@ -121,18 +133,18 @@ pub fn sequence(t: &Trajectory, adv: &[f64; 4], group: u32) -> wire::WireSequenc
 }
 
 /// The RL batch of a judged step. Trajectories without model tokens are left out (nothing to
-/// learn from); groups are numbered by task in stored order. `cut`: see [`assemble`].
+/// learn from); groups are numbered by task in stored order. `credit`: see [`assemble`].
 pub async fn build(
     pool: &PgPool,
     run_id: Uuid,
     step: i32,
     judge_model: &str,
-    cut: CutCredit,
+    credit: BatchCredit,
 ) -> Result<(wire::Batch, BatchStats), DbError> {
     let trajs = crate::infra::db::trajectories::list_for_step(pool, run_id, step).await?;
     let adv = crate::pipeline::judging::load_advantages(pool, run_id, step, judge_model).await?;
     let failed = crate::infra::db::judging::failed_scoring(pool, run_id, step, judge_model).await?;
-    Ok(assemble(&trajs, &adv, &failed, step, cut))
+    Ok(assemble(&trajs, &adv, &failed, step, credit))
 }
 
 /// The batch of a judged step. Left out: trajectories whose scoring failed or that have no
@@ -141,14 +153,19 @@ pub async fn build(
 /// (`finish::is_cut`: `length`, `repetition`; their advantages were computed with them in the
 /// group, so the others' credit is unchanged), and degenerate groups (every remaining member's
 /// advantages all zero). With [`CutCredit::LoopOnly`] a loop-stopped trajectory's tokens before
-/// its loop leave the loss. Groups are numbered by task in stored order.
+/// its loop leave the loss. With `credit.unlikelihood` the tokens of its loop after the loop's
+/// first copy (each later copy, the decision to repeat included) are marked for the trainer's
+/// unlikelihood term; the first copy is text the attempt wrote once. Groups are numbered by
+/// task in stored order.
 pub fn assemble(
     trajs: &[Trajectory],
     adv: &HashMap<Uuid, [f64; 4]>,
     failed: &HashSet<Uuid>,
     step: i32,
-    cut: CutCredit,
+    credit: impl Into<BatchCredit>,
 ) -> (wire::Batch, BatchStats) {
+    let credit = credit.into();
+    let cut = credit.cut;
     let mut stats = BatchStats::default();
     // Groups by task, in stored order, of the trajectories that can be trained on.
     let mut order: Vec<Uuid> = Vec::new();
@@ -194,15 +211,30 @@ pub fn assemble(
         if seq.tokens.len() < 2 {
             continue;
         }
-        if let CutCredit::LoopOnly(rule) = cut
+        if let Some(rule) = credit.loop_rule()
             && t.finish_reason == finish::REPETITION
         {
             match loop_tokens(t, &rule) {
                 Some(n) => {
                     let start = seq.loss_mask.len() - n;
-                    seq.loss_mask[..start].fill(false);
-                    stats.loop_only += 1;
-                    stats.loop_only_tokens += n;
+                    if let CutCredit::LoopOnly(_) = cut {
+                        seq.loss_mask[..start].fill(false);
+                        stats.loop_only += 1;
+                        stats.loop_only_tokens += n;
+                    }
+                    if credit.unlikelihood.is_some() {
+                        // The block size: the loop is `min_count` copies of it.
+                        let block = n / rule.min_count.max(1) as usize;
+                        let marks: Vec<bool> = (0..seq.loss_mask.len())
+                            .map(|i| i >= start + block && seq.loss_mask[i])
+                            .collect();
+                        let k = marks.iter().filter(|&&m| m).count();
+                        if k > 0 {
+                            seq.unlikelihood = marks;
+                            stats.unlikelihood += 1;
+                            stats.unlikelihood_tokens += k;
+                        }
+                    }
                 }
                 None => stats.loop_not_found += 1,
             }
@@ -447,5 +479,112 @@ mod tests {
             ),
             (1.0, 6.0, 1.0)
         );
+    }
+
+    #[test]
+    fn loop_unlikelihood_marks_a_loop_stopped_attempts_repeated_copies_and_nothing_else() {
+        use crate::domain::trajectory::Stage;
+        let rule = RepetitionDetection {
+            max_pattern_size: 4,
+            min_pattern_size: 1,
+            min_count: 3,
+        };
+        let model = |stage, ids: Vec<u32>| Segment {
+            kind: SegmentKind::Model,
+            stage: Some(stage),
+            logprobs: Some(vec![-0.1; ids.len()]),
+            token_ids: ids,
+            text: String::new(),
+            policy_version: Some(3),
+        };
+        let a = Uuid::now_v7();
+        // Member 1 looped over the block (7 8) three times, across Research and Answer; member
+        // 2 was cut by the budget; member 3 was stopped by a rule that is not this one.
+        let mut t = [traj(a), traj(a), traj(a), traj(a)];
+        t[1].finish_reason = finish::REPETITION.into();
+        t[1].segments = vec![
+            model(Stage::Plan, vec![10, 11, 12]),
+            Segment {
+                kind: SegmentKind::ToolOutput,
+                stage: None,
+                token_ids: vec![20, 21],
+                logprobs: None,
+                text: String::new(),
+                policy_version: None,
+            },
+            model(Stage::Research, vec![13, 7, 8, 7]),
+            model(Stage::Answer, vec![8, 7, 8]),
+        ];
+        t[2].finish_reason = finish::LENGTH.into();
+        t[3].finish_reason = finish::REPETITION.into();
+        let mut adv = HashMap::new();
+        for (x, v) in t.iter().zip([1.5, -1.0, -0.5, 0.0]) {
+            adv.insert(x.id, [v; 4]);
+        }
+        let none = HashSet::new();
+        let (whole, _) = assemble(&t, &adv, &none, 3, CutCredit::Whole);
+        let on = |cut| BatchCredit {
+            cut,
+            unlikelihood: Some(rule),
+        };
+        let (marked, stats) = assemble(&t, &adv, &none, 3, on(CutCredit::Whole));
+        // prompt 2 + plan 3 + tool 2 + research 4 + answer 3: the loop is the last six tokens,
+        // its first copy (7 8) is left unmarked, the two after it are marked.
+        let (f, tr) = (false, true);
+        assert_eq!(
+            marked.seqs[1].unlikelihood,
+            [f, f, f, f, f, f, f, f, f, f, tr, tr, tr, tr]
+        );
+        // The loss mask, advantages and stages are the whole attempt's, as without it.
+        assert_eq!(marked.seqs[1].loss_mask, whole.seqs[1].loss_mask);
+        assert_eq!(marked.seqs[1].advantages, whole.seqs[1].advantages);
+        for k in [0, 2, 3] {
+            assert_eq!(marked.seqs[k], whole.seqs[k], "member {k}");
+        }
+        assert_eq!(
+            (
+                stats.unlikelihood,
+                stats.unlikelihood_tokens,
+                stats.loop_not_found
+            ),
+            (1, 4, 1)
+        );
+        assert_eq!(
+            (stats.loop_only, stats.loss_tokens),
+            (
+                0,
+                whole
+                    .seqs
+                    .iter()
+                    .map(|s| s.loss_mask.iter().filter(|&&m| m).count())
+                    .sum()
+            )
+        );
+        let m: HashMap<String, f64> = stats.metrics().into_iter().collect();
+        assert_eq!(
+            (m["batch/unlikelihood"], m["batch/unlikelihood_tokens"]),
+            (1.0, 4.0)
+        );
+
+        // With the loop-only credit the loop alone is in the loss, and the same copies marked.
+        let (both, s_both) = assemble(&t, &adv, &none, 3, on(CutCredit::LoopOnly(rule)));
+        assert_eq!(
+            both.seqs[1].loss_mask,
+            [f, f, f, f, f, f, f, f, tr, tr, tr, tr, tr, tr]
+        );
+        assert_eq!(both.seqs[1].unlikelihood, marked.seqs[1].unlikelihood);
+        assert_eq!(
+            (
+                s_both.loop_only,
+                s_both.unlikelihood_tokens,
+                s_both.loop_not_found
+            ),
+            (1, 4, 1)
+        );
+
+        // The marks reach the trainer: the wire carries them (loss-mask byte 2).
+        let back = wire::Batch::decode(&marked.encode().unwrap()).unwrap();
+        assert_eq!(back, marked);
+        assert!(back.seqs[0].unlikelihood.is_empty());
     }
 }

@@ -130,8 +130,9 @@ pub struct Pipeline {
     pub judge: Arc<dyn Judge>,
     pub judge_opts: StepOptions,
     /// What cut trajectories put in the loss (`credit.overlong_filter`,
-    /// `credit.loop_tokens_only`).
-    pub cut_credit: crate::domain::config::CutCredit,
+    /// `credit.loop_tokens_only`) and whether their loops carry the unlikelihood term
+    /// (`trainer.loop_unlikelihood`).
+    pub batch_credit: crate::domain::config::BatchCredit,
     /// The judge's endpoints, for messages (`lexical` for the offline judge).
     pub judge_url: String,
     /// `judge.max_failure_rate`: the circuit breaker of each step's scoring calls.

@@ -306,6 +306,7 @@ pub fn sequences(rows: &[ReflectionRow], first_group: u32) -> Vec<wire::WireSequ
             behaviour.resize(n, 0.0);
         }
         out.push(wire::WireSequence {
+            unlikelihood: Vec::new(),
             tokens,
             loss_mask,
             stages: vec![-1; n],

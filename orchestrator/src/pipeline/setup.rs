@@ -366,7 +366,7 @@ pub async fn pipeline(
             research_evidence: cfg.judge.research_evidence,
             ..StepOptions::for_recipe(recipe, cfg.credit.lambda, cfg.credit.citation)
         },
-        cut_credit: cfg.cut_credit(),
+        batch_credit: cfg.batch_credit(),
         judge_url: if cfg.judge.urls.is_empty() {
             cfg.judge.kind.as_str().to_string()
         } else {
@@ -531,8 +531,8 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
         format!("  judge: {judge}"),
         format!(
             "  trainer {}: {finetune}; lr {:e} {:?} (warm-up {}); AdamW ({}, {}) eps {:e} wd {}; \
-             grad clip {}; KL3 beta {} vs {:?}; clip {}/{}; TIS cap {}; {:?}; {} minibatch(es) \
-             per step; settings hash {}",
+             grad clip {}; KL3 beta {} vs {:?}; clip {}/{}; TIS cap {}; loop unlikelihood {}; {:?}; \
+             {} minibatch(es) per step; settings hash {}",
             cfg.trainer.url,
             t.lr,
             t.schedule,
@@ -547,6 +547,7 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
             t.clip_low,
             t.clip_high,
             t.tis_cap,
+            t.loop_unlikelihood,
             t.loss_aggregation,
             t.minibatches_per_step,
             t.hash()

@@ -334,7 +334,7 @@ impl Pipeline {
             self.run_id,
             s,
             self.judge.model(),
-            self.cut_credit,
+            self.batch_credit,
         )
         .await?;
         let mut m = Vec::new();

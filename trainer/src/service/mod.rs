@@ -217,6 +217,7 @@ fn check_batch(batch: wire::Batch, limits: SeqLimits) -> Result<CheckedBatch> {
         let seq = Sequence {
             tokens: s.tokens.into_iter().map(i64::from).collect(),
             loss_mask: s.loss_mask,
+            unlikelihood: s.unlikelihood,
             stages: s.stages,
             behaviour_logprobs: s.behaviour_logprobs,
             advantages: s.advantages,
@@ -1189,6 +1190,7 @@ mod tests {
     fn batch(adv: f32) -> Vec<Sequence> {
         (0..2)
             .map(|i| Sequence {
+                unlikelihood: Vec::new(),
                 tokens: (0..12).map(|k| (k * 5 + i * 3) % 64).collect(),
                 loss_mask: (0..12).map(|k| k >= 4).collect(),
                 stages: vec![-1; 12],
@@ -1273,6 +1275,7 @@ mod tests {
             max_positions: 8,
         };
         let seq = |n: usize, phase| wire::WireSequence {
+            unlikelihood: Vec::new(),
             tokens: (0..n as u32).collect(),
             loss_mask: (0..n).map(|k| k > 0).collect(),
             stages: vec![0; n],

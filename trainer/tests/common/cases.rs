@@ -85,6 +85,7 @@ pub fn batch(n: usize) -> Vec<Sequence> {
                 .map(|t| (t * 7 + i as i64 * 11 + 3) % 64)
                 .collect();
             Sequence {
+                unlikelihood: Vec::new(),
                 loss_mask: (0..len).map(|t| t >= 3).collect(),
                 stages: (0..len)
                     .map(|t| {
@@ -317,6 +318,7 @@ pub fn sft_data() -> Vec<Sequence> {
     ]
     .into_iter()
     .map(|tokens| Sequence {
+        unlikelihood: Vec::new(),
         loss_mask: (0..tokens.len()).map(|t| t >= 3).collect(),
         stages: vec![],
         behaviour_logprobs: vec![],

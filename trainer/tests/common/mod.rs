@@ -113,6 +113,7 @@ pub fn serve_on(
 pub fn seq(tokens: Vec<i64>, adv: Vec<f32>) -> trainer::train::Sequence {
     let n = tokens.len();
     trainer::train::Sequence {
+        unlikelihood: Vec::new(),
         loss_mask: (0..n).map(|t| t >= 3).collect(),
         stages: (0..n)
             .map(|t| {

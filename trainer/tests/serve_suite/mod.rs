@@ -488,6 +488,7 @@ pub async fn batch(url: &str, seqs: &[Vec<u32>], adv: &[f32]) -> wire::Batch {
     for (i, (t, a)) in seqs.iter().zip(adv).enumerate() {
         let n = t.len();
         out.push(wire::WireSequence {
+            unlikelihood: Vec::new(),
             tokens: t.clone(),
             loss_mask: (0..n).map(|k| k >= n - 8).collect(),
             stages: (0..n).map(|k| if k >= n - 8 { 3 } else { -1 }).collect(),

@@ -703,7 +703,47 @@ pub enum CutCredit {
     LoopOnly(RepetitionDetection),
 }
 
+/// What a step's batch makes of its cut attempts: which of their tokens carry their advantage
+/// (`cut`), and, with `trainer.loop_unlikelihood` on, the rule that finds the loop whose
+/// repeated copies (every copy after the first) also carry the trainer's unlikelihood term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BatchCredit {
+    pub cut: CutCredit,
+    pub unlikelihood: Option<RepetitionDetection>,
+}
+
+impl From<CutCredit> for BatchCredit {
+    fn from(cut: CutCredit) -> Self {
+        Self {
+            cut,
+            unlikelihood: None,
+        }
+    }
+}
+
+impl BatchCredit {
+    /// The rule a loop-stopped attempt's loop is found with, when anything needs it.
+    pub fn loop_rule(&self) -> Option<RepetitionDetection> {
+        match self.cut {
+            CutCredit::LoopOnly(rule) => Some(rule),
+            _ => self.unlikelihood,
+        }
+    }
+}
+
 impl Config {
+    /// What a step's batch makes of cut attempts: [`Config::cut_credit`], and the loop rule
+    /// when `trainer.loop_unlikelihood` is on.
+    pub fn batch_credit(&self) -> BatchCredit {
+        BatchCredit {
+            cut: self.cut_credit(),
+            unlikelihood: self
+                .rollout
+                .repetition_detection
+                .filter(|_| self.trainer.settings.loop_unlikelihood > 0.0),
+        }
+    }
+
     /// What a cut attempt puts in the loss, from `credit` and the loop rule.
     pub fn cut_credit(&self) -> CutCredit {
         match (

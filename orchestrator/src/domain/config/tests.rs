@@ -681,3 +681,68 @@ fn loop_tokens_only_is_off_in_every_preset_needs_the_loop_stop_and_excludes_the_
         "{err}"
     );
 }
+
+#[test]
+fn loop_unlikelihood_is_off_in_every_preset_needs_the_loop_stop_and_excludes_the_filter() {
+    for (name, _) in PRESETS {
+        let c = Config::load(name, &Overrides::default()).unwrap();
+        assert_eq!(c.trainer.settings.loop_unlikelihood, 0.0, "{name}");
+        assert_eq!(c.batch_credit().unlikelihood, None, "{name}");
+    }
+    let rule = "rollout.repetition_detection={max_pattern_size=32,min_count=16}";
+    let want = RepetitionDetection {
+        max_pattern_size: 32,
+        min_pattern_size: 1,
+        min_count: 16,
+    };
+    let c = smoke_with(&[rule, "trainer.loop_unlikelihood=0.5"]).unwrap();
+    assert_eq!(c.trainer.settings.loop_unlikelihood, 0.5);
+    assert_eq!(
+        c.batch_credit(),
+        BatchCredit {
+            cut: CutCredit::Whole,
+            unlikelihood: Some(want),
+        }
+    );
+    assert_eq!(c.batch_credit().loop_rule(), Some(want));
+    // With the loop-only credit both use the one rule.
+    let c = smoke_with(&[
+        rule,
+        "trainer.loop_unlikelihood=0.5",
+        "credit.loop_tokens_only=true",
+    ])
+    .unwrap();
+    assert_eq!(c.batch_credit().cut, CutCredit::LoopOnly(want));
+    // The rule alone marks nothing.
+    assert_eq!(
+        smoke_with(&[rule]).unwrap().batch_credit().unlikelihood,
+        None
+    );
+
+    let err = smoke_with(&["trainer.loop_unlikelihood=0.5"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("trainer.loop_unlikelihood")
+            && err.contains("0.5 without rollout.repetition_detection"),
+        "{err}"
+    );
+    let err = smoke_with(&[
+        rule,
+        "trainer.loop_unlikelihood=0.5",
+        "credit.overlong_filter=true",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("trainer.loop_unlikelihood") && err.contains("overlong_filter"),
+        "{err}"
+    );
+    let err = smoke_with(&[rule, "trainer.loop_unlikelihood=20"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("loop_unlikelihood") && err.contains("[0, 10]"),
+        "{err}"
+    );
+}

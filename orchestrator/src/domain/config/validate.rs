@@ -314,6 +314,25 @@ impl Config {
             "true with credit.overlong_filter",
             "one of the two (the filter leaves loop-stopped attempts out of the loss whole)",
         )?;
+        let unlikelihood = self.trainer.settings.loop_unlikelihood > 0.0;
+        check(
+            !unlikelihood || ro.repetition_detection.is_some(),
+            "trainer.loop_unlikelihood",
+            format!(
+                "{} without rollout.repetition_detection",
+                self.trainer.settings.loop_unlikelihood
+            ),
+            "0 unless rollout.repetition_detection is set (it finds the loop with that rule)",
+        )?;
+        check(
+            !(unlikelihood && self.credit.overlong_filter),
+            "trainer.loop_unlikelihood",
+            format!(
+                "{} with credit.overlong_filter",
+                self.trainer.settings.loop_unlikelihood
+            ),
+            "0 with the filter (it leaves loop-stopped attempts out of the loss whole)",
+        )?;
         self.validate_eval()?;
         self.validate_tracking()
     }

@@ -181,6 +181,59 @@ fn sft_overfits_and_masked_tokens_get_no_gradient() {
 /// The head runs only on positions that carry a loss mask; the step's loss and every gradient
 /// (the tied embedding's too) must still be those of plain autograd through the whole logits,
 /// row by row without padding.
+/// A full fine-tune of the tiny config from `seed`, every weight trainable.
+fn fresh_full(seed: i64) -> Qwen3 {
+    let m = Qwen3::random(tiny_cfg(), seed, 0.2, Device::Cpu, Kind::Float).unwrap();
+    m.set_trainable(true);
+    m
+}
+
+/// The trainable weights' gradients after a step, by name.
+fn trained_grads(tr: &Trainer) -> Vec<(String, Tensor)> {
+    tr.model
+        .trainable()
+        .into_iter()
+        .map(|(n, p)| (n, p.grad().copy()))
+        .collect()
+}
+
+/// log p(token t+1 | prefix) of `tokens` through `m`'s full head, with autograd: the reference
+/// the trainer's loss-positions-only head is checked against.
+fn full_head_logp(m: &Qwen3, tokens: &[i64]) -> Tensor {
+    let n = tokens.len() as i64;
+    let ids = Tensor::from_slice(tokens).view([1, n]);
+    m.logits(&ids.narrow(1, 0, n - 1), Fwd::TRAIN)
+        .log_softmax(-1, Kind::Float)
+        .squeeze_dim(0)
+        .gather(1, &ids.narrow(1, 1, n - 1).view([-1, 1]), false)
+        .squeeze_dim(1)
+}
+
+/// A per-token flag as the f32 weights of the positions that predict tokens 1.. (shifted).
+fn shifted(flags: &[bool]) -> Tensor {
+    let v: Vec<f32> = flags[1..].iter().map(|&m| f32::from(u8::from(m))).collect();
+    Tensor::from_slice(&v)
+}
+
+/// Tokens the loss counts over `data` (the token mean's divisor).
+fn counted(data: &[Sequence]) -> usize {
+    data.iter()
+        .map(|s| s.loss_mask[1..].iter().filter(|&&m| m).count())
+        .sum()
+}
+
+/// Every trainable weight's gradient in `ours` equals `reference`'s (after its backward) to
+/// 1e-5 of the largest entry, and none is zero.
+fn assert_grads_match(ours: &[(String, Tensor)], reference: &Qwen3) {
+    for (name, p) in reference.trainable() {
+        let g = &ours.iter().find(|(n, _)| *n == name).unwrap().1;
+        let scale = p.grad().abs().max().double_value(&[]);
+        let d = (g - p.grad()).abs().max().double_value(&[]);
+        assert!(scale > 0.0, "{name}: no gradient");
+        assert!(d <= 1e-5 * scale, "{name}: max |diff| {d} (scale {scale})");
+    }
+}
+
 #[test]
 fn the_head_on_masked_positions_only_gives_the_full_heads_loss_and_gradients() {
     let mk = |tokens: Vec<i64>, prompt: usize, tool: std::ops::Range<usize>| Sequence {
@@ -199,55 +252,23 @@ fn the_head_on_masked_positions_only_gives_the_full_heads_loss_and_gradients() {
         mk((0..23).map(|t| (t * 13 + 5) % 64).collect(), 6, 11..17),
         mk((0..15).map(|t| (t * 29 + 3) % 64).collect(), 4, 8..10),
     ];
-    let fresh = || {
-        let m = Qwen3::random(tiny_cfg(), 21, 0.2, Device::Cpu, Kind::Float).unwrap();
-        m.set_trainable(true);
-        m
-    };
-    let mut tr = trainer(fresh(), 0.0, 0.0);
+    let mut tr = trainer(fresh_full(21), 0.0, 0.0);
     let loss = tr.sft_step(&data).unwrap().loss;
-    let ours: Vec<(String, Tensor)> = tr
-        .model
-        .trainable()
-        .into_iter()
-        .map(|(n, p)| (n, p.grad().copy()))
-        .collect();
+    let ours = trained_grads(&tr);
 
-    let reference = fresh();
-    let counted: usize = data
-        .iter()
-        .map(|s| s.loss_mask[1..].iter().filter(|&&m| m).count())
-        .sum();
+    let reference = fresh_full(21);
     let mut total = Tensor::zeros([], (Kind::Float, Device::Cpu));
     for s in &data {
-        let n = s.tokens.len() as i64;
-        let ids = Tensor::from_slice(&s.tokens).view([1, n]);
-        let logp = reference
-            .logits(&ids.narrow(1, 0, n - 1), Fwd::TRAIN)
-            .log_softmax(-1, Kind::Float)
-            .squeeze_dim(0)
-            .gather(1, &ids.narrow(1, 1, n - 1).view([-1, 1]), false)
-            .squeeze_dim(1);
-        let mask: Vec<f32> = s.loss_mask[1..]
-            .iter()
-            .map(|&m| f32::from(u8::from(m)))
-            .collect();
-        total -= (logp * Tensor::from_slice(&mask)).sum(Kind::Float);
+        total -= (full_head_logp(&reference, &s.tokens) * shifted(&s.loss_mask)).sum(Kind::Float);
     }
-    let total = total / counted as f64;
+    let total = total / counted(&data) as f64;
     total.backward();
     let want = total.double_value(&[]);
     assert!(
         (loss - want).abs() < 1e-5 * want.abs(),
         "loss {loss} vs {want}"
     );
-    for (name, p) in reference.trainable() {
-        let g = &ours.iter().find(|(n, _)| *n == name).unwrap().1;
-        let scale = p.grad().abs().max().double_value(&[]);
-        let d = (g - p.grad()).abs().max().double_value(&[]);
-        assert!(scale > 0.0, "{name}: no gradient");
-        assert!(d <= 1e-5 * scale, "{name}: max |diff| {d} (scale {scale})");
-    }
+    assert_grads_match(&ours, &reference);
 }
 
 /// RL sequences for the unlikelihood tests: `seq`'s stages and advantage `adv`, no behaviour
@@ -270,62 +291,32 @@ fn the_unlikelihood_term_adds_minus_log_one_minus_p_on_marked_tokens_with_its_gr
         marked((0..21).map(|t| (t * 13 + 5) % 64).collect(), -1.0, 15..21),
         marked((0..13).map(|t| (t * 29 + 3) % 64).collect(), 0.5, 0..0),
     ];
-    let fresh = || {
-        let m = Qwen3::random(tiny_cfg(), 23, 0.2, Device::Cpu, Kind::Float).unwrap();
-        m.set_trainable(true);
-        m
-    };
     let run = |c: f64| {
-        let mut tr = trainer(fresh(), 0.0, 0.0);
+        let mut tr = trainer(fresh_full(23), 0.0, 0.0);
         tr.cfg.loss.unlikelihood = c;
         let m = tr.rl_step(&data).unwrap();
-        let g: Vec<(String, Tensor)> = tr
-            .model
-            .trainable()
-            .into_iter()
-            .map(|(n, p)| (n, p.grad().copy()))
-            .collect();
-        (m, g)
+        (m, trained_grads(&tr))
     };
     let (m, ours) = run(coef);
 
     // The reference: token-mean over counted tokens of −A·ρ (ρ = 1, gradient −A·∇log p) plus
     // coef · −log(1 − p) at the marked ones, through autograd with the full head.
-    let reference = fresh();
-    let counted: usize = data
-        .iter()
-        .map(|s| s.loss_mask[1..].iter().filter(|&&m| m).count())
-        .sum();
+    let reference = fresh_full(23);
     let mut total = Tensor::zeros([], (Kind::Float, Device::Cpu));
     let (mut ul_sum, mut ul_n) = (0.0, 0.0);
     for s in &data {
-        let n = s.tokens.len() as i64;
-        let ids = Tensor::from_slice(&s.tokens).view([1, n]);
-        let logp = reference
-            .logits(&ids.narrow(1, 0, n - 1), Fwd::TRAIN)
-            .log_softmax(-1, Kind::Float)
-            .squeeze_dim(0)
-            .gather(1, &ids.narrow(1, 1, n - 1).view([-1, 1]), false)
-            .squeeze_dim(1);
-        let f = |v: &[bool]| {
-            Tensor::from_slice(
-                &v[1..]
-                    .iter()
-                    .map(|&m| f32::from(u8::from(m)))
-                    .collect::<Vec<_>>(),
-            )
-        };
+        let logp = full_head_logp(&reference, &s.tokens);
         let ratio = (&logp - logp.detach()).exp();
-        total += (ratio * f(&s.loss_mask)).sum(Kind::Float) * -f64::from(s.advantages[0]);
+        total += (ratio * shifted(&s.loss_mask)).sum(Kind::Float) * -f64::from(s.advantages[0]);
         if !s.unlikelihood.is_empty() {
-            let marks = f(&s.unlikelihood);
+            let marks = shifted(&s.unlikelihood);
             let u = -(logp.exp().neg() + 1.0).log();
             ul_sum += (u.detach() * &marks).sum(Kind::Float).double_value(&[]);
             ul_n += marks.sum(Kind::Float).double_value(&[]);
             total += (u * marks).sum(Kind::Float) * coef;
         }
     }
-    let total = total / counted as f64;
+    let total = total / counted(&data) as f64;
     total.backward();
     let want = total.double_value(&[]);
     assert!(
@@ -340,13 +331,7 @@ fn the_unlikelihood_term_adds_minus_log_one_minus_p_on_marked_tokens_with_its_gr
         m.unlikelihood,
         ul_sum / ul_n
     );
-    for (name, p) in reference.trainable() {
-        let g = &ours.iter().find(|(n, _)| *n == name).unwrap().1;
-        let scale = p.grad().abs().max().double_value(&[]);
-        let d = (g - p.grad()).abs().max().double_value(&[]);
-        assert!(scale > 0.0, "{name}: no gradient");
-        assert!(d <= 1e-5 * scale, "{name}: max |diff| {d} (scale {scale})");
-    }
+    assert_grads_match(&ours, &reference);
 
     // Off (coefficient 0) the marks change nothing: the policy gradient alone, no tokens counted.
     let (m0, plain) = run(0.0);
@@ -371,12 +356,7 @@ fn the_unlikelihood_term_alone_lowers_the_marked_tokens_and_leaves_a_zero_advant
         let lp = &tr.logprobs(std::slice::from_ref(&s.tokens), Fwd::POLICY)[0];
         (13..20).map(|t| f64::from(lp[t - 1])).sum::<f64>() / 7.0
     };
-    let model = || {
-        let m = Qwen3::random(tiny_cfg(), 5, 0.2, Device::Cpu, Kind::Float).unwrap();
-        m.set_trainable(true);
-        m
-    };
-    let mut tr = trainer(model(), 1e-2, 0.0);
+    let mut tr = trainer(fresh_full(5), 1e-2, 0.0);
     tr.cfg.loss.unlikelihood = 1.0;
     let before = at_marks(&tr);
     for _ in 0..3 {
@@ -387,7 +367,7 @@ fn the_unlikelihood_term_alone_lowers_the_marked_tokens_and_leaves_a_zero_advant
         after < before - 1e-3,
         "marked tokens' mean log-prob {before} -> {after}"
     );
-    let mut off = trainer(model(), 1e-2, 0.0);
+    let mut off = trainer(fresh_full(5), 1e-2, 0.0);
     let w0 = off.model.trainable();
     let w0: Vec<Tensor> = w0.iter().map(|(_, p)| p.copy()).collect();
     off.rl_step(std::slice::from_ref(&s)).unwrap();

@@ -396,8 +396,16 @@ mod tests {
         assert_eq!(m["train/overlong_filtered"], 2.0);
     }
 
-    #[test]
-    fn loop_only_credit_keeps_a_loop_stopped_attempts_loop_and_nothing_before_it() {
+    /// One group of four with a loop, and the rule that finds it: member 0 finished; member 1
+    /// planned, searched (tool output), then looped over a 2-token block three times in a
+    /// final turn whose segments span Research and Answer; member 2 was cut by the budget;
+    /// member 3 was stopped by a server whose rule this is not (no closing loop found).
+    /// Advantages 1.5, -1.0, -0.5, 0.0.
+    fn loop_group() -> (
+        [Trajectory; 4],
+        HashMap<Uuid, [f64; 4]>,
+        RepetitionDetection,
+    ) {
         use crate::domain::trajectory::Stage;
         let rule = RepetitionDetection {
             max_pattern_size: 4,
@@ -413,10 +421,6 @@ mod tests {
             policy_version: Some(3),
         };
         let a = Uuid::now_v7();
-        // Member 0 finished. Member 1 planned, searched (tool output), then looped over a
-        // 2-token block three times in a final turn whose segments span Research and Answer.
-        // Member 2 was cut by the budget. Member 3 was stopped by a server whose rule this is
-        // not (no closing loop found).
         let mut t = [traj(a), traj(a), traj(a), traj(a)];
         t[1].finish_reason = finish::REPETITION.into();
         t[1].segments = vec![
@@ -438,6 +442,12 @@ mod tests {
         for (x, v) in t.iter().zip([1.5, -1.0, -0.5, 0.0]) {
             adv.insert(x.id, [v; 4]);
         }
+        (t, adv, rule)
+    }
+
+    #[test]
+    fn loop_only_credit_keeps_a_loop_stopped_attempts_loop_and_nothing_before_it() {
+        let (t, adv, rule) = loop_group();
         let (whole, s_whole) = assemble(&t, &adv, &HashSet::new(), 3, CutCredit::Whole);
         let (looped, s_loop) = assemble(&t, &adv, &HashSet::new(), 3, CutCredit::LoopOnly(rule));
         // prompt 2 + plan 3 + tool 2 + research 4 + answer 3
@@ -483,44 +493,7 @@ mod tests {
 
     #[test]
     fn loop_unlikelihood_marks_a_loop_stopped_attempts_repeated_copies_and_nothing_else() {
-        use crate::domain::trajectory::Stage;
-        let rule = RepetitionDetection {
-            max_pattern_size: 4,
-            min_pattern_size: 1,
-            min_count: 3,
-        };
-        let model = |stage, ids: Vec<u32>| Segment {
-            kind: SegmentKind::Model,
-            stage: Some(stage),
-            logprobs: Some(vec![-0.1; ids.len()]),
-            token_ids: ids,
-            text: String::new(),
-            policy_version: Some(3),
-        };
-        let a = Uuid::now_v7();
-        // Member 1 looped over the block (7 8) three times, across Research and Answer; member
-        // 2 was cut by the budget; member 3 was stopped by a rule that is not this one.
-        let mut t = [traj(a), traj(a), traj(a), traj(a)];
-        t[1].finish_reason = finish::REPETITION.into();
-        t[1].segments = vec![
-            model(Stage::Plan, vec![10, 11, 12]),
-            Segment {
-                kind: SegmentKind::ToolOutput,
-                stage: None,
-                token_ids: vec![20, 21],
-                logprobs: None,
-                text: String::new(),
-                policy_version: None,
-            },
-            model(Stage::Research, vec![13, 7, 8, 7]),
-            model(Stage::Answer, vec![8, 7, 8]),
-        ];
-        t[2].finish_reason = finish::LENGTH.into();
-        t[3].finish_reason = finish::REPETITION.into();
-        let mut adv = HashMap::new();
-        for (x, v) in t.iter().zip([1.5, -1.0, -0.5, 0.0]) {
-            adv.insert(x.id, [v; 4]);
-        }
+        let (t, adv, rule) = loop_group();
         let none = HashSet::new();
         let (whole, _) = assemble(&t, &adv, &none, 3, CutCredit::Whole);
         let on = |cut| BatchCredit {

@@ -248,6 +248,7 @@ pub fn aggregate(parts: &[StepMetrics]) -> StepMetrics {
     }
     let tokens: i64 = parts.iter().map(|p| p.tokens).sum();
     let n = tokens.max(1) as f64;
+    let ul_tokens: i64 = parts.iter().map(|p| p.unlikelihood_tokens).sum();
     let per_token = |f: fn(&StepMetrics) -> f64| -> f64 {
         parts.iter().map(|p| f(p) * p.tokens as f64).sum::<f64>() / n
     };
@@ -277,12 +278,8 @@ pub fn aggregate(parts: &[StepMetrics]) -> StepMetrics {
             .iter()
             .map(|p| p.unlikelihood * p.unlikelihood_tokens as f64)
             .sum::<f64>()
-            / parts
-                .iter()
-                .map(|p| p.unlikelihood_tokens)
-                .sum::<i64>()
-                .max(1) as f64,
-        unlikelihood_tokens: parts.iter().map(|p| p.unlikelihood_tokens).sum(),
+            / ul_tokens.max(1) as f64,
+        unlikelihood_tokens: ul_tokens,
         seconds: parts.iter().map(|p| p.seconds).sum(),
     }
 }
@@ -1022,12 +1019,15 @@ impl Trainer {
         let shift = |f: &dyn Fn(&Sequence) -> Vec<f32>| -> Vec<Vec<f32>> {
             rows.iter().map(|s| f(s)[1..].to_vec()).collect()
         };
-        let mask = shift(&|s| {
-            s.loss_mask
-                .iter()
-                .map(|&m| f32::from(u8::from(m)))
-                .collect()
-        });
+        // Per-token flags as 0/1 weights (an empty array: none set).
+        let flags = |v: &[bool], n: usize| -> Vec<f32> {
+            if v.is_empty() {
+                vec![0.0; n]
+            } else {
+                v.iter().map(|&m| f32::from(u8::from(m))).collect()
+            }
+        };
+        let mask = shift(&|s| flags(&s.loss_mask, s.tokens.len()));
         let weights: Vec<Vec<f32>> = rows
             .iter()
             .zip(&mask)
@@ -1099,18 +1099,7 @@ impl Trainer {
         let ul = (mode == Mode::Rl
             && self.cfg.loss.unlikelihood > 0.0
             && rows.iter().any(|s| s.unlikelihood.contains(&true)))
-        .then(|| {
-            shift(&|s| {
-                if s.unlikelihood.is_empty() {
-                    vec![0.0; s.tokens.len()]
-                } else {
-                    s.unlikelihood
-                        .iter()
-                        .map(|&u| f32::from(u8::from(u)))
-                        .collect()
-                }
-            })
-        });
+        .then(|| shift(&|s| flags(&s.unlikelihood, s.tokens.len())));
         let ids_t = pad_2d(&ids, 0i64, dev);
         let t = ids_t.size()[1];
         let targets = ids_t.narrow(1, 1, t - 1);

@@ -155,8 +155,10 @@ pub async fn build(
 /// advantages all zero). With [`CutCredit::LoopOnly`] a loop-stopped trajectory's tokens before
 /// its loop leave the loss. With `credit.unlikelihood` the tokens of its loop after the loop's
 /// first copy (each later copy, the decision to repeat included) are marked for the trainer's
-/// unlikelihood term; the first copy is text the attempt wrote once. Groups are numbered by
-/// task in stored order.
+/// unlikelihood term; the first copy is text the attempt wrote once. Negative advantages are
+/// multiplied by `credit.negative_scale` after the degenerate-group test (a group with signal
+/// keeps its members, a scaled-away member still counts in the loss's token normaliser); the
+/// advantage statistics are of what is trained. Groups are numbered by task in stored order.
 pub fn assemble(
     trajs: &[Trajectory],
     adv: &HashMap<Uuid, [f64; 4]>,
@@ -205,6 +207,7 @@ pub fn assemble(
     let mut min_version = i32::MAX;
     let mut stale = 0.0;
     for (t, a) in kept {
+        let a = credit.trained_advantages(a);
         let next = groups.len() as u32;
         let g = *groups.entry(t.task_id).or_insert(next);
         let mut seq = sequence(t, &a, g);
@@ -492,6 +495,62 @@ mod tests {
     }
 
     #[test]
+    fn a_negative_advantage_scale_shrinks_the_negative_stage_advantages_and_nothing_else() {
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        // Task a: stage advantages of both signs (SS-GRPO); task b: a degenerate group.
+        let t = [traj(a), traj(a), traj(a), traj(b), traj(b)];
+        let rows = [
+            [0.5, -1.0, 2.0, -0.25],
+            [-0.5, 1.0, -2.0, 0.25],
+            [-1.5, -0.5, 0.0, -3.0],
+            [0.0; 4],
+            [0.0; 4],
+        ];
+        let adv: HashMap<Uuid, [f64; 4]> = t.iter().map(|x| x.id).zip(rows).collect();
+        let none = HashSet::new();
+        let with = |negative_scale| BatchCredit {
+            negative_scale,
+            ..CutCredit::Whole.into()
+        };
+        let (plain, s_plain) = assemble(&t, &adv, &none, 3, CutCredit::Whole);
+        let (one, s_one) = assemble(&t, &adv, &none, 3, with(1.0));
+        assert_eq!((one, s_one.clone()), (plain.clone(), s_plain.clone()));
+        let (half, _) = assemble(&t, &adv, &none, 3, with(0.5));
+        let (psr, s_psr) = assemble(&t, &adv, &none, 3, with(0.0));
+        let advs = |b: &wire::Batch| -> Vec<Vec<f32>> {
+            b.seqs.iter().map(|s| s.advantages.clone()).collect()
+        };
+        assert_eq!(
+            advs(&half),
+            [
+                vec![0.5, -0.5, 2.0, -0.125],
+                vec![-0.25, 1.0, -1.0, 0.25],
+                vec![-0.75, -0.25, 0.0, -1.5]
+            ]
+        );
+        assert_eq!(
+            advs(&psr),
+            [
+                vec![0.5, 0.0, 2.0, 0.0],
+                vec![0.0, 1.0, 0.0, 0.25],
+                vec![0.0, 0.0, 0.0, 0.0]
+            ]
+        );
+        // The same members, tokens and loss masks: the all-negative member stays in the batch
+        // (in the loss's token count) with advantage 0; the degenerate group is dropped as before.
+        assert_eq!((s_psr.sequences, s_psr.groups_dropped), (3, 1));
+        assert_eq!((s_plain.zero_advantage, s_psr.zero_advantage), (0, 1));
+        for (p, q) in plain.seqs.iter().zip(&psr.seqs) {
+            assert_eq!((&p.tokens, &p.loss_mask), (&q.tokens, &q.loss_mask));
+        }
+        // The statistics are of what is trained: mean |A| of the Answer stage (0.25 + 0.25 +
+        // 3.0) / 3 plain, 0.25 / 3 with the negatives scaled away.
+        let approx = |x: f64, y: f64| (x - y).abs() < 1e-12;
+        assert!(approx(s_plain.mean_abs_advantage[3], 3.5 / 3.0));
+        assert!(approx(s_psr.mean_abs_advantage[3], 0.25 / 3.0));
+    }
+
+    #[test]
     fn loop_unlikelihood_marks_a_loop_stopped_attempts_repeated_copies_and_nothing_else() {
         let (t, adv, rule) = loop_group();
         let none = HashSet::new();
@@ -499,6 +558,7 @@ mod tests {
         let on = |cut| BatchCredit {
             cut,
             unlikelihood: Some(rule),
+            negative_scale: 1.0,
         };
         let (marked, stats) = assemble(&t, &adv, &none, 3, on(CutCredit::Whole));
         // prompt 2 + plan 3 + tool 2 + research 4 + answer 3: the loop is the last six tokens,

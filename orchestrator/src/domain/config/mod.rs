@@ -502,7 +502,7 @@ fn default_max_failure_rate() -> f64 {
 }
 
 /// Credit assignment settings (method.md A.5, B.6).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreditConfig {
     /// The stage-dependence matrix Λ (rows: stages; upper-triangular, unit diagonal).
@@ -532,6 +532,42 @@ pub struct CreditConfig {
     /// this).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub loop_tokens_only: bool,
+    /// What a negative advantage is multiplied by in the training batch, in [0, 1] (1, the
+    /// default: the policy gradient as every paper writes it). Positive advantages are kept.
+    /// 0 trains on the better-than-group attempts alone: Zhu et al. 2025's positive sample
+    /// reinforcement (PSR, "The Surprising Effectiveness of Negative Reinforcement in LLM
+    /// Reasoning"), an advantage-weighted form of rejection-sampling fine-tuning (RAFT, Dong et
+    /// al. 2023). Why here (issue 25): at this model size the negative side flattens the text
+    /// before a loop and the flattened policy loops more (session 48's lr 2e-4 run), while SFT
+    /// transfers across lineages. The stored advantages (and so the group statistics and the
+    /// judge's record) are unchanged; per stage for SS-GRPO. Reflection candidates' updates
+    /// are not affected. Not serialised at 1, so earlier runs' settings hashes stand.
+    #[serde(
+        default = "unit_scale",
+        skip_serializing_if = "is_unit_scale",
+        rename = "negative_advantage_scale"
+    )]
+    pub negative_scale: f64,
+}
+
+impl Default for CreditConfig {
+    fn default() -> Self {
+        Self {
+            lambda: Default::default(),
+            citation: false,
+            overlong_filter: false,
+            loop_tokens_only: false,
+            negative_scale: 1.0,
+        }
+    }
+}
+
+fn unit_scale() -> f64 {
+    1.0
+}
+
+fn is_unit_scale(x: &f64) -> bool {
+    *x == 1.0
 }
 
 impl JudgeConfig {
@@ -706,10 +742,18 @@ pub enum CutCredit {
 /// What a step's batch makes of its cut attempts: which of their tokens carry their advantage
 /// (`cut`), and, with `trainer.loop_unlikelihood` on, the rule that finds the loop whose
 /// repeated copies (every copy after the first) also carry the trainer's unlikelihood term.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchCredit {
     pub cut: CutCredit,
     pub unlikelihood: Option<RepetitionDetection>,
+    /// `credit.negative_advantage_scale`: what a negative advantage is multiplied by.
+    pub negative_scale: f64,
+}
+
+impl Default for BatchCredit {
+    fn default() -> Self {
+        CutCredit::default().into()
+    }
 }
 
 impl From<CutCredit> for BatchCredit {
@@ -717,6 +761,7 @@ impl From<CutCredit> for BatchCredit {
         Self {
             cut,
             unlikelihood: None,
+            negative_scale: 1.0,
         }
     }
 }
@@ -728,6 +773,12 @@ impl BatchCredit {
             CutCredit::LoopOnly(rule) => Some(rule),
             _ => self.unlikelihood,
         }
+    }
+
+    /// The advantages a trajectory trains with: each negative stage advantage times
+    /// `negative_scale`, the rest as stored.
+    pub fn trained_advantages(&self, a: [f64; 4]) -> [f64; 4] {
+        a.map(|x| if x < 0.0 { x * self.negative_scale } else { x })
     }
 }
 
@@ -741,6 +792,7 @@ impl Config {
                 .rollout
                 .repetition_detection
                 .filter(|_| self.trainer.settings.loop_unlikelihood > 0.0),
+            negative_scale: self.credit.negative_scale,
         }
     }
 

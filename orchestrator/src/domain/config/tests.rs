@@ -702,6 +702,7 @@ fn loop_unlikelihood_is_off_in_every_preset_needs_the_loop_stop_and_excludes_the
         BatchCredit {
             cut: CutCredit::Whole,
             unlikelihood: Some(want),
+            negative_scale: 1.0,
         }
     );
     assert_eq!(c.batch_credit().loop_rule(), Some(want));
@@ -745,4 +746,35 @@ fn loop_unlikelihood_is_off_in_every_preset_needs_the_loop_stop_and_excludes_the
         err.contains("loop_unlikelihood") && err.contains("[0, 10]"),
         "{err}"
     );
+}
+
+#[test]
+fn the_negative_advantage_scale_is_one_in_every_preset_unserialised_there_and_range_checked() {
+    for (name, _) in PRESETS {
+        let c = Config::load(name, &Overrides::default()).unwrap();
+        assert_eq!(c.credit.negative_scale, 1.0, "{name}");
+        assert_eq!(c.batch_credit().negative_scale, 1.0, "{name}");
+        // Absent from the serialised table at 1, so earlier runs' stored configs read the same.
+        let text = toml::to_string(&c.credit).unwrap();
+        assert!(!text.contains("negative_advantage_scale"), "{name}: {text}");
+    }
+    let c = smoke_with(&["credit.negative_advantage_scale=0.0"]).unwrap();
+    assert_eq!(c.batch_credit().negative_scale, 0.0);
+    assert_eq!(
+        c.batch_credit().trained_advantages([1.0, -2.0, 0.0, -0.5]),
+        [1.0, 0.0, 0.0, 0.0]
+    );
+    let text = toml::to_string(&c.credit).unwrap();
+    assert!(text.contains("negative_advantage_scale = 0.0"), "{text}");
+    let back: CreditConfig = toml::from_str(&text).unwrap();
+    assert_eq!(back, c.credit);
+    for bad in ["1.5", "-0.1", "nan"] {
+        let err = smoke_with(&[&format!("credit.negative_advantage_scale={bad}")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("credit.negative_advantage_scale") && err.contains("0..=1"),
+            "{bad}: {err}"
+        );
+    }
 }

@@ -314,6 +314,12 @@ impl Config {
             "true with credit.overlong_filter",
             "one of the two (the filter leaves loop-stopped attempts out of the loss whole)",
         )?;
+        check(
+            (0.0..=1.0).contains(&self.credit.negative_scale),
+            "credit.negative_advantage_scale",
+            self.credit.negative_scale,
+            "0..=1 (1: the plain policy gradient; 0: positive advantages alone)",
+        )?;
         let unlikelihood = self.trainer.settings.loop_unlikelihood > 0.0;
         check(
             !unlikelihood || ro.repetition_detection.is_some(),

@@ -15,11 +15,19 @@ session 47, done there by hand) scores them from short probe runs of their own:
    paired over tasks (mean ± standard error over tasks of the per-task mean over samples), then
    mean ± sd of the changes over the runs; printed and written to OUT/summary.md.
 
+With --models LABEL=DIR ... and --eval TASKS.jsonl instead of an experiment, the same machinery
+scores any model directories (the first is the reference) on any task file the probes' pool does
+not overlap, under the subset name --subset (default `probe`): e.g. a warm start against models
+trained from it some other way (issue 25 session 51: supervised passes on the RL tasks' teacher
+demonstrations, the ceiling of what those tasks can teach).
+
   usage: seen-task-probe.py EXPERIMENT --from runs/EXP_DIR --tasks TASKS.jsonl --pool POOL.jsonl
          [--model runs/split/model-sft] [--out runs/probe-XXXXXXXX] [--size 64] [--n 2]
          [--temperature 0.7] [--bin runs/bin] [--port 8100] [--set KEY=VALUE ...]
          [--db postgres://postgres@127.0.0.1:5432/rubricem]
-         seen-task-probe.py --summary LABEL=PROBE_EXPERIMENT ... (the first is the reference)
+         seen-task-probe.py --models LABEL=MODEL_DIR ... --eval TASKS.jsonl --pool POOL.jsonl
+         [--subset probe] [--out DIR] [--size ...] (the first model is the reference)
+         seen-task-probe.py --summary LABEL=PROBE_EXPERIMENT ... [--subset seen]
 
 --set carries the experiment's own settings the probes must share (data.index, data.tokenizer,
 rollout.repetition_detection, ...); the probe's step count, seeds, recipe, training tasks and
@@ -36,7 +44,7 @@ import time
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUBSET = "seen"
+SEEN = "seen"
 
 
 def say(msg):
@@ -104,10 +112,10 @@ def model_dir(warm, checkpoint, out):
 
 
 def probe_args(a, label, seen_file):
-    sets = [f"experiment.name=probe-{label}", "experiment.steps=1", "eval.every=0",
+    sets = [f"experiment.name=probe-{a.subset}-{label}", "experiment.steps=1", "eval.every=0",
             "eval.held_out=0", "experiment.seeds=[17]", 'experiment.recipes=["baseline-rl"]',
             f"data.tasks={a.pool}",
-            f'eval.sets=[{{name="{SUBSET}",tasks="{seen_file}",size={a.size},n={a.n},'
+            f'eval.sets=[{{name="{a.subset}",tasks="{seen_file}",size={a.size},n={a.n},'
             f"temperature={a.temperature}}}]"] + a.set
     args = []
     for s in sets:
@@ -146,7 +154,7 @@ def probe_done(a, p):
     rows = psql(a.db, f"""
         SELECT count(*) FROM evaluations e JOIN runs r ON r.id = e.run_id
         WHERE r.experiment_id = '{p["exp"]}' AND e.policy_version = 0
-          AND e.subset = '{SUBSET}'""")
+          AND e.subset = '{a.subset}'""")
     return p["exp"] if rows and int(rows[0][0]) > 0 else None
 
 
@@ -181,14 +189,14 @@ def run_probes(a, models, seen_file):
     return [(label, done[label]) for label, _ in models]
 
 
-def results(db, experiment):
+def results(db, experiment, subset):
     """{task: ([scores], [exact or None])} of a probe's version-0 `seen` evaluation."""
     rows = psql(db, f"""
         SELECT tk.external_id, er.score, er.exact
         FROM evaluation_results er JOIN runs r ON r.id = er.run_id
         JOIN tasks tk ON tk.id = er.task_id
         WHERE r.experiment_id = '{experiment}' AND er.policy_version = 0
-          AND er.subset = '{SUBSET}' AND er.score IS NOT NULL""")
+          AND er.subset = '{subset}' AND er.score IS NOT NULL""")
     out = {}
     for task, score, exact in rows:
         s, e = out.setdefault(task, ([], []))
@@ -224,9 +232,9 @@ def task_exact(v):
     return mean([float(e) for e in known]) if known else None
 
 
-def summary(db, probes):
+def summary(db, probes, subset):
     """Markdown table of the probes against the first (the reference)."""
-    data = [(label, exp, results(db, exp)) for label, exp in probes]
+    data = [(label, exp, results(db, exp, subset)) for label, exp in probes]
     label0, _, ref = data[0]
     lines = [f"Tasks scored: {len(ref)} (reference: {label0})", "",
              "| weights | probe experiment | score | change ± s.e. over tasks | exact | change ± s.e. |",
@@ -271,7 +279,16 @@ def main():
         "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/rubricem"))
     ap.add_argument("--summary", nargs="+", metavar="LABEL=EXPERIMENT",
                     help="only summarise finished probes (the first is the reference)")
+    ap.add_argument("--models", nargs="+", metavar="LABEL=MODEL_DIR",
+                    help="score these model directories instead of an experiment's runs (the "
+                    "first is the reference); needs --eval")
+    ap.add_argument("--eval", dest="eval_tasks", help="with --models: the task file scored")
+    ap.add_argument("--subset", help="the evaluation subset's name (default: seen for an "
+                    "experiment's training tasks, probe with --models)")
     a = ap.parse_args()
+    a.subset = a.subset or (SEEN if not a.models else "probe")
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", a.subset):
+        sys.exit(f"seen-task-probe: --subset = {a.subset!r}; allowed: 1 to 40 of A-Z a-z 0-9 _ -")
     if a.summary:
         probes = []
         for item in a.summary:
@@ -280,16 +297,37 @@ def main():
                 probes.append((label, a_uuid(exp)))
             except argparse.ArgumentTypeError as e:
                 sys.exit(f"seen-task-probe: --summary {item}: {e}")
-        sys.stdout.write(summary(a.db, probes))
+        sys.stdout.write(summary(a.db, probes, a.subset))
         return
-    if not (a.experiment and a.tasks and a.pool and a.runs_dir):
-        ap.error("EXPERIMENT, --tasks, --pool and --from are needed (or --summary)")
+    if a.models:
+        if a.experiment or not (a.eval_tasks and a.pool):
+            ap.error("--models needs --eval and --pool, and no EXPERIMENT")
+        models = []
+        for item in a.models:
+            label, _, path = item.partition("=")
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", label) or not path:
+                sys.exit(f"seen-task-probe: --models {item!r}: expected LABEL=MODEL_DIR, LABEL 1 "
+                         "to 40 of A-Z a-z 0-9 _ . -")
+            if not os.path.isfile(os.path.join(path, "model.safetensors")):
+                sys.exit(f"seen-task-probe: --models {item}: no model.safetensors in {path}")
+            models.append((label, path))
+        if len({label for label, _ in models}) != len(models):
+            sys.exit(f"seen-task-probe: --models labels repeat: {[l for l, _ in models]}")
+        if not os.path.isfile(a.eval_tasks):
+            sys.exit(f"seen-task-probe: --eval {a.eval_tasks}: no such file")
+    elif not (a.experiment and a.tasks and a.pool and a.runs_dir):
+        ap.error("EXPERIMENT, --tasks, --pool and --from are needed (or --models, or --summary)")
     for name, v, lo, hi in [("--size", a.size, 1, 100_000), ("--n", a.n, 1, 64),
                             ("--port", a.port, 1024, 65234)]:
         if not lo <= v <= hi:
             sys.exit(f"seen-task-probe: {name} = {v}; allowed: {lo} to {hi}")
     if not 0.0 <= a.temperature <= 2.0:
         sys.exit(f"seen-task-probe: --temperature = {a.temperature}; allowed: 0 to 2")
+    if a.models:
+        a.out = a.out or os.path.join("runs", f"probe-{a.subset}")
+        os.makedirs(a.out, exist_ok=True)
+        report(a, run_probes(a, models, a.eval_tasks))
+        return
     a.out = a.out or os.path.join("runs", f"probe-{a.experiment[:8]}")
     os.makedirs(a.out, exist_ok=True)
     seen_file = os.path.join(a.out, "seen.jsonl")
@@ -300,8 +338,12 @@ def main():
         label = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
         checkpoint = find_checkpoint(path, a.runs_dir)
         models.append((label, model_dir(a.model, checkpoint, os.path.join(a.out, "models", label))))
-    probes = run_probes(a, models, seen_file)
-    text = summary(a.db, probes)
+    report(a, run_probes(a, models, seen_file))
+
+
+def report(a, probes):
+    """The summary, printed and written to OUT/summary.md."""
+    text = summary(a.db, probes, a.subset)
     with open(os.path.join(a.out, "summary.md"), "w") as f:
         f.write(text)
     sys.stdout.write(text)

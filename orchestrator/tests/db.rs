@@ -72,6 +72,21 @@ fn eval_row(
     }
 }
 
+/// Runs a script with `args`, asserting it succeeds; its standard output.
+fn run_ok(script: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Runs a script that must refuse its arguments, and checks that its message says `message`.
 fn assert_refused(script: &std::path::Path, args: &[&str], message: &str) {
     let out = std::process::Command::new("python3")
@@ -1280,20 +1295,12 @@ async fn seen_task_probe_summary_pairs_each_probe_with_the_reference_over_tasks(
     }
     let url = common::database::db_url(&pool).await;
     let script = script("seen-task-probe.py");
-    let out = std::process::Command::new("python3")
-        .arg(&script)
-        .arg("--db")
-        .arg(&url)
-        .arg("--summary")
-        .args(&args)
-        .output()
-        .expect("python3 runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let summary = |subset: &str| {
+        let mut argv = vec!["--db", url.as_str(), "--subset", subset, "--summary"];
+        argv.extend(args.iter().map(String::as_str));
+        run_ok(&script, &argv)
+    };
+    let text = summary("seen");
     // Score: reference 1.8/6, new 2.6/6; per-task changes +0.2, +0.1, +0.1 (mean 0.133, sd
     // 0.0577, s.e. 0.0333). Exact over known answers (t1, t3): 1/4 and 3/4, per-task +0.5, +0.5.
     assert!(text.contains("Tasks scored: 3 (reference: ref)"), "{text}");
@@ -1311,9 +1318,53 @@ async fn seen_task_probe_summary_pairs_each_probe_with_the_reference_over_tasks(
         "{text}"
     );
 
+    // --subset reads that subset instead (`x` is 1.0 everywhere: no change).
+    let text = summary("x");
+    assert!(
+        text.contains("| 1.0000 | +0.000 ± 0.000 (3 tasks) |"),
+        "{text}"
+    );
+    assert!(!text.contains("+0.133"), "{text}");
+
     assert_refused(
         &script,
         &["--summary", "ref=not-a-uuid"],
         "ref=not-a-uuid: 'not-a-uuid' is not a UUID",
+    );
+    assert_refused(
+        &script,
+        &["--subset", "x'y", "--summary", &args[0]],
+        "--subset = \"x'y\"; allowed: 1 to 40 of A-Z a-z 0-9 _ -",
+    );
+    // --models: each directory must hold weights, labels must differ, and --eval is needed.
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().display().to_string();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::write(model.join("model.safetensors"), "").unwrap();
+    let model = model.display().to_string();
+    let (eval, pool_file) = (format!("{empty}/eval.jsonl"), format!("{empty}/pool.jsonl"));
+    std::fs::write(&eval, "").unwrap();
+    for (a, b, message) in [
+        (
+            &empty,
+            &model,
+            format!("--models a={empty}: no model.safetensors in {empty}"),
+        ),
+        (
+            &model,
+            &model,
+            "--models labels repeat: ['a', 'a']".to_string(),
+        ),
+    ] {
+        let b_label = if a == b { "a" } else { "b" };
+        let (a, b) = (format!("a={a}"), format!("{b_label}={b}"));
+        let argv: [&str; 7] = ["--models", &a, &b, "--eval", &eval, "--pool", &pool_file];
+        assert_refused(&script, &argv, &message);
+    }
+    assert_refused(
+        &script,
+        &["--models", "a=x", "--pool", &pool_file],
+        "--models needs --eval and --pool",
     );
 }

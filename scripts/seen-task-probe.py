@@ -190,7 +190,7 @@ def run_probes(a, models, seen_file):
 
 
 def results(db, experiment, subset):
-    """{task: ([scores], [exact or None])} of a probe's version-0 `seen` evaluation."""
+    """{task: ([scores], [exact or None])} of a probe's version-0 evaluation of `subset`."""
     rows = psql(db, f"""
         SELECT tk.external_id, er.score, er.exact
         FROM evaluation_results er JOIN runs r ON r.id = er.run_id

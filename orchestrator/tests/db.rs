@@ -928,18 +928,10 @@ async fn loop_onset_script_replays_the_rule_on_stored_tokens(pool: PgPool) {
     .unwrap();
     let url = common::database::db_url(&pool).await;
     let script = script("loop-onset.py");
-    let out = std::process::Command::new("python3")
-        .arg(&script)
-        .arg(run_id.to_string())
-        .args(["--period", "4", "--repeats", "4,8", "--db"])
-        .arg(&url)
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let run = run_id.to_string();
+    let stdout = run_ok(
+        &script,
+        &[&run, "--period", "4", "--repeats", "4,8", "--db", &url],
     );
     // 43 + 20 + 9 model tokens, 43 of them in the cut attempt.
     assert!(
@@ -961,10 +953,10 @@ async fn loop_onset_script_replays_the_rule_on_stored_tokens(pool: PgPool) {
     // --probs: the stored probabilities (the fixture's logprob of token t is -t/1000) of the
     // one attempt that loops 8 times: tokens 1-3 before the loop, the first copy (7, 8), and
     // seven more copies; 1 - p of each region over the attempt's total, figured by hand.
-    let out = std::process::Command::new("python3")
-        .arg(&script)
-        .arg(run_id.to_string())
-        .args([
+    let stdout = run_ok(
+        &script,
+        &[
+            &run,
             "--period",
             "4",
             "--repeats",
@@ -972,13 +964,10 @@ async fn loop_onset_script_replays_the_rule_on_stored_tokens(pool: PgPool) {
             "--probs",
             "--by-step",
             "2",
-        ])
-        .arg("--db")
-        .arg(&url)
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
+            "--db",
+            &url,
+        ],
+    );
     for row in [
         "1 looping attempts (period <= 4, 8 copies)",
         "| before the loop | 3 | 0.998 | 0.002 | 0.048 |",
@@ -1192,22 +1181,13 @@ async fn seen_tasks_script_keeps_the_tasks_an_experiment_trained_on(pool: PgPool
         let out_file = dir
             .path()
             .join(if any { "any.jsonl" } else { "every.jsonl" });
-        let mut cmd = std::process::Command::new("python3");
-        cmd.arg(&script)
-            .arg(exp.to_string())
-            .arg(&tasks)
-            .arg(&out_file)
-            .arg("--db")
-            .arg(&url);
+        let exp = exp.to_string();
+        let (tasks, out) = (tasks.display().to_string(), out_file.display().to_string());
+        let mut argv = vec![exp.as_str(), &tasks, &out, "--db", &url];
         if any {
-            cmd.arg("--any");
+            argv.push("--any");
         }
-        let out = cmd.output().expect("python3 runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_ok(&script, &argv);
         std::fs::read_to_string(out_file)
             .unwrap()
             .lines()

@@ -1,6 +1,7 @@
 //! Rollouts end to end against the loopback fake (scripted multi-turn outputs with tool calls)
 //! and real Postgres: token ids exact, stage spans and masks exact, tool cache hit on rerun, and
-//! the documented finish reasons for models that never close a tag, stop early, or overuse tools.
+//! the documented finish reasons for models that never close a tag, stop early, or overuse tools;
+//! a replayed demonstration (off-policy guidance) is the trajectory of the same turns.
 #![allow(clippy::disallowed_methods)] // reads Postgres directly to check what the product stored
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
@@ -209,6 +210,104 @@ async fn three_turn_rollout_has_exact_tokens_stages_and_masks() {
         .unwrap();
     assert!(tool_seg.text.contains("<tool_output><snippet id="));
     assert_eq!(tool_seg.token_ids, toy_tokenize(&tool_seg.text));
+}
+
+/// A demonstration replayed (off-policy guidance) is the trajectory the policy would have made
+/// had it written the same turns: same tokens, stages, tool calls and parse, without a request
+/// to the policy server; its model tokens carry behaviour log-prob 0 ("not recorded") and its
+/// server is `teacher`. A recorded tool output that differs from the tool's is counted, and a
+/// demonstration that ends without an answer finishes as `length`.
+#[tokio::test]
+async fn a_replayed_demonstration_is_the_trajectory_of_the_same_turns() {
+    use orchestrator::domain::data::demos::{Demo, DemoTurn};
+    let s = setup(None, 10, 4000).await;
+    let (gene, protein, compound, gene_doc) = texts(&s.world);
+    let t1 = T1.replace("GENE", &format!("the {gene} gene"));
+    let t2 = T2.replace("PROTEIN", &protein);
+    let t3 = T3.replace("COMPOUND", &compound).replace("CITE", &gene_doc);
+    for t in [&t1, &t2, &t3] {
+        s.server.push_scripted(Scripted::reply(t, "stop")).await;
+    }
+    let task = task(Uuid::now_v7());
+    let sampled = s.ctx.run(&task, slot(Uuid::now_v7())).await.unwrap();
+    let outputs: Vec<String> = sampled
+        .trajectory
+        .segments
+        .iter()
+        .filter(|x| x.kind == SegmentKind::ToolOutput)
+        .map(|x| x.text.clone())
+        .collect();
+    assert_eq!(outputs.len(), 2);
+    let demo = Demo {
+        turns: vec![
+            DemoTurn {
+                model: t1.clone(),
+                tool_output: Some(outputs[0].clone()),
+            },
+            DemoTurn {
+                model: t2.clone(),
+                tool_output: Some(outputs[1].clone()),
+            },
+            DemoTurn {
+                model: t3.clone(),
+                tool_output: None,
+            },
+        ],
+    };
+    let before = s.server.requests();
+    let mut guide = slot(Uuid::now_v7());
+    guide.sample_index = 4;
+    let r = s.ctx.replay(&task, guide, &demo).await.unwrap();
+    assert_eq!(
+        s.server.requests(),
+        before,
+        "no request to the policy server"
+    );
+    let (a, b) = (&sampled.trajectory, &r.trajectory);
+    assert_eq!(b.server, "teacher");
+    assert_eq!((b.sample_index, b.task_id), (4, task.task_id));
+    assert_eq!(b.finish_reason, "answer");
+    assert_eq!(b.prompt_token_ids, a.prompt_token_ids);
+    assert_eq!(a.segments.len(), b.segments.len());
+    for (x, y) in a.segments.iter().zip(&b.segments) {
+        assert_eq!(
+            (x.kind, x.stage, &x.token_ids, &x.text),
+            (y.kind, y.stage, &y.token_ids, &y.text)
+        );
+        if y.kind == SegmentKind::Model {
+            assert!(y.logprobs.as_ref().unwrap().iter().all(|&l| l == 0.0));
+        }
+    }
+    b.validate().unwrap();
+    let stages = |r: &orchestrator::domain::rollout::Rollout| -> Vec<(Stage, Vec<String>)> {
+        r.calls
+            .iter()
+            .map(|c| {
+                (
+                    c.stage,
+                    c.result.snippets.iter().map(|x| x.id.clone()).collect(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(stages(&r), stages(&sampled));
+    assert_eq!(r.parsed.boxed, sampled.parsed.boxed);
+    assert!(r.parsed.citations.iter().all(|c| c.known));
+    assert_eq!(b.parsed["guidance"]["tool_output_mismatch"], 0);
+
+    // A recorded output that is not the tool's is counted (the tool's stands).
+    let mut other = demo.clone();
+    other.turns[1].tool_output = Some("\n<tool_output>stale</tool_output>\n".into());
+    let r2 = s.ctx.replay(&task, guide, &other).await.unwrap();
+    assert_eq!(r2.trajectory.parsed["guidance"]["tool_output_mismatch"], 1);
+    assert_eq!(r2.trajectory.segments, r.trajectory.segments);
+
+    // Without its answer turn the demonstration ends as a budget cut would.
+    let mut cut = demo.clone();
+    cut.turns.truncate(2);
+    cut.turns[1].tool_output = None;
+    let r3 = s.ctx.replay(&task, guide, &cut).await.unwrap();
+    assert_eq!(r3.trajectory.finish_reason, "length");
 }
 
 #[tokio::test]

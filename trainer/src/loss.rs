@@ -223,7 +223,12 @@ pub fn policy_terms(
     let pg = unclipped.maximum(&clipped);
     let clipped_taken = tch::no_grad(|| clipped.gt_tensor(&unclipped).to_kind(Kind::Float));
     let tis = match (behaviour_logp, cfg.tis_clamp) {
-        (Some(b), Some(c)) => tch::no_grad(|| (old_logp - b).exp().clamp_max(c)),
+        // A behaviour log-prob of exactly 0 is "not recorded" (tokens no policy server sampled:
+        // a demonstration's, `credit.guidance_demos`): weight 1 there.
+        (Some(b), Some(c)) => tch::no_grad(|| {
+            let w = (old_logp - b).exp().clamp_max(c);
+            w.where_self(&b.ne(0.0), &w.ones_like())
+        }),
         _ => Tensor::ones_like(logp).detach(),
     };
     let kl3 = match ref_logp {

@@ -1049,10 +1049,20 @@ impl Trainer {
             mask.iter().map(|m| vec![0.0; m.len()]).collect()
         };
         // Phase A's ratio already is against the behaviour policy: no truncated IS on top.
+        // Per token: where a behaviour log-prob is 0 (not recorded; a row without any is all
+        // 0) the weight is 1 (`loss::policy_terms`).
         let behaviour = (mode == Mode::Rl
             && self.cfg.loss.tis_clamp.is_some()
-            && rows.iter().all(|s| !s.behaviour_logprobs.is_empty()))
-        .then(|| shift(&|s| s.behaviour_logprobs.clone()));
+            && rows.iter().any(|s| !s.behaviour_logprobs.is_empty()))
+        .then(|| {
+            shift(&|s| {
+                if s.behaviour_logprobs.is_empty() {
+                    vec![0.0; s.tokens.len()]
+                } else {
+                    s.behaviour_logprobs.clone()
+                }
+            })
+        });
         let old = match (mode, old) {
             (Mode::Rl, Some(old)) => {
                 let rows: Vec<Vec<f32>> = group.iter().map(|&i| old[i].clone()).collect();

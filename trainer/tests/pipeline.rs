@@ -933,3 +933,185 @@ async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollo
     check_run(&pool, run, &tr.state).await;
     tr.task.abort();
 }
+
+/// Off-policy guidance (`credit.guidance_demos`) on a real run: the offline teacher's
+/// demonstrations (`orchestrator sft-data`) join their tasks' groups as one more member each
+/// (server `teacher`, sample index n), are judged with the policy's samples, and are trained
+/// on with a positive advantage where the policy's samples score below them, while the step's
+/// reward metrics stay the policy's own.
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn guidance_demonstrations_join_their_groups_and_are_trained(pool: PgPool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let world = tmp.path().join("world");
+    write_world(&world);
+    let model = model_dir(tmp.path(), &world);
+    let (tr, addr) = start_trainer(&model, &tmp.path().join("ckpt"), "127.0.0.1:0").await;
+    let db = db_url(&pool);
+    let file = config_file(tmp.path(), &world, &model, &db, &format!("http://{addr}"));
+    // A budget the demonstrations fit (the shared file's 48 tokens is for speed).
+    let text =
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .replacen("max_tokens = 48", "max_tokens = 1536", 1);
+    std::fs::write(&file, &text).unwrap();
+    use orchestrator::domain::config::{Config, Overrides, Recipe};
+    let load = |file: &Path| {
+        Config::load(
+            "smoke",
+            &Overrides {
+                file: Some(file.to_path_buf()),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    // The world's index, which the teacher searches.
+    orchestrator::pipeline::setup::ensure_world(&load(&file)).unwrap();
+    let demos = tmp.path().join("demos.jsonl");
+    let mut sft = std::process::Command::new(orchestrator_bin());
+    sft.args(["sft-data", "--experiment", "smoke", "--config"])
+        .arg(&file)
+        .arg("--out")
+        .arg(&demos)
+        .env("DATABASE_URL", &db)
+        .env_remove("ORCH_SET");
+    let out = tokio::task::spawn_blocking(move || sft.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "sft-data: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written = std::fs::read_to_string(&demos).unwrap().lines().count();
+    assert!(written > 0, "the teacher wrote demonstrations");
+    std::fs::write(
+        &file,
+        format!(
+            "{text}\n[credit]\nguidance_demos = \"{}\"\n",
+            demos.display()
+        ),
+    )
+    .unwrap();
+    let cfg = load(&file);
+    assert_eq!(cfg.credit.guidance_demos.as_deref(), Some(demos.as_path()));
+    let exp =
+        orchestrator::infra::db::runs::create_experiment(&pool, "g", "smoke", &cfg.snapshot())
+            .await
+            .unwrap();
+    let run = orchestrator::infra::db::runs::create_run(
+        &pool,
+        exp,
+        "ss-grpo",
+        "ss-grpo",
+        &cfg.snapshot(),
+        9,
+    )
+    .await
+    .unwrap();
+    let common = orchestrator::pipeline::setup::common(&cfg, &pool)
+        .await
+        .unwrap();
+    assert!(!common.guidance.is_empty());
+    let p = orchestrator::pipeline::setup::pipeline(
+        &cfg,
+        &pool,
+        &common,
+        run,
+        Recipe::SsGrpo,
+        cfg.experiment.seed,
+    )
+    .await
+    .unwrap();
+    let outcome = run_to_end(p, Duration::from_secs(600)).await;
+    assert_eq!(outcome.completed, STEPS as u32);
+
+    let metric = |name: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (i32, f64)>(
+                "SELECT step, value FROM step_metrics WHERE run_id = $1 AND name = $2
+                 ORDER BY step",
+            )
+            .bind(run)
+            .bind(name)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    // Each step's demonstrations are stored, one per guided task, as member n of its group.
+    let teacher: Vec<(i32, i64)> = sqlx::query_as(
+        "SELECT step, count(*) FROM trajectories WHERE run_id = $1 AND server = 'teacher'
+         GROUP BY step ORDER BY step",
+    )
+    .bind(run)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let added = metric("rollout/guidance").await;
+    assert_eq!(added.len(), STEPS as usize);
+    assert_eq!(
+        teacher,
+        added
+            .iter()
+            .filter(|(_, v)| *v > 0.0)
+            .map(|&(s, v)| (s, v as i64))
+            .collect::<Vec<_>>()
+    );
+    let total: i64 = teacher.iter().map(|x| x.1).sum();
+    assert!(total > 0, "some demonstrations fit the budget: {added:?}");
+    let misplaced = scalar(
+        &pool,
+        "SELECT count(*) FROM trajectories t WHERE t.run_id = $1 AND t.server = 'teacher'
+         AND (t.sample_index <> 2 OR (SELECT count(*) FROM trajectories o
+              WHERE o.run_id = t.run_id AND o.step = t.step AND o.task_id = t.task_id
+              AND o.server <> 'teacher') <> 2)",
+        run,
+    )
+    .await;
+    assert_eq!(misplaced, 0, "member n of a group of n policy samples");
+    let judged = scalar(
+        &pool,
+        "SELECT count(*) FROM stage_scores s JOIN trajectories t ON t.id = s.trajectory_id
+         WHERE t.run_id = $1 AND t.server = 'teacher'",
+        run,
+    )
+    .await;
+    assert_eq!(judged, total * 4, "four stage scores per demonstration");
+    let mismatched = scalar(
+        &pool,
+        "SELECT count(*) FROM trajectories WHERE run_id = $1 AND server = 'teacher'
+         AND (parsed->'guidance'->>'tool_output_mismatch')::int <> 0",
+        run,
+    )
+    .await;
+    assert_eq!(
+        mismatched, 0,
+        "the replay's tools return what the teacher saw"
+    );
+    // The teacher answers from the evidence; the random policy does not: its demonstrations
+    // score above the policy's samples and are trained on with a positive advantage.
+    let reward = metric("reward/mean").await;
+    let guided = metric("reward/guidance").await;
+    assert!(!guided.is_empty());
+    for (s, g) in &guided {
+        let own = reward.iter().find(|(t, _)| t == s).unwrap().1;
+        assert!(*g > own, "step {s}: demonstrations {g} vs policy {own}");
+    }
+    let trained: f64 = metric("batch/guidance").await.iter().map(|x| x.1).sum();
+    assert!(trained > 0.0, "demonstrations were in the trained batches");
+    let adv = metric("batch/guidance_advantage").await;
+    assert!(adv.iter().all(|(_, a)| *a > 0.0), "{adv:?}");
+    // The trainer took every step; the policy's samples are what the trajectory count says.
+    let own = scalar(
+        &pool,
+        "SELECT count(*) FROM trajectories WHERE run_id = $1 AND server <> 'teacher'",
+        run,
+    )
+    .await;
+    assert_eq!(own, STEPS * TASKS * N);
+    assert_eq!(tr.state.policy.lock().unwrap().version, STEPS);
+    tr.task.abort();
+}

@@ -727,6 +727,63 @@ fn aggregation_modes_weight_tokens_as_documented() {
     }
 }
 
+/// Off-policy guidance rows (a demonstration: no behaviour log-probs, or 0 where not recorded)
+/// take weight 1 per token, while the sampled rows of the same batch keep their truncated
+/// importance weights: the batch's loss is the per-token sum with each row's own weights.
+#[test]
+fn rows_without_behaviour_logprobs_take_unit_weight_beside_sampled_rows() {
+    let sampled = seq(
+        (0..12).map(|t| (t * 5 + 1) % 64).collect(),
+        vec![1.0, -0.5, 0.25, 2.0],
+    );
+    let mut demo = seq(
+        (0..20).map(|t| (t * 3 + 2) % 64).collect(),
+        vec![-1.0, 0.5, 1.5, -2.0],
+    );
+    demo.behaviour_logprobs.clear();
+    // Recorded on its first half only: 0 (not recorded) on the rest.
+    let mut partial = seq(
+        (0..16).map(|t| (t * 7 + 3) % 64).collect(),
+        vec![0.5, 0.5, -1.0, 1.0],
+    );
+    for b in &mut partial.behaviour_logprobs[8..] {
+        *b = 0.0;
+    }
+    let seqs = vec![sampled, demo, partial];
+    let probe = trainer(lora_model(6), 0.0, 0.0);
+    let lps = probe.logprobs(
+        &seqs.iter().map(|s| s.tokens.clone()).collect::<Vec<_>>(),
+        Fwd::POLICY,
+    );
+    let (mut total, mut tokens, mut weighted) = (0.0, 0.0, 0usize);
+    for (s, lp) in seqs.iter().zip(&lps) {
+        let adv =
+            trainer::loss::per_token_advantages(&s.advantages, &s.stages, &s.loss_mask).unwrap();
+        for t in 0..s.tokens.len() {
+            if !s.loss_mask[t] {
+                continue;
+            }
+            let b = s.behaviour_logprobs.get(t).copied().unwrap_or(0.0);
+            let tis = if b == 0.0 {
+                1.0
+            } else {
+                weighted += 1;
+                ((lp[t] - b) as f64).exp().min(2.0)
+            };
+            total += -(adv[t] as f64) * tis;
+            tokens += 1.0;
+        }
+    }
+    assert!(weighted > 0, "some tokens carry importance weights");
+    let mut t = trainer(lora_model(6), 0.0, 0.0);
+    let m = t.rl_step(&seqs).unwrap();
+    let want = total / tokens;
+    assert!((m.loss - want).abs() < 1e-5, "{} vs {want}", m.loss);
+    // The sampled rows' weights are below 1 here (log-probs near −4 against −3), so the
+    // minimum shows they were applied and the maximum that the guidance tokens' were 1.
+    assert!(m.tis_min < 0.9 && (m.tis_max - 1.0).abs() < 1e-6, "{m:?}");
+}
+
 #[test]
 fn sharded_checkpoints_load_through_the_index() {
     let tmp = tempfile::tempdir().unwrap();

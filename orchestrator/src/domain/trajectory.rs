@@ -84,6 +84,10 @@ pub struct Segment {
     pub policy_version: Option<i32>,
 }
 
+/// The `server` of a replayed demonstration (off-policy guidance, `credit.guidance_demos`): no
+/// policy server sampled it, and its model tokens' behaviour log-probs are 0 ("not recorded").
+pub const TEACHER: &str = "teacher";
+
 /// The values of `Trajectory::finish_reason` (`trajectories.finish_reason`), written by
 /// `pipeline::rollout::engine` and read wherever a finish reason decides something.
 pub mod finish {

@@ -47,6 +47,10 @@ pub struct BatchStats {
     pub std_advantage: [f64; 4],
     /// Mean of `step - policy_version` over sequences (how stale the behaviour policy was).
     pub staleness: f64,
+    /// Demonstrations trained on (off-policy guidance: server `teacher`) and their mean
+    /// advantage (over the four stages and the demonstrations).
+    pub guidance: usize,
+    pub guidance_advantage: f64,
 }
 
 impl BatchStats {
@@ -88,6 +92,13 @@ impl BatchStats {
                 self.unlikelihood_tokens as f64,
             ),
         ];
+        if self.guidance > 0 {
+            m.push(("batch/guidance".to_string(), self.guidance as f64));
+            m.push((
+                "batch/guidance_advantage".to_string(),
+                self.guidance_advantage,
+            ));
+        }
         for (k, s) in crate::domain::trajectory::Stage::ALL.iter().enumerate() {
             m.push((
                 format!("advantage/mean_abs/{}", s.as_str()),
@@ -254,11 +265,18 @@ pub fn assemble(
             sum[2] += x * x;
             *mean_abs += x.abs();
         }
+        if t.server == crate::domain::trajectory::TEACHER {
+            stats.guidance += 1;
+            stats.guidance_advantage += a.iter().sum::<f64>() / 4.0;
+        }
         min_version = min_version.min(t.policy_version);
         stale += f64::from(step - t.policy_version);
         seqs.push(seq);
     }
     stats.groups = groups.len();
+    if stats.guidance > 0 {
+        stats.guidance_advantage /= stats.guidance as f64;
+    }
     if stats.sequences > 0 {
         let n = stats.sequences as f64;
         for (k, sum) in sums.iter().enumerate() {
@@ -356,6 +374,41 @@ mod tests {
         let (batch, stats) = assemble(&tb, &adv, &HashSet::new(), 3, CutCredit::Whole);
         assert!(batch.seqs.is_empty());
         assert_eq!((stats.groups, stats.groups_dropped), (0, 1));
+    }
+
+    #[test]
+    fn demonstrations_are_trained_with_their_group_and_counted_apart() {
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        // Task a: two samples and a demonstration that scored above them; task b: a
+        // demonstration in a group whose members all scored alike (dropped with it).
+        let mut ta = [traj(a), traj(a), traj(a)];
+        ta[2].server = crate::domain::trajectory::TEACHER.into();
+        ta[2].sample_index = 2;
+        ta[2].segments[0].logprobs = Some(vec![0.0; 3]);
+        let mut tb = [traj(b), traj(b)];
+        tb[1].server = crate::domain::trajectory::TEACHER.into();
+        let mut adv = HashMap::new();
+        adv.insert(ta[0].id, [-0.5; 4]);
+        adv.insert(ta[1].id, [-1.0; 4]);
+        adv.insert(ta[2].id, [1.5, 1.0, 1.5, 2.0]);
+        adv.insert(tb[0].id, [0.0; 4]);
+        adv.insert(tb[1].id, [0.0; 4]);
+        let all: Vec<Trajectory> = ta.iter().chain(&tb).cloned().collect();
+        let (batch, stats) = assemble(&all, &adv, &HashSet::new(), 3, CutCredit::Whole);
+        assert_eq!(batch.seqs.len(), 3);
+        assert!(batch.seqs.iter().all(|s| s.group_id == 0));
+        // The demonstration's tokens go out with behaviour log-prob 0 ("not recorded").
+        assert_eq!(batch.seqs[2].behaviour_logprobs, vec![0.0; 5]);
+        assert_eq!(batch.seqs[2].advantages, vec![1.5, 1.0, 1.5, 2.0]);
+        assert_eq!((stats.guidance, stats.groups_dropped), (1, 1));
+        assert!((stats.guidance_advantage - 1.5).abs() < 1e-12);
+        let m: HashMap<String, f64> = stats.metrics().into_iter().collect();
+        assert_eq!(m["batch/guidance"], 1.0);
+        // Without demonstrations the metrics do not name them.
+        let (_, stats) = assemble(&ta[..2], &adv, &HashSet::new(), 3, CutCredit::Whole);
+        let m: HashMap<String, f64> = stats.metrics().into_iter().collect();
+        assert_eq!(stats.guidance, 0);
+        assert!(!m.contains_key("batch/guidance"));
     }
 
     #[test]

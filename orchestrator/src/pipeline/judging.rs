@@ -3,7 +3,7 @@
 //! rubrics, buffers, judgments, stage scores, rewards, the call log and step metrics in one
 //! transaction (re-judging a step overwrites, never duplicates).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
 use futures::future::join_all;
@@ -20,7 +20,7 @@ use crate::domain::judge::group::{GroupConfig, GroupJudgment, judge_group};
 use crate::domain::judge::score::{AnswerScore, ScoreSource};
 use crate::domain::judge::{Granularity, Judge, Origin, Rubric, ScoreMode, TraceView};
 use crate::domain::rubrics::{BufferPolicy, RubricBuffer, evidence_rubrics};
-use crate::domain::trajectory::Stage;
+use crate::domain::trajectory::{Stage, TEACHER};
 use crate::infra::db::{self, DbError, judging};
 
 /// How scores become advantages.
@@ -137,6 +137,10 @@ pub struct StepReport {
     pub degenerate_groups: usize,
     pub mean_stage_score: [f64; STAGES],
     pub mean_reward: f64,
+    /// Demonstrations judged with the groups (off-policy guidance, server `teacher`), and
+    /// their mean reward (as `mean_reward`). The other means are of the policy's samples.
+    pub guidance: usize,
+    pub guidance_reward: f64,
     pub broadcast: usize,
     pub failed: usize,
     pub calls: usize,
@@ -178,6 +182,9 @@ impl StepReport {
             ("rubrics/new".into(), self.new_rubrics as f64),
             ("rubrics/pruned".into(), self.pruned as f64),
         ];
+        if self.guidance > 0 {
+            m.push(("reward/guidance".into(), self.guidance_reward));
+        }
         for s in Stage::ALL {
             m.push((
                 format!("reward/{}", s.as_str()),
@@ -355,6 +362,14 @@ pub async fn judge_step_guarded(
         judge_seconds,
         ..StepReport::default()
     };
+    // Demonstrations are judged and credited with their groups, but the step's reward
+    // metrics are of the policy's own samples; theirs is reported apart.
+    let teacher: HashSet<Uuid> = trajs
+        .iter()
+        .filter(|t| t.server == TEACHER)
+        .map(|t| t.id)
+        .collect();
+    let (mut answer_sum, mut guidance_answer) = (0.0, 0.0);
     let mut tx = pool.begin().await.map_err(DbError::from)?;
     for d in &done {
         let mut rubrics = d.fresh_persistent.clone();
@@ -376,6 +391,10 @@ pub async fn judge_step_guarded(
         for t in &d.judged.trajectories {
             report.broadcast += usize::from(t.source == ScoreSource::Broadcast);
             report.failed += usize::from(t.source == ScoreSource::Failed);
+            if teacher.contains(&t.trajectory_id) {
+                guidance_answer += t.stage_scores[STAGES - 1];
+                continue;
+            }
             for k in 0..STAGES {
                 report.mean_stage_score[k] += t.stage_scores[k];
             }
@@ -383,7 +402,13 @@ pub async fn judge_step_guarded(
         judging::upsert_stage_scores(&mut tx, &d.rows, &model, kind).await?;
         if !d.rewards.is_empty() {
             judging::upsert_rewards(&mut tx, &d.rewards, &model, opts.recipe.as_str()).await?;
-            report.mean_reward += d.rewards.iter().map(|r| r.reward).sum::<f64>();
+            for r in &d.rewards {
+                if teacher.contains(&r.trajectory_id) {
+                    report.guidance_reward += r.reward;
+                } else {
+                    answer_sum += r.reward;
+                }
+            }
         }
         judging::insert_calls(
             &mut tx,
@@ -409,15 +434,25 @@ pub async fn judge_step_guarded(
             report.cost_usd += c.usage.cost_usd;
         }
     }
-    let n = trajs.len() as f64;
+    let n = (trajs.len() - teacher.len()).max(1) as f64;
     for v in &mut report.mean_stage_score {
         *v /= n;
     }
-    report.mean_reward = if done.iter().any(|d| !d.rewards.is_empty()) {
-        report.mean_reward / n
+    let rewarded = done.iter().any(|d| !d.rewards.is_empty());
+    report.mean_reward = if rewarded {
+        answer_sum / n
     } else {
         report.mean_stage_score[STAGES - 1]
     };
+    report.guidance = teacher.len();
+    if !teacher.is_empty() {
+        let g = teacher.len() as f64;
+        report.guidance_reward = if rewarded {
+            report.guidance_reward / g
+        } else {
+            guidance_answer / g
+        };
+    }
     report.seconds = t0.elapsed().as_secs_f64();
     tx.commit().await.map_err(DbError::from)?;
     db::metrics::record(pool, run_id, step, &report.metrics()).await?;

@@ -113,6 +113,9 @@ pub struct Pipeline {
     pub cfg: PipelineConfig,
     /// Every task of the task file, in file order (the schedule indexes into it).
     pub tasks: Vec<RolloutTask>,
+    /// Off-policy guidance (`credit.guidance_demos`): demonstrations by task id, each replayed
+    /// as one more member of its task's group (empty: off).
+    pub guidance: Arc<HashMap<Uuid, crate::domain::data::demos::Demo>>,
     /// The question text of each task (bank keys and retrieval queries), same order.
     pub questions: Vec<String>,
     /// Fixed evaluation subsets (never trained on).

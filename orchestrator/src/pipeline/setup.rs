@@ -3,6 +3,7 @@
 //! schedule and the held-out evaluation subset, further evaluation sets, tools, tokenizer,
 //! policy client with admission control, judge, and the trainer client.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use uuid::Uuid;
 
 use super::{Pipeline, PipelineError};
 use crate::domain::config::{Config, Recipe};
+use crate::domain::data::demos::Demo;
 use crate::infra::chat::ModelTokenizer;
 use crate::infra::db;
 use crate::infra::llm::trainer::TrainerClient;
@@ -77,6 +79,8 @@ pub struct Common {
     pub bench_sets: Vec<super::bench::periodic::BenchSet>,
     pub tools: Arc<crate::infra::tools::runner::ToolRunner>,
     pub codec: Arc<ModelTokenizer>,
+    /// The demonstrations of `credit.guidance_demos` by training task id (empty: off).
+    pub guidance: Arc<HashMap<uuid::Uuid, Demo>>,
 }
 
 /// Load a task file and store its tasks; returns the rows and their ids.
@@ -252,7 +256,12 @@ pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError
             )));
         }
     }
+    let guidance = match &cfg.credit.guidance_demos {
+        Some(path) => Arc::new(guidance_demos(pool, cfg, path, &tasks).await?),
+        None => Arc::default(),
+    };
     Ok(Common {
+        guidance,
         tasks,
         questions,
         evals,
@@ -260,6 +269,45 @@ pub async fn common(cfg: &Config, pool: &PgPool) -> Result<Common, PipelineError
         tools: Arc::new(runner),
         codec: Arc::new(codec),
     })
+}
+
+/// The demonstrations of `path` for the training tasks `tasks`, by task id. A file that guides
+/// none of them is refused (its ids are of another task file).
+async fn guidance_demos(
+    pool: &PgPool,
+    cfg: &Config,
+    path: &Path,
+    tasks: &[RolloutTask],
+) -> Result<HashMap<uuid::Uuid, Demo>, PipelineError> {
+    let mut demos = crate::domain::data::demos::load(path).map_err(setup)?;
+    let (rows, ids) = load_tasks(pool, &cfg.data.tasks).await?;
+    let by_id: HashMap<uuid::Uuid, &str> = ids
+        .iter()
+        .zip(&rows)
+        .map(|(id, r)| (*id, r.external_id.as_str()))
+        .collect();
+    let mut out = HashMap::new();
+    for t in tasks {
+        if let Some(d) = by_id.get(&t.task_id).and_then(|ext| demos.remove(*ext)) {
+            out.insert(t.task_id, d);
+        }
+    }
+    if out.is_empty() {
+        return Err(setup(format!(
+            "credit.guidance_demos = {} has no demonstration for any of the {} training tasks \
+             of {} (rows are matched by task id)",
+            path.display(),
+            tasks.len(),
+            cfg.data.tasks.display()
+        )));
+    }
+    tracing::info!(
+        demos = %path.display(),
+        guided = out.len(),
+        tasks = tasks.len(),
+        "off-policy guidance: demonstrations join their tasks' groups"
+    );
+    Ok(out)
 }
 
 /// The judge is probed like the policy (every endpoint must answer a chat completion): a run
@@ -344,6 +392,7 @@ pub async fn pipeline(
         steps: cfg.experiment.steps,
         cfg: cfg.pipeline.clone(),
         tasks: common.tasks.clone(),
+        guidance: common.guidance.clone(),
         questions: common.questions.clone(),
         evals: common.evals.clone(),
         bench_sets: common.bench_sets.clone(),

@@ -17,6 +17,14 @@ use crate::infra::llm::trainer::{named_metrics, publish_seconds, published_name}
 use crate::pipeline::judging::{StepError, judge_step_guarded};
 use crate::pipeline::rollout::{RolloutCtx, RolloutSlot, RolloutTask};
 
+/// What [`Pipeline::guide`] added to a step, and what it left out.
+#[derive(Debug, Default)]
+struct Guided {
+    added: usize,
+    failed: usize,
+    over_budget: usize,
+}
+
 impl Pipeline {
     pub(super) fn rollout_ctx(&self, shared: &Shared) -> RolloutCtx {
         let mut ctx = self.rollout.clone();
@@ -79,7 +87,8 @@ impl Pipeline {
                 tracing::warn!(step = s, "interrupted: rollouts of this step abandoned");
                 break;
             }
-            let (rollouts, summary) = crate::pipeline::rollout::summarize(results);
+            let (mut rollouts, summary) = crate::pipeline::rollout::summarize(results);
+            let guided = self.guide(&ctx, &tasks, slot, &mut rollouts).await;
             db::pipeline::commit_rollouts(&self.pool, self.run_id, s, &rollouts).await?;
             let secs = t0.elapsed().as_secs_f64();
             let mut m = vec![
@@ -107,6 +116,14 @@ impl Pipeline {
                 ),
                 ("rollout/policy_version".to_string(), f64::from(version)),
             ];
+            if !self.guidance.is_empty() {
+                m.push(("rollout/guidance".to_string(), guided.added as f64));
+                m.push(("rollout/guidance_failed".to_string(), guided.failed as f64));
+                m.push((
+                    "rollout/guidance_over_budget".to_string(),
+                    guided.over_budget as f64,
+                ));
+            }
             m.extend(memory_metrics);
             if let Some(a) = &self.admission {
                 m.push((
@@ -130,6 +147,51 @@ impl Pipeline {
             }
         }
         Ok(())
+    }
+
+    /// Off-policy guidance: each of `tasks` with a demonstration gets it replayed as one more
+    /// member of its group (`sample_index` = n), appended to `rollouts`. Left out, and
+    /// counted: a replay that fails (the codec; logged), and a demonstration longer than
+    /// `rollout.max_tokens` (no sample of the group could have been). A group left without
+    /// its demonstration trains on the policy's samples alone.
+    async fn guide(
+        &self,
+        ctx: &RolloutCtx,
+        tasks: &[RolloutTask],
+        slot: RolloutSlot,
+        rollouts: &mut Vec<crate::pipeline::rollout::Rollout>,
+    ) -> Guided {
+        let mut g = Guided::default();
+        let slot = RolloutSlot {
+            sample_index: self.n as i32,
+            ..slot
+        };
+        for t in tasks {
+            let Some(demo) = self.guidance.get(&t.task_id) else {
+                continue;
+            };
+            match ctx.replay(t, slot, demo).await {
+                Ok(r) => {
+                    let tokens: usize = r
+                        .trajectory
+                        .segments
+                        .iter()
+                        .map(|x| x.token_ids.len())
+                        .sum();
+                    if tokens > ctx.cfg.max_tokens as usize {
+                        g.over_budget += 1;
+                    } else {
+                        rollouts.push(r);
+                        g.added += 1;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(step = slot.step, task = %t.task_id, error = %e, "a demonstration could not be replayed; its group has no guidance this step");
+                    g.failed += 1;
+                }
+            }
+        }
+        g
     }
 
     pub(super) async fn judge_worker(

@@ -548,6 +548,21 @@ pub struct CreditConfig {
         rename = "negative_advantage_scale"
     )]
     pub negative_scale: f64,
+    /// Off-policy guidance (LUFFY, Yan et al. 2025, "Learning to Reason under Off-Policy
+    /// Guidance"): a file of demonstrations in the rows `orchestrator sft-data` writes (one per
+    /// task id; reflection rows skipped). Each training task with a demonstration gets it as
+    /// one more member of its group (`sample_index` = `rollout.n`, server `teacher`): replayed
+    /// through the rollout engine with this run's tools, judged with the others, counted in
+    /// the group's statistics and trained on with its advantage. Its tokens have no recorded
+    /// behaviour log-probs, so the trainer takes no truncated importance weight on them and
+    /// the ratio is against the step's own policy (ratio 1 on the first pass). LUFFY's
+    /// policy shaping of the off-policy tokens is not applied. The rollout metrics
+    /// (`rollout/*`) are of the policy's samples alone; `rollout/guidance` counts the
+    /// demonstrations added. Why here (issue 25, session 51): the RL tasks' demonstrations
+    /// teach this model what its own samples do not. Absent (off) in every preset: none of
+    /// the three papers does this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guidance_demos: Option<PathBuf>,
 }
 
 impl Default for CreditConfig {
@@ -558,6 +573,7 @@ impl Default for CreditConfig {
             overlong_filter: false,
             loop_tokens_only: false,
             negative_scale: 1.0,
+            guidance_demos: None,
         }
     }
 }

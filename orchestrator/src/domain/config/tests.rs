@@ -778,3 +778,29 @@ fn the_negative_advantage_scale_is_one_in_every_preset_unserialised_there_and_ra
         );
     }
 }
+
+#[test]
+fn guidance_is_off_in_every_preset_unserialised_there_and_checked() {
+    for (name, _) in PRESETS {
+        let c = Config::load(name, &Overrides::default()).unwrap();
+        assert_eq!(c.credit.guidance_demos, None, "{name}");
+        let text = toml::to_string(&c.credit).unwrap();
+        assert!(!text.contains("guidance_demos"), "{name}: {text}");
+    }
+    let c = smoke_with(&["credit.guidance_demos=\"runs/demos.jsonl\""]).unwrap();
+    assert_eq!(
+        c.credit.guidance_demos.as_deref(),
+        Some(std::path::Path::new("runs/demos.jsonl"))
+    );
+    let back: CreditConfig = toml::from_str(&toml::to_string(&c.credit).unwrap()).unwrap();
+    assert_eq!(back, c.credit);
+    for bad in ["\"\"", "\".\""] {
+        let err = smoke_with(&[&format!("credit.guidance_demos={bad}")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("credit.guidance_demos") && err.contains("demonstrations file"),
+            "{bad}: {err}"
+        );
+    }
+}

@@ -320,6 +320,14 @@ impl Config {
             self.credit.negative_scale,
             "0..=1 (1: the plain policy gradient; 0: positive advantages alone)",
         )?;
+        if let Some(p) = &self.credit.guidance_demos {
+            check(
+                !p.as_os_str().is_empty() && !p.is_dir(),
+                "credit.guidance_demos",
+                format!("{:?}", p.display().to_string()),
+                "a demonstrations file (the rows `orchestrator sft-data` writes), or absent (off)",
+            )?;
+        }
         let unlikelihood = self.trainer.settings.loop_unlikelihood > 0.0;
         check(
             !unlikelihood || ro.repetition_detection.is_some(),

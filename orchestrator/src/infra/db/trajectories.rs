@@ -5,7 +5,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{CopyWriter, DbError};
-use crate::domain::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use crate::domain::trajectory::{Segment, SegmentKind, Stage, TEACHER, Trajectory};
 
 const TRAJ_COLS: &str = "id, run_id, step, task_id, sample_index, policy_version, server, \
     server_version, prompt_token_ids, finish_reason, parsed, num_model_tokens, num_tool_tokens, timings";
@@ -211,8 +211,9 @@ pub async fn get_many(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<Trajectory>, Db
     with_segments(pool, rows).await
 }
 
-/// A run's step as (task, trajectory ids by sample index), tasks in id order, without loading
-/// any segment: enough to choose trajectories before reading them.
+/// A run's step as (task, ids of the policy's trajectories by sample index), tasks in id
+/// order, without loading any segment: enough to choose trajectories before reading them.
+/// Replayed demonstrations (server [`TEACHER`]) are not the policy's and are left out.
 pub async fn members_of_step(
     pool: &PgPool,
     run_id: Uuid,
@@ -220,10 +221,11 @@ pub async fn members_of_step(
 ) -> Result<Vec<(Uuid, Vec<Uuid>)>, DbError> {
     let rows: Vec<(Uuid, Uuid)> = sqlx::query_as(
         "SELECT task_id, id FROM trajectories WHERE run_id = $1 AND step = $2
-             ORDER BY task_id, sample_index",
+             AND server <> $3 ORDER BY task_id, sample_index",
     )
     .bind(run_id)
     .bind(step)
+    .bind(TEACHER)
     .fetch_all(pool)
     .await?;
     let mut out: Vec<(Uuid, Vec<Uuid>)> = Vec::new();

@@ -2,7 +2,8 @@
 //! tool, append its output tokens (no loss), continue; at most `max_tool_calls` calls and a token
 //! budget; a forced final-answer turn when a budget runs out or the model stops without
 //! answering. Afterwards every model token gets exactly one stage (method.md A.2.4) and the
-//! trajectory is split into segments of one kind and one stage.
+//! trajectory is split into segments of one kind and one stage. `replay` builds the same
+//! trajectory from a demonstration's turns (off-policy guidance) without the policy server.
 //!
 //! Finish reasons (stored in `trajectories.finish_reason`) are the constants of
 //! `domain::trajectory::finish`: `answer`, `forced_answer`, `length` (the token budget ran out
@@ -18,6 +19,7 @@ use uuid::Uuid;
 
 use super::codec::{CodecError, TokenCodec};
 use crate::domain::scaffold::{self, Parsed, Scaffold};
+pub use crate::domain::trajectory::TEACHER;
 use crate::domain::trajectory::{Segment, SegmentKind, Trajectory, finish};
 use crate::infra::llm::{CompletionRequest, FinishReason, LlmClient, LlmError};
 use crate::infra::tools::runner::{ToolResult, ToolRunner};
@@ -137,6 +139,24 @@ impl Transcript {
         self.context.truncate(self.context.len() - n);
         Ok(n)
     }
+}
+
+/// What a finished transcript leaves for [`RolloutCtx::finish`].
+struct Ended {
+    id: Uuid,
+    started: Instant,
+    prompt_ids: Vec<u32>,
+    pieces: Vec<Piece>,
+    calls: Vec<ToolResult>,
+    /// Model-text offsets of the executed calls.
+    call_offsets: Vec<usize>,
+    server: String,
+    reason: &'static str,
+    turns: u32,
+    loop_cut: usize,
+    gen_ms: u128,
+    tool_ms: u128,
+    error: Option<String>,
 }
 
 /// Everything a rollout needs.
@@ -407,8 +427,147 @@ impl RolloutCtx {
             }
         }
 
-        // Stage spans over model + injected text (tool outputs excluded), then split pieces.
-        let pieces = tr.pieces;
+        self.finish(
+            task,
+            slot,
+            Ended {
+                id,
+                started,
+                prompt_ids,
+                pieces: tr.pieces,
+                calls,
+                call_offsets,
+                server,
+                reason,
+                turns,
+                loop_cut,
+                gen_ms,
+                tool_ms,
+                error,
+            },
+        )
+    }
+
+    /// Replay a demonstration as this task's trajectory (off-policy guidance,
+    /// `credit.guidance_demos`): each turn's model text is encoded as the policy's tokens
+    /// would be, and each tool call in it is executed by this context's tools, so the
+    /// trajectory, its parse and its executed calls are built exactly as a sampled one's.
+    /// Its model tokens carry behaviour log-prob 0, which the trainer reads as "not recorded"
+    /// (no truncated importance weight; the ratio is against the step's own policy). The
+    /// server is [`TEACHER`]; `parsed.guidance.tool_output_mismatch` counts the turns whose
+    /// tool output differs from the one recorded in the demonstration (a different index or
+    /// tool settings), or that end in no call to run (the recorded output then stands). A
+    /// demonstration that does not end in `</answer>` finishes as `length`.
+    pub async fn replay(
+        &self,
+        task: &RolloutTask,
+        slot: RolloutSlot,
+        demo: &crate::domain::data::demos::Demo,
+    ) -> Result<Rollout, RolloutError> {
+        let started = Instant::now();
+        let prompt_text = self.codec.render_prompt(&task.system, &task.user)?;
+        let prompt_ids = self.codec.encode(&prompt_text)?;
+        let mut tr = Transcript {
+            context: prompt_ids.clone(),
+            pieces: Vec::new(),
+            parse_len: 0,
+        };
+        let mut calls: Vec<ToolResult> = Vec::new();
+        let mut call_offsets: Vec<usize> = Vec::new();
+        let mut tool_ms = 0u128;
+        let mut mismatched = 0usize;
+        let mut reason = finish::LENGTH;
+        for turn in &demo.turns {
+            let ids = self.codec.encode(&turn.model)?;
+            let text = self.codec.decode(&ids)?;
+            let piece_start = tr.push(Piece {
+                kind: SegmentKind::Model,
+                logprobs: Some(vec![0.0; ids.len()]),
+                ids,
+                text: text.clone(),
+            });
+            let Some(recorded) = &turn.tool_output else {
+                if text.trim_end().ends_with("</answer>") {
+                    reason = finish::ANSWER;
+                }
+                break;
+            };
+            let parsed_turn = scaffold::parse(&text, &|_| true);
+            let Some(call) = parsed_turn.tool_calls.last().cloned() else {
+                // The recorded output stands: there is no call to run again.
+                mismatched += 1;
+                let ids = self.codec.encode(recorded)?;
+                tr.push(Piece {
+                    kind: SegmentKind::ToolOutput,
+                    ids,
+                    logprobs: None,
+                    text: recorded.clone(),
+                });
+                continue;
+            };
+            let t1 = Instant::now();
+            let res = self.tools.run(&call.name, call.args()).await;
+            tool_ms += t1.elapsed().as_millis();
+            let output = format!("\n{}\n", res.output_text);
+            if &output != recorded {
+                mismatched += 1;
+            }
+            call_offsets.push(piece_start + call.span.start);
+            calls.push(res);
+            let ids = self.codec.encode(&output)?;
+            tr.push(Piece {
+                kind: SegmentKind::ToolOutput,
+                ids,
+                logprobs: None,
+                text: output,
+            });
+        }
+        let mut out = self.finish(
+            task,
+            slot,
+            Ended {
+                id: Uuid::now_v7(),
+                started,
+                prompt_ids,
+                pieces: tr.pieces,
+                calls,
+                call_offsets,
+                server: TEACHER.to_string(),
+                reason,
+                turns: demo.turns.len() as u32,
+                loop_cut: 0,
+                gen_ms: 0,
+                tool_ms,
+                error: None,
+            },
+        )?;
+        out.trajectory.parsed["guidance"] = json!({ "tool_output_mismatch": mismatched });
+        Ok(out)
+    }
+
+    /// Stage spans over model + injected text (tool outputs excluded), the pieces split at
+    /// them, and the trajectory with its parse and executed calls.
+    fn finish(
+        &self,
+        task: &RolloutTask,
+        slot: RolloutSlot,
+        ended: Ended,
+    ) -> Result<Rollout, RolloutError> {
+        let Ended {
+            id,
+            started,
+            prompt_ids,
+            pieces,
+            calls,
+            call_offsets,
+            server,
+            reason,
+            turns,
+            loop_cut,
+            gen_ms,
+            tool_ms,
+            error,
+        } = ended;
         let parse_text: String = pieces
             .iter()
             .filter(|p| p.kind != SegmentKind::ToolOutput)

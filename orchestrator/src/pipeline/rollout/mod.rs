@@ -13,5 +13,5 @@ pub use batch::{
 };
 pub use codec::{CodecError, TokenCodec};
 pub use engine::{
-    ExecutedCall, Rollout, RolloutCtx, RolloutError, RolloutSlot, RolloutTask, STOPS,
+    ExecutedCall, Rollout, RolloutCtx, RolloutError, RolloutSlot, RolloutTask, STOPS, TEACHER,
 };

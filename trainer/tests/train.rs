@@ -749,13 +749,23 @@ fn rows_without_behaviour_logprobs_take_unit_weight_beside_sampled_rows() {
     for b in &mut partial.behaviour_logprobs[8..] {
         *b = 0.0;
     }
-    let seqs = vec![sampled, demo, partial];
+    let mut seqs = vec![sampled, demo, partial];
     let probe = trainer(lora_model(6), 0.0, 0.0);
     let lps = probe.logprobs(
         &seqs.iter().map(|s| s.tokens.clone()).collect::<Vec<_>>(),
         Fwd::POLICY,
     );
+    // Recorded behaviour log-probs half a nat above the policy's: weight e^-0.5 on every
+    // recorded token, so any weight of 1 comes from the unrecorded ones.
+    for (s, lp) in seqs.iter_mut().zip(&lps) {
+        for (b, l) in s.behaviour_logprobs.iter_mut().zip(lp) {
+            if *b != 0.0 {
+                *b = l + 0.5;
+            }
+        }
+    }
     let (mut total, mut tokens, mut weighted) = (0.0, 0.0, 0usize);
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
     for (s, lp) in seqs.iter().zip(&lps) {
         let adv =
             trainer::loss::per_token_advantages(&s.advantages, &s.stages, &s.loss_mask).unwrap();
@@ -770,18 +780,27 @@ fn rows_without_behaviour_logprobs_take_unit_weight_beside_sampled_rows() {
                 weighted += 1;
                 ((lp[t] - b) as f64).exp().min(2.0)
             };
+            lo = lo.min(tis);
+            hi = hi.max(tis);
             total += -(adv[t] as f64) * tis;
             tokens += 1.0;
         }
     }
     assert!(weighted > 0, "some tokens carry importance weights");
+    assert!(
+        (lo - (-0.5f64).exp()).abs() < 1e-5 && hi == 1.0,
+        "{lo} {hi}"
+    );
     let mut t = trainer(lora_model(6), 0.0, 0.0);
     let m = t.rl_step(&seqs).unwrap();
     let want = total / tokens;
     assert!((m.loss - want).abs() < 1e-5, "{} vs {want}", m.loss);
-    // The sampled rows' weights are below 1 here (log-probs near −4 against −3), so the
-    // minimum shows they were applied and the maximum that the guidance tokens' were 1.
-    assert!(m.tis_min < 0.9 && (m.tis_max - 1.0).abs() < 1e-6, "{m:?}");
+    // The recorded tokens' weights were applied (the minimum) and the unrecorded ones' were 1
+    // (the maximum: no recorded token reaches it).
+    assert!(
+        (m.tis_min - lo).abs() < 1e-5 && (m.tis_max - 1.0).abs() < 1e-6,
+        "{m:?}"
+    );
 }
 
 #[test]

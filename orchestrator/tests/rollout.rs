@@ -84,6 +84,21 @@ fn texts(w: &orchestrator::domain::data::world::World) -> (String, String, Strin
 }
 
 impl Setup {
+    /// Script the three turns that research the world's first task (search the gene, then
+    /// the protein, answer citing the gene's document) and return them.
+    async fn script_research(&self) -> [String; 3] {
+        let (gene, protein, compound, gene_doc) = texts(&self.world);
+        let turns = [
+            T1.replace("GENE", &format!("the {gene} gene")),
+            T2.replace("PROTEIN", &protein),
+            T3.replace("COMPOUND", &compound).replace("CITE", &gene_doc),
+        ];
+        for t in &turns {
+            self.server.push_scripted(Scripted::reply(t, "stop")).await;
+        }
+        turns
+    }
+
     /// One trajectory of a new task in a new run, through the scripted server.
     async fn roll(&self) -> orchestrator::domain::rollout::Rollout {
         self.ctx
@@ -113,13 +128,8 @@ fn slot(run_id: Uuid) -> RolloutSlot {
 #[tokio::test]
 async fn three_turn_rollout_has_exact_tokens_stages_and_masks() {
     let s = setup(None, 10, 4000).await;
-    let (gene, protein, compound, gene_doc) = texts(&s.world);
-    let t1 = T1.replace("GENE", &format!("the {gene} gene"));
-    let t2 = T2.replace("PROTEIN", &protein);
-    let t3 = T3.replace("COMPOUND", &compound).replace("CITE", &gene_doc);
-    for t in [&t1, &t2, &t3] {
-        s.server.push_scripted(Scripted::reply(t, "stop")).await;
-    }
+    let (_, _, compound, gene_doc) = texts(&s.world);
+    let [t1, t2, t3] = s.script_research().await;
     let r = s.roll().await;
     let traj = &r.trajectory;
     assert_eq!(traj.finish_reason, "answer");
@@ -221,13 +231,7 @@ async fn three_turn_rollout_has_exact_tokens_stages_and_masks() {
 async fn a_replayed_demonstration_is_the_trajectory_of_the_same_turns() {
     use orchestrator::domain::data::demos::{Demo, DemoTurn};
     let s = setup(None, 10, 4000).await;
-    let (gene, protein, compound, gene_doc) = texts(&s.world);
-    let t1 = T1.replace("GENE", &format!("the {gene} gene"));
-    let t2 = T2.replace("PROTEIN", &protein);
-    let t3 = T3.replace("COMPOUND", &compound).replace("CITE", &gene_doc);
-    for t in [&t1, &t2, &t3] {
-        s.server.push_scripted(Scripted::reply(t, "stop")).await;
-    }
+    let [t1, t2, t3] = s.script_research().await;
     let task = task(Uuid::now_v7());
     let sampled = s.ctx.run(&task, slot(Uuid::now_v7())).await.unwrap();
     let outputs: Vec<String> = sampled

@@ -11,6 +11,7 @@
 #                    PORT+1, the second pair PORT+100 and PORT+101), so two experiments can run
 #                    side by side on other ports
 #   ABLATION_ARGS    extra `orchestrator run` arguments for a new experiment (e.g. --set ...)
+#   ABLATION_EXPERIMENT  the preset (default ablation-mini; scripts/guided.sh runs `guided`)
 #   ABLATION_DIR     where logs, checkpoints and published versions go (runs/ablation-mini)
 #   BIN              directory of the release binaries (default target/release; built if absent)
 #   ABLATION_MODEL   the warm start every run begins from (default runs/smoke/model-sft); its
@@ -25,6 +26,7 @@ OUT="${ABLATION_DIR:-runs/ablation-mini}"
 PAIRS="${ABLATION_PAIRS:-2}"
 PORT="${ABLATION_PORT:-8100}"
 MODEL="${ABLATION_MODEL:-runs/smoke/model-sft}"
+EXPERIMENT="${ABLATION_EXPERIMENT:-ablation-mini}"
 say() { echo "ablation-mini: $*" >&2; }
 if [[ "$PAIRS" != 1 && "$PAIRS" != 2 ]]; then
   say "ABLATION_PAIRS = $PAIRS; allowed: 1, 2"
@@ -53,7 +55,7 @@ source scripts/servers.sh
 orchestrate() { # port name [run args...]
   local port=$1 name=$2
   shift 2
-  "$BIN/orchestrator" run --experiment ablation-mini --policy-url "http://127.0.0.1:$((port + 1))" \
+  "$BIN/orchestrator" run --experiment "$EXPERIMENT" --policy-url "http://127.0.0.1:$((port + 1))" \
     --trainer-url "http://127.0.0.1:$port" "$@" >"$OUT/$name/run.log" 2>&1 &
   PIDS+=($!)
   ORCH_PIDS+=($!)

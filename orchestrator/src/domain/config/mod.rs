@@ -31,6 +31,13 @@ pub const PRESETS: &[(&str, &str)] = &[
         )),
     ),
     (
+        "guided",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/experiments/guided.toml"
+        )),
+    ),
+    (
         "ablation-600",
         include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -559,8 +566,8 @@ pub struct CreditConfig {
     /// policy shaping of the off-policy tokens is not applied. The rollout metrics
     /// (`rollout/*`) are of the policy's samples alone; `rollout/guidance` counts the
     /// demonstrations added. Why here (issue 25, session 51): the RL tasks' demonstrations
-    /// teach this model what its own samples do not. Absent (off) in every preset: none of
-    /// the three papers does this.
+    /// teach this model what its own samples do not. Absent (off) in every preset but
+    /// `guided`: none of the three papers does this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guidance_demos: Option<PathBuf>,
 }

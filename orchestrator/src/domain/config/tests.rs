@@ -14,6 +14,13 @@ fn recipe_names_parse_back_as_serde_writes_them() {
     assert_eq!(Recipe::parse("rollout"), None);
 }
 
+/// The presets that run the papers' recipes as written: every one but `guided`, whose
+/// departures (guidance, the positive advantages alone, the loop stop)
+/// `guided_is_ablation_mini_with_its_stated_departures` checks.
+fn recipe_presets() -> impl Iterator<Item = &'static str> {
+    PRESETS.iter().map(|(n, _)| *n).filter(|n| *n != "guided")
+}
+
 #[test]
 fn every_preset_loads_and_validates() {
     for name in preset_names() {
@@ -63,6 +70,56 @@ fn ablation_mini_runs_every_recipe_on_each_seed_from_the_smoke_world() {
         err.contains("experiment.seeds") && err.contains("repeats 3"),
         "{err}"
     );
+}
+
+#[test]
+fn guided_is_ablation_mini_with_its_stated_departures() {
+    let g = Config::load("guided", &Overrides::default()).unwrap();
+    assert_eq!(recipe_presets().count(), PRESETS.len() - 1);
+    // ablation-mini, changed exactly where guided.toml says it departs; nothing else differs.
+    let mut want = Config::load("ablation-mini", &Overrides::default()).unwrap();
+    want.experiment.name = "guided".into();
+    want.experiment.description = g.experiment.description.clone();
+    want.experiment.recipes = vec![Recipe::BaselineRl];
+    want.experiment.steps = 24;
+    want.trainer.settings.lr = 2e-4;
+    want.rollout.repetition_detection = Some(RepetitionDetection {
+        max_pattern_size: 32,
+        min_pattern_size: 1,
+        min_count: 16,
+    });
+    want.credit.negative_scale = 0.0;
+    want.credit.guidance_demos = Some("runs/guided/rl-demos.jsonl".into());
+    want.data.tasks = "runs/guided/world/tasks-rl6.jsonl".into();
+    want.data.index = "runs/guided/index".into();
+    want.data.tokenizer = "runs/guided/model-sft".into();
+    want.eval.every = 12;
+    let set = |name: &str, file: &str, size, n, temperature| EvalSet {
+        name: name.into(),
+        tasks: format!("runs/guided/world/{file}").into(),
+        size,
+        n,
+        temperature,
+        benchmark: None,
+        judges: Vec::new(),
+    };
+    want.eval.sets = vec![
+        set("unseen", "unseen-eval.jsonl", 64, None, None),
+        set("held-out-t07", "heldout.jsonl", 16, Some(4), Some(0.7)),
+        set("unseen-t07", "unseen-eval.jsonl", 64, Some(2), Some(0.7)),
+    ];
+    assert_eq!(g, want);
+    assert_eq!(g.experiment.run_seeds(), vec![17, 18]);
+    assert_eq!(g.batch_credit().negative_scale, 0.0);
+    // The departures are in the stored settings (and so in the run's settings hash).
+    let text = toml::to_string(&g).unwrap();
+    for key in [
+        "guidance_demos",
+        "negative_advantage_scale",
+        "repetition_detection",
+    ] {
+        assert!(text.contains(key), "{key}: {text}");
+    }
 }
 
 #[test]
@@ -512,7 +569,7 @@ fn tracking_section_parses_validates_refuses_unknown_keys_and_redacts() {
 
 #[test]
 fn repetition_detection_is_off_in_every_preset_set_by_override_and_checked() {
-    for (name, _) in PRESETS {
+    for name in recipe_presets() {
         let c = Config::load(name, &Overrides::default()).unwrap();
         assert_eq!(c.rollout.repetition_detection, None, "{name}");
         let text = toml::to_string(&c.rollout).unwrap();
@@ -750,7 +807,7 @@ fn loop_unlikelihood_is_off_in_every_preset_needs_the_loop_stop_and_excludes_the
 
 #[test]
 fn the_negative_advantage_scale_is_one_in_every_preset_unserialised_there_and_range_checked() {
-    for (name, _) in PRESETS {
+    for name in recipe_presets() {
         let c = Config::load(name, &Overrides::default()).unwrap();
         assert_eq!(c.credit.negative_scale, 1.0, "{name}");
         assert_eq!(c.batch_credit().negative_scale, 1.0, "{name}");
@@ -781,7 +838,7 @@ fn the_negative_advantage_scale_is_one_in_every_preset_unserialised_there_and_ra
 
 #[test]
 fn guidance_is_off_in_every_preset_unserialised_there_and_checked() {
-    for (name, _) in PRESETS {
+    for name in recipe_presets() {
         let c = Config::load(name, &Overrides::default()).unwrap();
         assert_eq!(c.credit.guidance_demos, None, "{name}");
         let text = toml::to_string(&c.credit).unwrap();

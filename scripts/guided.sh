@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The `guided` experiment end to end (orchestrator/experiments/guided.toml: the research world's
+# learning run, BENCHMARKS.md issue 25): every input under runs/guided, then both seeds side by
+# side on two server pairs (scripts/ablation-mini.sh), then `orchestrator report`.
+#   1. the smoke world split by lineage and the saved warm start warm-starts/split-3-2-reflect
+#      (scripts/init-smoke.sh with INIT_SFT_SPLIT=3:2 INIT_WARM_START=...: seconds, and it stops
+#      naming the file if this checkout generates other inputs than the warm start recorded);
+#   2. the RL tasks (one sixth of the lineages the warm start never saw: 260 tasks over 111
+#      lineages) and the unseen evaluation set (106 tasks over 66 other lineages sharing no
+#      entity or answer with any training task);
+#   3. the offline teacher's demonstration of every RL task (`orchestrator sft-data`; it follows
+#      the world's evidence chain and never sees a gold rubric): credit.guidance_demos.
+# Each step is skipped when its output exists. The same steps by hand took about 40 minutes on
+# a 2-core machine after the release build (BENCHMARKS.md, issue 25 session 53).
+#
+#   usage: scripts/guided.sh
+#   GUIDED_DIR        where everything goes (default runs/guided; the preset's paths name
+#                     runs/guided, so another DIR needs --set data.* / credit.* / eval.sets in
+#                     GUIDED_ARGS)
+#   GUIDED_WARM_START the saved warm start (default warm-starts/split-3-2-reflect)
+#   GUIDED_ARGS       extra `orchestrator run` arguments (e.g. "--set trainer.lr=5e-4")
+#   GUIDED_RESUME     an experiment id to continue (after a crash or Ctrl-C)
+#   GUIDED_PAIRS      server pairs, 2 (default: one seed on each) or 1 (one after the other)
+#   BIN               directory of the release binaries (default target/release; built if absent)
+#   DATABASE_URL      default postgres://postgres@127.0.0.1:5432/rubricem
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rubricem}"
+DIR="${GUIDED_DIR:-runs/guided}"
+WARM="${GUIDED_WARM_START:-warm-starts/split-3-2-reflect}"
+BIN="${BIN:-target/release}"
+say() { echo "guided: $*" >&2; }
+
+# shellcheck source=/dev/null
+source scripts/torch-env.sh
+if [[ ! -x "$BIN/orchestrator" || ! -x "$BIN/trainer" ]]; then
+  cargo build --release -p orchestrator -p trainer
+fi
+"$BIN/orchestrator" migrate >/dev/null
+
+INIT_SFT_SPLIT=3:2 INIT_WARM_START="$WARM" ORCH_BIN="$BIN/orchestrator" \
+  TRAINER_BIN="$BIN/trainer" bash scripts/init-smoke.sh "$DIR"
+
+W="$DIR/world"
+if [[ ! -s "$W/tasks-rl6.jsonl" || ! -s "$W/pool-unseen.jsonl" ]]; then
+  python3 scripts/split-tasks-by-lineage.py "$W/tasks-rl.jsonl" "$W/tasks-rl6.jsonl" \
+    "$W/pool-unseen.jsonl" --mod 6 --rem 5
+fi
+if [[ ! -s "$W/unseen-eval.jsonl" ]]; then
+  python3 scripts/disjoint-eval-tasks.py "$W/pool-unseen.jsonl" "$W/unseen-eval.jsonl" \
+    --train "$W/tasks-sft.jsonl" "$W/tasks-rl6.jsonl"
+fi
+if [[ ! -s "$DIR/rl-demos.jsonl" ]]; then
+  say "the offline teacher's demonstrations of the RL tasks"
+  "$BIN/orchestrator" sft-data --experiment guided --set "data.tasks=$W/tasks-rl6.jsonl" \
+    --set "data.index=$DIR/index" --set "data.tokenizer=$DIR/model-sft" \
+    --out "$DIR/rl-demos.jsonl.part"
+  mv "$DIR/rl-demos.jsonl.part" "$DIR/rl-demos.jsonl"
+fi
+say "RL tasks $(wc -l <"$W/tasks-rl6.jsonl"), unseen evaluation tasks $(wc -l <"$W/unseen-eval.jsonl"), demonstrations $(wc -l <"$DIR/rl-demos.jsonl")"
+
+ABLATION_EXPERIMENT=guided ABLATION_DIR="$DIR/rl" ABLATION_MODEL="$DIR/model-sft" BIN="$BIN" \
+  ABLATION_PAIRS="${GUIDED_PAIRS:-2}" ABLATION_RESUME="${GUIDED_RESUME:-}" \
+  ABLATION_ARGS="${GUIDED_ARGS:-}" bash scripts/ablation-mini.sh

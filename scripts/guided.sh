@@ -22,11 +22,12 @@
 #   GUIDED_RESUME     an experiment id to continue (after a crash or Ctrl-C)
 #   GUIDED_PAIRS      server pairs, 2 (default: one seed on each) or 1 (one after the other)
 #   BIN               directory of the release binaries (default target/release; built if absent)
-#   DATABASE_URL      default postgres://postgres@127.0.0.1:5432/rubricem
+#   DATABASE_URL      default postgres://postgres@127.0.0.1:5432/rubricem (read by
+#                     scripts/ablation-mini.sh, which applies the migrations; the steps before
+#                     it need no database)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rubricem}"
 DIR="${GUIDED_DIR:-runs/guided}"
 WARM="${GUIDED_WARM_START:-warm-starts/split-3-2-reflect}"
 BIN="${BIN:-target/release}"
@@ -37,7 +38,6 @@ source scripts/torch-env.sh
 if [[ ! -x "$BIN/orchestrator" || ! -x "$BIN/trainer" ]]; then
   cargo build --release -p orchestrator -p trainer
 fi
-"$BIN/orchestrator" migrate >/dev/null
 
 INIT_SFT_SPLIT=3:2 INIT_WARM_START="$WARM" ORCH_BIN="$BIN/orchestrator" \
   TRAINER_BIN="$BIN/trainer" bash scripts/init-smoke.sh "$DIR"

@@ -81,8 +81,8 @@ fn guided_is_ablation_mini_with_its_stated_departures() {
     want.experiment.name = "guided".into();
     want.experiment.description = g.experiment.description.clone();
     want.experiment.recipes = vec![Recipe::BaselineRl];
-    want.experiment.steps = 24;
-    want.trainer.settings.lr = 2e-4;
+    want.experiment.steps = 48;
+    want.trainer.settings.lr = 5e-4;
     want.rollout.repetition_detection = Some(RepetitionDetection {
         max_pattern_size: 32,
         min_pattern_size: 1,

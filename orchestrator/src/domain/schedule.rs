@@ -1,25 +1,25 @@
 //! Which tasks a step rolls out: a deterministic function of (seed, step), so a resumed run
 //! picks exactly the tasks the interrupted one would have, with no generator state to save.
-//! Tasks are visited in epochs; each epoch is a fresh seeded permutation of the whole set.
+//! Tasks are visited in epochs; each epoch is a fresh seeded permutation of the whole set, cut
+//! into whole steps: the last `num_tasks % per_step` tasks of an epoch's permutation wait for a
+//! later epoch (a data loader's `drop_last`), so no step straddles two epochs and a step never
+//! holds a task twice (its trajectories are keyed by task and sample).
 //! Recipes with the meta-policy use the windowed curriculum (method.md A.7) on top: windows of
 //! 2K steps, K new batches then their replay in the same order; the position is a function of
 //! the step, so it is part of every checkpoint by construction.
 
 use crate::domain::data::world::Rng;
 
-/// Indices (into the task list) of the `per_step` tasks of `step`.
+/// Indices (into the task list) of the `per_step` tasks of `step`, distinct within the step.
 pub fn tasks_for_step(num_tasks: usize, per_step: usize, seed: u64, step: u32) -> Vec<usize> {
     if num_tasks == 0 || per_step == 0 {
         return Vec::new();
     }
     let per_step = per_step.min(num_tasks);
-    let start = step as usize * per_step;
-    (start..start + per_step)
-        .map(|k| {
-            let epoch = k / num_tasks;
-            permutation(num_tasks, seed, epoch as u64)[k % num_tasks]
-        })
-        .collect()
+    let steps_per_epoch = num_tasks / per_step;
+    let epoch = step as usize / steps_per_epoch;
+    let start = step as usize % steps_per_epoch * per_step;
+    permutation(num_tasks, seed, epoch as u64)[start..start + per_step].to_vec()
 }
 
 /// The `k` task indices (ascending) held out of training for evaluation: a seeded random pick,
@@ -159,9 +159,9 @@ mod tests {
 
     #[test]
     fn epochs_cover_every_task_once_and_repeat_deterministically() {
-        let (n, per) = (10, 4);
+        let (n, per) = (12, 4);
         let mut seen = Vec::new();
-        for s in 0..5 {
+        for s in 0..6 {
             let t = tasks_for_step(n, per, 3, s);
             assert_eq!(t.len(), per);
             assert_eq!(
@@ -171,13 +171,13 @@ mod tests {
             );
             seen.extend(t);
         }
-        // Steps 0..5 cover 20 slots = two whole epochs.
-        let mut first: Vec<usize> = seen[..10].to_vec();
-        first.sort_unstable();
-        assert_eq!(first, (0..10).collect::<Vec<_>>());
-        let mut second: Vec<usize> = seen[10..20].to_vec();
-        second.sort_unstable();
-        assert_eq!(second, (0..10).collect::<Vec<_>>());
+        // Steps 0..6 cover 24 slots = two whole epochs, each a different permutation.
+        for epoch in seen.chunks(12) {
+            let mut e = epoch.to_vec();
+            e.sort_unstable();
+            assert_eq!(e, (0..12).collect::<Vec<_>>());
+        }
+        assert_ne!(seen[..12], seen[12..]);
         assert_ne!(tasks_for_step(n, per, 3, 0), tasks_for_step(n, per, 4, 0));
         assert!(tasks_for_step(0, 4, 1, 0).is_empty());
         assert_eq!(
@@ -185,5 +185,53 @@ mod tests {
             3,
             "capped at the task count"
         );
+    }
+
+    /// Session 55: 260 tasks, 8 a step, seed 19. Step 32 took the last 4 of the first epoch's
+    /// permutation and the first 4 of the second's, one task came twice, and inserting its
+    /// trajectories failed the run on the (run, step, task, sample) key.
+    #[test]
+    fn a_step_never_holds_a_task_twice_across_epochs() {
+        let mut straddled = 0;
+        for (n, per) in [(260, 8), (10, 4), (7, 3), (5, 5), (9, 2)] {
+            let per_epoch = n / per;
+            for seed in 0..40u64 {
+                for step in 0..(3 * per_epoch as u32 + 2) {
+                    let t = tasks_for_step(n, per, seed, step);
+                    let mut d = t.clone();
+                    d.sort_unstable();
+                    d.dedup();
+                    assert_eq!(
+                        d.len(),
+                        per,
+                        "n {n} per {per} seed {seed} step {step}: {t:?}"
+                    );
+                    assert!(t.iter().all(|&i| i < n));
+                }
+                // A whole epoch is `per_epoch` steps of distinct tasks; the next starts afresh.
+                let epoch: Vec<usize> = (0..per_epoch as u32)
+                    .flat_map(|s| tasks_for_step(n, per, seed, s))
+                    .collect();
+                let mut e = epoch.clone();
+                e.sort_unstable();
+                e.dedup();
+                assert_eq!(e.len(), per_epoch * per);
+                straddled += usize::from(n % per != 0);
+            }
+        }
+        assert!(
+            straddled > 0,
+            "the cases include task counts no step size divides"
+        );
+        // The rule before session 55 (slots k = step * per_step.., epoch k / n) gave the failed
+        // run's step a repeated task; this one gives it 8 distinct tasks of the second epoch.
+        let before: Vec<usize> = (32 * 8..33 * 8)
+            .map(|k: usize| permutation(260, 19, (k / 260) as u64)[k % 260])
+            .collect();
+        let mut d = before.clone();
+        d.sort_unstable();
+        d.dedup();
+        assert!(d.len() < 8, "the recorded collision: {before:?}");
+        assert_eq!(tasks_for_step(260, 8, 19, 32), permutation(260, 19, 1)[..8]);
     }
 }

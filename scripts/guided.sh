@@ -10,9 +10,9 @@
 #      entity or answer with any training task);
 #   3. the offline teacher's demonstration of every RL task (`orchestrator sft-data`; it follows
 #      the world's evidence chain and never sees a gold rubric): credit.guidance_demos.
-# Each step is skipped when its output exists. Preparing takes minutes; the preset's 48 steps
-# for both seeds took about 2 h 15 min on a 2-core machine after the release build (BENCHMARKS.md,
-# issue 25 session 54).
+# Each step is skipped when its output exists. Preparing took under a minute; the preset's 48
+# steps took about 45 minutes per seed with two runs side by side on a 2-core machine after the
+# release build (BENCHMARKS.md, issue 25 session 55, evaluations every 24 versions).
 #
 #   usage: scripts/guided.sh
 #   GUIDED_DIR        where everything goes (default runs/guided; the preset's paths name

@@ -19,7 +19,7 @@
 #                     runs/guided, so another DIR needs --set data.* / credit.* / eval.sets in
 #                     GUIDED_ARGS)
 #   GUIDED_WARM_START the saved warm start (default warm-starts/split-3-2-reflect)
-#   GUIDED_ARGS       extra `orchestrator run` arguments (e.g. "--set trainer.lr=5e-4")
+#   GUIDED_ARGS       extra `orchestrator run` arguments (e.g. "--set experiment.seeds=[19]")
 #   GUIDED_RESUME     an experiment id to continue (after a crash or Ctrl-C)
 #   GUIDED_PAIRS      server pairs, 2 (default: one seed on each) or 1 (one after the other)
 #   BIN               directory of the release binaries (default target/release; built if absent)

@@ -18,7 +18,7 @@ pub fn tasks_for_step(num_tasks: usize, per_step: usize, seed: u64, step: u32) -
     let per_step = per_step.min(num_tasks);
     let steps_per_epoch = num_tasks / per_step;
     let epoch = step as usize / steps_per_epoch;
-    let start = step as usize % steps_per_epoch * per_step;
+    let start = (step as usize % steps_per_epoch) * per_step;
     permutation(num_tasks, seed, epoch as u64)[start..start + per_step].to_vec()
 }
 
@@ -187,22 +187,31 @@ mod tests {
         );
     }
 
+    /// How many different tasks `v` holds.
+    fn distinct(v: &[usize]) -> usize {
+        let mut d = v.to_vec();
+        d.sort_unstable();
+        d.dedup();
+        d.len()
+    }
+
     /// Session 55: 260 tasks, 8 a step, seed 19. Step 32 took the last 4 of the first epoch's
     /// permutation and the first 4 of the second's, one task came twice, and inserting its
     /// trajectories failed the run on the (run, step, task, sample) key.
     #[test]
     fn a_step_never_holds_a_task_twice_across_epochs() {
-        let mut straddled = 0;
-        for (n, per) in [(260, 8), (10, 4), (7, 3), (5, 5), (9, 2)] {
+        let cases = [(260, 8), (10, 4), (7, 3), (5, 5), (9, 2)];
+        assert!(
+            cases.iter().any(|&(n, per)| n % per != 0),
+            "the cases include task counts no step size divides"
+        );
+        for (n, per) in cases {
             let per_epoch = n / per;
             for seed in 0..40u64 {
                 for step in 0..(3 * per_epoch as u32 + 2) {
                     let t = tasks_for_step(n, per, seed, step);
-                    let mut d = t.clone();
-                    d.sort_unstable();
-                    d.dedup();
                     assert_eq!(
-                        d.len(),
+                        distinct(&t),
                         per,
                         "n {n} per {per} seed {seed} step {step}: {t:?}"
                     );
@@ -212,26 +221,15 @@ mod tests {
                 let epoch: Vec<usize> = (0..per_epoch as u32)
                     .flat_map(|s| tasks_for_step(n, per, seed, s))
                     .collect();
-                let mut e = epoch.clone();
-                e.sort_unstable();
-                e.dedup();
-                assert_eq!(e.len(), per_epoch * per);
-                straddled += usize::from(n % per != 0);
+                assert_eq!(distinct(&epoch), per_epoch * per);
             }
         }
-        assert!(
-            straddled > 0,
-            "the cases include task counts no step size divides"
-        );
         // The rule before session 55 (slots k = step * per_step.., epoch k / n) gave the failed
         // run's step a repeated task; this one gives it 8 distinct tasks of the second epoch.
         let before: Vec<usize> = (32 * 8..33 * 8)
             .map(|k: usize| permutation(260, 19, (k / 260) as u64)[k % 260])
             .collect();
-        let mut d = before.clone();
-        d.sort_unstable();
-        d.dedup();
-        assert!(d.len() < 8, "the recorded collision: {before:?}");
+        assert!(distinct(&before) < 8, "the recorded collision: {before:?}");
         assert_eq!(tasks_for_step(260, 8, 19, 32), permutation(260, 19, 1)[..8]);
     }
 }

@@ -18,7 +18,7 @@ fn recipe_names_parse_back_as_serde_writes_them() {
 /// departures (guidance, the positive advantages alone, the loop stop)
 /// `guided_is_ablation_mini_with_its_stated_departures` checks.
 fn recipe_presets() -> impl Iterator<Item = &'static str> {
-    PRESETS.iter().map(|(n, _)| *n).filter(|n| *n != "guided")
+    preset_names().into_iter().filter(|n| *n != "guided")
 }
 
 #[test]

@@ -51,10 +51,12 @@ mkdir -p "$OUT"
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 source scripts/servers.sh
-# One orchestrator on the pair at PORT; its output in $OUT/NAME/run.log.
+# One orchestrator on the pair at PORT; its output in $OUT/NAME/run.log (an earlier attempt's,
+# e.g. before a resume, kept as run.log.1, ...).
 orchestrate() { # port name [run args...]
   local port=$1 name=$2
   shift 2
+  keep_log "$OUT/$name/run.log"
   "$BIN/orchestrator" run --experiment "$EXPERIMENT" --policy-url "http://127.0.0.1:$((port + 1))" \
     --trainer-url "http://127.0.0.1:$port" "$@" >"$OUT/$name/run.log" 2>&1 &
   PIDS+=($!)

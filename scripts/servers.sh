@@ -2,6 +2,15 @@
 # Expects BIN (the binaries' directory) and ROOT (the repository root) to be set, and appends
 # every started pid to the array PIDS (the caller's EXIT trap stops them).
 
+# Keep an earlier run's log: FILE becomes FILE.1 (then .2, ...) instead of being overwritten, so
+# a resumed or repeated run in the same directory leaves the first attempt's log readable.
+keep_log() { # file
+  local f=$1 n=1
+  [[ -s "$f" ]] || return 0
+  while [[ -e "$f.$n" ]]; do n=$((n + 1)); done
+  mv "$f" "$f.$n"
+}
+
 # Wait until URL answers /health (up to 2 minutes), else say where its log is and exit.
 wait_up() { # url log
   for _ in $(seq 1 240); do
@@ -14,10 +23,12 @@ wait_up() { # url log
 
 # The split layout on one core each: a policy server on PORT+1 and a trainer on PORT that
 # checkpoints into DIR/checkpoints and publishes every version to the policy server (through
-# DIR/published); logs DIR/policy.log and DIR/trainer.log.
+# DIR/published); logs DIR/policy.log and DIR/trainer.log (earlier ones kept by keep_log).
 start_split_pair() { # port model dir
   local port=$1 model=$2 dir=$3
   mkdir -p "$dir"
+  keep_log "$dir/policy.log"
+  keep_log "$dir/trainer.log"
   "$BIN/trainer" serve --model "$model" --bind "127.0.0.1:$((port + 1))" --threads 1 \
     --device cpu >"$dir/policy.log" 2>&1 &
   PIDS+=($!)

@@ -60,6 +60,7 @@ case "$LAYOUT" in
   shared)
     POLICY_URL="$TRAINER_URL"
     say "starting trainer serve on $TRAINER_URL (policy server and trainer)"
+    keep_log "$DIR/trainer.log"
     "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" \
       --checkpoint-dir "$DIR/checkpoints" --device cpu >"$DIR/trainer.log" 2>&1 &
     PIDS+=($!)
@@ -72,6 +73,7 @@ wait_up "$TRAINER_URL" "$DIR/trainer.log"
 # SMOKE_RL_LR overrides it.
 LR_SET=()
 if [[ -n "${SMOKE_RL_LR:-}" ]]; then LR_SET=(--set "trainer.lr=$SMOKE_RL_LR"); fi
+keep_log "$DIR/run.log"
 # shellcheck disable=SC2086
 "$BIN/orchestrator" run --experiment "$EXPERIMENT" --policy-url "$POLICY_URL" \
   --trainer-url "$TRAINER_URL" ${LR_SET[@]+"${LR_SET[@]}"} ${SMOKE_ARGS:-} | tee "$DIR/run.log"

@@ -314,15 +314,15 @@ async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool
         "side-by-side table names the evaluation span: {md}"
     );
     assert!(
-        md.contains("| run | recipe | judge | v0 | v2 | v4 | judged / failed (last) |"),
+        md.contains("| run | recipe | judge | v0 | v2 | v4 | change | judged / failed (last) |"),
         "{md}"
     );
     assert!(
-        md.contains("| baseline-rl | baseline-rl | `lexical-v1` | 0.1000 (0.5000) | 0.2250 (0.5000) | 0.3500 (0.5000) | 2 / 0 |"),
-        "{md}"
+        md.contains("| baseline-rl | baseline-rl | `lexical-v1` | 0.1000 (0.5000) | 0.2250 (0.5000) | 0.3500 (0.5000) | +0.2500 ± 0.0000 (2) | 2 / 0 |"),
+        "a run's change paired over its tasks: {md}"
     );
     assert!(
-        md.contains("| full | full | `lexical-v1` | 0.3000 (0.5000) | 0.4250 (0.5000) | 0.5500 (0.5000) | 2 / 0 |"),
+        md.contains("| full | full | `lexical-v1` | 0.3000 (0.5000) | 0.4250 (0.5000) | 0.5500 (0.5000) | +0.2500 ± 0.0000 (2) | 2 / 0 |"),
         "{md}"
     );
     let dir = path.parent().unwrap();

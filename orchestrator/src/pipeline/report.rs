@@ -275,7 +275,7 @@ fn evaluation_section(md: &mut String, dir: &Path, data: &[RunData]) -> Result<(
         let head: Vec<String> = versions.iter().map(|v| format!("v{v}")).collect();
         let _ = writeln!(
             md,
-            "### `{subset}` ({tasks} tasks): score (exact) by policy version\n\n| run | recipe | judge | {} | judged / failed (last) |\n|---|---|---|{}---|",
+            "### `{subset}` ({tasks} tasks): score (exact) by policy version\n\nChange: the last version's score minus the first's, paired over the tasks scored at both, ± its standard error over tasks (tasks).\n\n| run | recipe | judge | {} | change | judged / failed (last) |\n|---|---|---|{}---|---|",
             head.join(" | "),
             "---|".repeat(versions.len())
         );
@@ -300,9 +300,12 @@ fn evaluation_section(md: &mut String, dir: &Path, data: &[RunData]) -> Result<(
                 ),
                 None => ("", String::new()),
             };
+            let change = d.paired.get(subset).map_or("–".into(), |p| {
+                format!("{:+.4} ± {:.4} ({})", p.diff, p.se, p.tasks)
+            });
             let _ = writeln!(
                 md,
-                "| {} | {} | `{judge}` | {} | {last} |",
+                "| {} | {} | `{judge}` | {} | {change} | {last} |",
                 d.row.name,
                 d.row.recipe,
                 cells.join(" | ")

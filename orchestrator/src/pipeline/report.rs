@@ -256,7 +256,9 @@ fn evaluation_section(md: &mut String, dir: &Path, data: &[RunData]) -> Result<(
         md,
         "Each policy version (= steps trained) rolled out once per task and sample without bank \
          injection; score = mean persistent-rubric Answer score (judge named per row), exact = \
-         share of answers containing the known short answer (– where no task has one).\n"
+         share of answers containing the known short answer (– where no task has one); change = \
+         the run's last version's score minus its first's, paired over the tasks scored at both, \
+         ± its standard error over tasks (tasks).\n"
     );
     for subset in subsets {
         let rows: Vec<(&RunData, Vec<&db::evaluations::EvalRow>)> = data
@@ -275,7 +277,7 @@ fn evaluation_section(md: &mut String, dir: &Path, data: &[RunData]) -> Result<(
         let head: Vec<String> = versions.iter().map(|v| format!("v{v}")).collect();
         let _ = writeln!(
             md,
-            "### `{subset}` ({tasks} tasks): score (exact) by policy version\n\nChange: the last version's score minus the first's, paired over the tasks scored at both, ± its standard error over tasks (tasks).\n\n| run | recipe | judge | {} | change | judged / failed (last) |\n|---|---|---|{}---|---|",
+            "### `{subset}` ({tasks} tasks): score (exact) by policy version\n\n| run | recipe | judge | {} | change | judged / failed (last) |\n|---|---|---|{}---|---|",
             head.join(" | "),
             "---|".repeat(versions.len())
         );
@@ -300,9 +302,7 @@ fn evaluation_section(md: &mut String, dir: &Path, data: &[RunData]) -> Result<(
                 ),
                 None => ("", String::new()),
             };
-            let change = d.paired.get(subset).map_or("–".into(), |p| {
-                format!("{:+.4} ± {:.4} ({})", p.diff, p.se, p.tasks)
-            });
+            let change = d.paired.get(subset).map_or("–".into(), Paired::change);
             let _ = writeln!(
                 md,
                 "| {} | {} | `{judge}` | {} | {change} | {last} |",
@@ -638,10 +638,7 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
                 .iter()
                 .filter_map(|r| {
                     let p = r.paired.get(subset)?;
-                    Some(format!(
-                        "{}: {:+.4} ± {:.4} ({})",
-                        r.seed, p.diff, p.se, p.tasks
-                    ))
+                    Some(format!("{}: {}", r.seed, p.change()))
                 })
                 .collect();
             let _ = writeln!(

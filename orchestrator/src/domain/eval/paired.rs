@@ -52,6 +52,11 @@ impl Paired {
             se,
         })
     }
+
+    /// The difference with its spread as a report cell: `+0.1250 ± 0.0500 (16)` (tasks last).
+    pub fn change(&self) -> String {
+        format!("{:+.4} ± {:.4} ({})", self.diff, self.se, self.tasks)
+    }
 }
 
 impl fmt::Display for Paired {

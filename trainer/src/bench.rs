@@ -76,6 +76,7 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
         logit_chunk: 1024,
         grad_checkpoint: spec.grad_checkpoint,
         minibatches_per_step: 1,
+        skip_null_rows: true,
     };
     let vocab = spec.config.vocab_size;
     let mut trainer = Trainer::new(model, cfg)?;

@@ -116,6 +116,7 @@ pub fn resolve(s: &TrainSettings) -> Result<Resolved, SettingsError> {
         logit_chunk: TrainConfig::default().logit_chunk,
         grad_checkpoint: s.grad_checkpoint,
         minibatches_per_step: s.minibatches_per_step as usize,
+        skip_null_rows: s.skip_null_rows,
     };
     let reference_copy =
         lora.is_none() && s.kl_beta > 0.0 && s.reference == ReferencePolicy::Initial;
@@ -189,6 +190,7 @@ pub fn from_config(train: &TrainConfig, lora: Option<&LoraConfig>) -> TrainSetti
         grad_checkpoint: train.grad_checkpoint,
         micro_batch_tokens: train.micro_batch_tokens,
         minibatches_per_step: u32::try_from(train.minibatches_per_step).unwrap_or(u32::MAX),
+        skip_null_rows: train.skip_null_rows,
     }
 }
 

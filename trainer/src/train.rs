@@ -34,6 +34,14 @@ pub struct TrainConfig {
     /// many contiguous parts; from the second on the ratio against the step's starting policy
     /// moves and the clip binds. 1 = one update with ratio 1 (DR Tulu).
     pub minibatches_per_step: usize,
+    /// Leave out of forward and backward the RL rows whose loss is zero at every token whatever
+    /// the weights (see [`null_row`]: every counted token's advantage 0, no KL term, no
+    /// unlikelihood token), which positive-only credit (`credit.negative_advantage_scale = 0`)
+    /// makes of about half a batch. The update is the same: the aggregation weights keep the
+    /// whole batch's totals and those rows' gradient is exactly zero. The per-token metrics
+    /// (entropy, clip fraction, ratio) are then over the rows trained on; `null_sequences`
+    /// counts the others.
+    pub skip_null_rows: bool,
 }
 
 impl Default for TrainConfig {
@@ -45,8 +53,44 @@ impl Default for TrainConfig {
             logit_chunk: 1024,
             grad_checkpoint: true,
             minibatches_per_step: 1,
+            skip_null_rows: true,
         }
     }
+}
+
+/// Whether `s` adds nothing to an RL update under `loss` whatever the weights: every counted
+/// token's advantage is 0 (so the clipped surrogate and its gradient are 0 at any ratio), there is
+/// no KL term (`kl_coef` 0) and no token carries the unlikelihood term. An SFT row never is.
+pub fn null_row(s: &Sequence, loss: &PolicyLossConfig, rl: bool) -> bool {
+    if !rl || loss.kl_coef != 0.0 {
+        return false;
+    }
+    if loss.unlikelihood > 0.0 && s.unlikelihood.contains(&true) {
+        return false;
+    }
+    match loss::per_token_advantages(&s.advantages, &s.stages_or_none(), &s.loss_mask) {
+        Ok(a) => a.iter().all(|&x| x == 0.0),
+        Err(_) => false,
+    }
+}
+
+/// The rows of `seqs` an update runs forward and backward on: all of them, or without the
+/// [`null_row`]s when `skip` — but never none, so that every rank of a group runs a backward
+/// (the overlapped all-reduce's hooks fire in it): when all are null the shortest stays.
+fn live_rows(seqs: &[Sequence], loss: &PolicyLossConfig, rl: bool, skip: bool) -> Vec<usize> {
+    if !skip {
+        return (0..seqs.len()).collect();
+    }
+    let live: Vec<usize> = (0..seqs.len())
+        .filter(|&i| !null_row(&seqs[i], loss, rl))
+        .collect();
+    if live.is_empty() {
+        return (0..seqs.len())
+            .min_by_key(|&i| seqs[i].tokens.len())
+            .into_iter()
+            .collect();
+    }
+    live
 }
 
 /// The largest `minibatches_per_step` accepted.
@@ -127,6 +171,8 @@ struct Sums {
     /// Σ −log(1 − p) over the tokens with the unlikelihood term, and their count.
     ul: f64,
     ul_tokens: f64,
+    /// Rows left out as null ([`live_rows`]).
+    null: f64,
 }
 
 /// What a step changes, as it was before ([`Trainer::snapshot`]).
@@ -280,6 +326,7 @@ pub fn aggregate(parts: &[StepMetrics]) -> StepMetrics {
             .sum::<f64>()
             / ul_tokens.max(1) as f64,
         unlikelihood_tokens: ul_tokens,
+        null_sequences: parts.iter().map(|p| p.null_sequences).sum(),
         seconds: parts.iter().map(|p| p.seconds).sum(),
     }
 }
@@ -324,6 +371,7 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         sums.tis,
         sums.ul,
         sums.ul_tokens,
+        sums.null,
         micro_batches as f64,
     ])
     .to_device(dev);
@@ -348,6 +396,7 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         tis,
         ul,
         ul_tokens,
+        null,
         micro,
     ] = v[..]
     else {
@@ -367,6 +416,7 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         tis_max: hi.double_value(&[0]),
         ul,
         ul_tokens,
+        null,
     };
     Ok(micro as usize)
 }
@@ -520,7 +570,13 @@ impl Trainer {
             StepKind::Rl => minibatch_ranges(seqs.len(), self.cfg.minibatches_per_step),
             StepKind::Reflection | StepKind::Sft => std::iter::once(0..seqs.len()).collect(),
         };
-        let cmds = data_parallel::plan(kind, seqs, &ranges, g.world());
+        let skip = self.cfg.skip_null_rows.then_some(&self.cfg.loss);
+        let rl = kind != StepKind::Sft;
+        let cost = |s: &Sequence| match skip {
+            Some(loss) if null_row(s, loss, rl) => 1,
+            _ => s.tokens.len(),
+        };
+        let cmds = data_parallel::plan(kind, seqs, &ranges, g.world(), cost);
         let own = data_parallel::publish(g, cmds)?;
         match self.run_command(own) {
             Ok(m) => Ok(m),
@@ -897,8 +953,13 @@ impl Trainer {
         } else {
             Aggregation::TokenMean
         };
-        let lens: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
-        let groups = micro_batches(&lens, self.cfg.micro_batch_tokens);
+        // Rows with a zero loss at every token need no pass; the weights above keep the totals.
+        let live = live_rows(seqs, &self.cfg.loss, mode.rl(), self.cfg.skip_null_rows);
+        let lens: Vec<usize> = live.iter().map(|&i| seqs[i].tokens.len()).collect();
+        let groups: Vec<Vec<usize>> = micro_batches(&lens, self.cfg.micro_batch_tokens)
+            .into_iter()
+            .map(|g| g.into_iter().map(|j| live[j]).collect())
+            .collect();
         self.opt.zero_grad();
         let (names, mut params): (Vec<String>, Vec<Tensor>) = match self.group() {
             Some(_) => self.model.trainable().into_iter().unzip(),
@@ -908,6 +969,7 @@ impl Trainer {
             data_parallel::ensure_grads(g, &mut params)?;
         }
         let mut sums = Sums {
+            null: (seqs.len() - live.len()) as f64,
             tis_min: f64::INFINITY,
             tis_max: f64::NEG_INFINITY,
             ..Sums::default()
@@ -996,6 +1058,7 @@ impl Trainer {
             },
             unlikelihood: sums.ul / sums.ul_tokens.max(1.0),
             unlikelihood_tokens: sums.ul_tokens as i64,
+            null_sequences: sums.null as usize,
             seconds: t0.elapsed().as_secs_f64(),
         })
     }

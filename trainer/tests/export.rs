@@ -77,6 +77,7 @@ fn train_two_steps(model: Qwen3) -> Trainer {
             logit_chunk: 7,
             grad_checkpoint: false,
             minibatches_per_step: 1,
+            skip_null_rows: true,
         },
     )
     .unwrap();

@@ -283,6 +283,7 @@ fn policy_loss_and_lora_gradients_match_pytorch() {
             logit_chunk: 5,
             grad_checkpoint: checkpoint,
             minibatches_per_step: 1,
+            skip_null_rows: true,
         };
         let mut tr = Trainer::new(m2, cfg).unwrap();
         let m = tr.rl_step(&seqs).unwrap();

@@ -44,6 +44,7 @@ fn config(lr: f64, kl: f64, minibatches: usize) -> TrainConfig {
         logit_chunk: 7,
         grad_checkpoint: true,
         minibatches_per_step: minibatches,
+        skip_null_rows: true,
     }
 }
 

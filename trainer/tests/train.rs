@@ -901,3 +901,91 @@ fn master_weights_survive_checkpoint_and_rollback_exactly() {
         }
     }
 }
+
+#[test]
+fn rows_with_a_zero_loss_are_skipped_and_the_update_is_the_same() {
+    use trainer::train::null_row;
+    // Five rows of different lengths; three carry advantage 0 (positive-only credit's below-
+    // the-mean members), so their loss is 0 at every token whatever the weights.
+    let batch: Vec<Sequence> = [(23, 0.8f32), (17, 0.0), (30, 0.3), (12, 0.0), (26, 0.0)]
+        .iter()
+        .enumerate()
+        .map(|(r, &(n, a))| {
+            seq(
+                (0..n).map(|t| (t * 7 + r as i64 * 13 + 1) % 64).collect(),
+                vec![a],
+            )
+        })
+        .collect();
+    let run = |skip: bool| {
+        let mut tr = trainer(fresh_full(9), 1e-2, 0.0);
+        tr.cfg.skip_null_rows = skip;
+        let mut ms = Vec::new();
+        for _ in 0..3 {
+            ms.push(tr.rl_step(&batch).unwrap());
+        }
+        let w: Vec<(String, Tensor)> = tr
+            .model
+            .trainable()
+            .into_iter()
+            .map(|(n, p)| (n, p.detach().copy()))
+            .collect();
+        (ms, w)
+    };
+    let (skipped, w_skip) = run(true);
+    let (full, w_full) = run(false);
+    for (a, b) in skipped.iter().zip(&full) {
+        assert_eq!((a.null_sequences, b.null_sequences), (3, 0));
+        assert_eq!(a.sequences, 5);
+        assert!(a.tokens < b.tokens, "{} vs {}", a.tokens, b.tokens);
+        assert!((a.loss - b.loss).abs() < 1e-6, "{} vs {}", a.loss, b.loss);
+        assert!(
+            (a.grad_norm - b.grad_norm).abs() <= 1e-5 * b.grad_norm,
+            "{} vs {}",
+            a.grad_norm,
+            b.grad_norm
+        );
+    }
+    let d = max_diff(&w_skip, &w_full);
+    assert!(d < 1e-5, "weights differ by {d} after three steps");
+    let w0 = fresh_full(9);
+    let moved = max_diff(&w_full, &w0.trainable());
+    assert!(moved > 1e-3, "the steps moved nothing ({moved})");
+
+    // What keeps a zero-advantage row in: a KL term, a marked unlikelihood token; an SFT row
+    // never is null; a stage advantage whose stage has no counted token is still null.
+    let zero = &batch[1];
+    let mut cfg = trainer(fresh_full(9), 1e-2, 0.0).cfg.loss.clone();
+    assert!(null_row(zero, &cfg, true));
+    assert!(!null_row(zero, &cfg, false));
+    assert!(!null_row(&batch[0], &cfg, true));
+    cfg.kl_coef = 0.01;
+    assert!(!null_row(zero, &cfg, true));
+    cfg.kl_coef = 0.0;
+    let ul = marked((0..20).map(|t| (t * 11 + 2) % 64).collect(), 0.0, 12..20);
+    assert!(null_row(&ul, &cfg, true));
+    cfg.unlikelihood = 1.0;
+    assert!(!null_row(&ul, &cfg, true));
+    cfg.unlikelihood = 0.0;
+    let mut staged = seq((0..20).map(|t| (t * 5 + 3) % 64).collect(), vec![0.0; 4]);
+    assert!(null_row(&staged, &cfg, true));
+    staged.advantages[2] = 0.5;
+    assert!(!null_row(&staged, &cfg, true));
+    for s in staged.stages.iter_mut() {
+        if *s == 2 {
+            *s = 1;
+        }
+    }
+    assert!(null_row(&staged, &cfg, true));
+
+    // A batch of null rows only still runs one (the shortest), so the step has a backward.
+    let nulls: Vec<Sequence> = batch
+        .iter()
+        .filter(|s| s.advantages[0] == 0.0)
+        .cloned()
+        .collect();
+    let mut tr = trainer(fresh_full(9), 1e-2, 0.0);
+    let m = tr.rl_step(&nulls).unwrap();
+    assert_eq!((m.null_sequences, m.sequences), (2, 3));
+    assert_eq!(m.tokens, 12 - 3);
+}

@@ -36,6 +36,11 @@ pub struct StepMetrics {
     pub unlikelihood: f64,
     #[serde(default)]
     pub unlikelihood_tokens: i64,
+    /// Sequences left out of forward and backward because their loss was zero at every token
+    /// (the trainer's `skip_null_rows`; they still count in the aggregation's totals, and the
+    /// per-token figures above are over the others).
+    #[serde(default)]
+    pub null_sequences: usize,
     pub seconds: f64,
 }
 

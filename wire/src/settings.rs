@@ -152,6 +152,15 @@ pub struct TrainSettings {
     /// PPO minibatches (optimizer updates) per train step; 1 = DR Tulu. With more, the ratio
     /// against the step's starting policy moves and the clip binds.
     pub minibatches_per_step: u32,
+    /// Leave out of the trainer's forward and backward the rows whose loss is zero at every
+    /// token (every counted token's advantage 0, no KL term, no unlikelihood token): about half
+    /// a batch under `credit.negative_advantage_scale = 0`. The update is the same (their
+    /// gradient is exactly 0 and the loss's totals keep them); the step's per-token metrics
+    /// (entropy, clip fraction, ratio) are then over the rows trained on, and
+    /// `train/null_sequences` counts the rest. `false` trains on every row. Left out of the
+    /// serialised settings (and the hash) when `true`, so every earlier run's hash stands.
+    #[serde(skip_serializing_if = "is_true")]
+    pub skip_null_rows: bool,
 }
 
 impl Default for TrainSettings {
@@ -181,12 +190,17 @@ impl Default for TrainSettings {
             grad_checkpoint: true,
             micro_batch_tokens: 16384,
             minibatches_per_step: 1,
+            skip_null_rows: true,
         }
     }
 }
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+fn is_true(x: &bool) -> bool {
+    *x
 }
 
 /// A setting outside its allowed range: names the field, the value and what is allowed.

@@ -89,12 +89,15 @@ pub fn partition_by_tokens(lens: &[usize], world: usize) -> Vec<Vec<usize>> {
 }
 
 /// The commands for every rank (index = rank) of a step over `seqs`, whose optimizer updates
-/// are the contiguous `ranges` (one for SFT, reflection and a one-minibatch RL step).
+/// are the contiguous `ranges` (one for SFT, reflection and a one-minibatch RL step). Each
+/// update's rows are shared out by `cost` (a row's tokens; 1 for a row the step will skip, so
+/// the work each rank does is what is balanced).
 pub fn plan(
     kind: StepKind,
     seqs: &[Sequence],
     ranges: &[std::ops::Range<usize>],
     world: usize,
+    cost: impl Fn(&Sequence) -> usize,
 ) -> Vec<Command> {
     let mut cmds: Vec<Command> = (0..world.max(1))
         .map(|_| Command {
@@ -113,7 +116,7 @@ pub fn plan(
             .iter()
             .filter(|s| s.loss_mask.iter().any(|&m| m))
             .count();
-        let lens: Vec<usize> = part.iter().map(|s| s.tokens.len()).collect();
+        let lens: Vec<usize> = part.iter().map(&cost).collect();
         for (cmd, idx) in cmds.iter_mut().zip(partition_by_tokens(&lens, world)) {
             cmd.parts.push(Part {
                 seqs: idx.iter().map(|&i| part[i].clone()).collect(),

@@ -37,8 +37,8 @@ pub struct StepMetrics {
     #[serde(default)]
     pub unlikelihood_tokens: i64,
     /// Sequences left out of forward and backward because their loss was zero at every token
-    /// (the trainer's `skip_null_rows`; they still count in the aggregation's totals, and the
-    /// per-token figures above are over the others).
+    /// (the trainer's `skip_null_rows`; they still count in the aggregation's totals, while
+    /// `tokens` and the per-token figures above are over the rows trained on).
     #[serde(default)]
     pub null_sequences: usize,
     pub seconds: f64,

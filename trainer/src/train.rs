@@ -38,9 +38,10 @@ pub struct TrainConfig {
     /// the weights (see [`null_row`]: every counted token's advantage 0, no KL term, no
     /// unlikelihood token), which positive-only credit (`credit.negative_advantage_scale = 0`)
     /// makes of about half a batch. The update is the same: the aggregation weights keep the
-    /// whole batch's totals and those rows' gradient is exactly zero. The per-token metrics
-    /// (entropy, clip fraction, ratio) are then over the rows trained on; `null_sequences`
-    /// counts the others.
+    /// whole batch's totals and those rows' gradient is exactly zero (with LoRA dropout, the
+    /// same in distribution: the masks are drawn per micro-batch). `tokens` and the per-token
+    /// metrics (entropy, clip fraction, ratio, importance weights) are then over the rows
+    /// trained on; `null_sequences` counts the others.
     pub skip_null_rows: bool,
 }
 

@@ -989,3 +989,66 @@ fn rows_with_a_zero_loss_are_skipped_and_the_update_is_the_same() {
     assert_eq!((m.null_sequences, m.sequences), (2, 3));
     assert_eq!(m.tokens, 12 - 3);
 }
+
+#[test]
+fn skipping_null_rows_keeps_the_update_across_minibatches_aggregations_and_reflection() {
+    use trainer::loss::Aggregation;
+    // Six rows; with two minibatches the second (rows 3-5) mixes null and live rows, so its
+    // log-probs of the step's starting policy must be looked up by the rows' own indices.
+    let batch: Vec<Sequence> = [
+        (23, 0.8f32),
+        (17, 0.0),
+        (30, 0.3),
+        (12, 0.0),
+        (26, -0.5),
+        (20, 0.0),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(r, &(n, a))| {
+        seq(
+            (0..n).map(|t| (t * 5 + r as i64 * 17 + 2) % 64).collect(),
+            vec![a],
+        )
+    })
+    .collect();
+    let cases = [
+        (2, Aggregation::TokenMean, false),
+        (2, Aggregation::SequenceMean, false),
+        (1, Aggregation::Constant(40.0), false),
+        (1, Aggregation::TokenMean, true),
+    ];
+    for (minibatches, agg, reflection) in cases {
+        let run = |skip: bool| {
+            let mut tr = trainer(fresh_full(11), 1e-2, 0.0);
+            tr.cfg.skip_null_rows = skip;
+            tr.cfg.minibatches_per_step = minibatches;
+            tr.cfg.loss.aggregation = agg;
+            let mut nulls = 0;
+            for _ in 0..2 {
+                let m = if reflection {
+                    tr.reflection_step(&batch)
+                } else {
+                    tr.rl_step(&batch)
+                }
+                .unwrap();
+                nulls += m.null_sequences;
+            }
+            let w: Vec<(String, Tensor)> = tr
+                .model
+                .trainable()
+                .into_iter()
+                .map(|(n, p)| (n, p.detach().copy()))
+                .collect();
+            (nulls, w)
+        };
+        let (n_skip, w_skip) = run(true);
+        let (n_full, w_full) = run(false);
+        let case = format!("{minibatches} minibatches, {agg:?}, reflection {reflection}");
+        assert_eq!((n_skip, n_full), (6, 0), "{case}");
+        let d = max_diff(&w_skip, &w_full);
+        assert!(d < 1e-5, "{case}: weights differ by {d}");
+        let moved = max_diff(&w_full, &fresh_full(11).trainable());
+        assert!(moved > 1e-3, "{case}: the steps moved nothing ({moved})");
+    }
+}

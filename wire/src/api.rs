@@ -14,6 +14,8 @@ use crate::PolicyVersion;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepMetrics {
     pub loss: f64,
+    /// Counted tokens of the rows trained on (not of the rows skipped as null, see
+    /// `null_sequences`).
     pub tokens: i64,
     pub sequences: usize,
     pub micro_batches: usize,
@@ -38,7 +40,9 @@ pub struct StepMetrics {
     pub unlikelihood_tokens: i64,
     /// Sequences left out of forward and backward because their loss was zero at every token
     /// (the trainer's `skip_null_rows`; they still count in the aggregation's totals, while
-    /// `tokens` and the per-token figures above are over the rows trained on).
+    /// `tokens` and the per-token figures above are over the rows trained on). A rank of a
+    /// data-parallel group whose rows are all null trains its shortest one, so these counts
+    /// and figures can differ by that row between world sizes (the update does not).
     #[serde(default)]
     pub null_sequences: usize,
     pub seconds: f64,

@@ -155,8 +155,10 @@ pub struct TrainSettings {
     /// Leave out of the trainer's forward and backward the rows whose loss is zero at every
     /// token (every counted token's advantage 0, no KL term, no unlikelihood token): about half
     /// a batch under `credit.negative_advantage_scale = 0`. The update is the same (their
-    /// gradient is exactly 0 and the loss's totals keep them); the step's per-token metrics
-    /// (entropy, clip fraction, ratio) are then over the rows trained on, and
+    /// gradient is exactly 0 and the loss's totals keep them; with LoRA dropout the same in
+    /// distribution, as the masks are drawn per micro-batch); the step's `tokens` and per-token
+    /// metrics (entropy, clip fraction, ratio, importance weights) are then over the rows
+    /// trained on, so they do not compare with a run that trained on all, and
     /// `train/null_sequences` counts the rest. `false` trains on every row. Left out of the
     /// serialised settings (and the hash) when `true`, so every earlier run's hash stands.
     #[serde(skip_serializing_if = "is_true")]
@@ -435,6 +437,19 @@ mod tests {
         let back: TrainSettings =
             serde_json::from_str(&serde_json::to_string(&u).unwrap()).unwrap();
         assert_eq!((back.loop_unlikelihood, back.hash()), (0.5, u.hash()));
+        // Skipping the null rows, on (the default), is not in the JSON either; off, it is, and
+        // round-trips.
+        assert!(
+            !serde_json::to_string(&a)
+                .unwrap()
+                .contains("skip_null_rows")
+        );
+        let mut k = a.clone();
+        k.skip_null_rows = false;
+        assert_ne!(k.hash(), a.hash());
+        let back: TrainSettings =
+            serde_json::from_str(&serde_json::to_string(&k).unwrap()).unwrap();
+        assert_eq!((back.skip_null_rows, back.hash()), (false, k.hash()));
     }
 
     #[test]

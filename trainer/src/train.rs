@@ -75,15 +75,20 @@ pub fn null_row(s: &Sequence, loss: &PolicyLossConfig, rl: bool) -> bool {
     }
 }
 
-/// The rows of `seqs` an update runs forward and backward on: all of them, or without the
-/// [`null_row`]s when `skip` — but never none, so that every rank of a group runs a backward
-/// (the overlapped all-reduce's hooks fire in it): when all are null the shortest stays.
-fn live_rows(seqs: &[Sequence], loss: &PolicyLossConfig, rl: bool, skip: bool) -> Vec<usize> {
-    if !skip {
-        return (0..seqs.len()).collect();
+impl TrainConfig {
+    /// Whether an update under this config leaves `s` out of forward and backward:
+    /// `skip_null_rows` is on and `s` is a [`null_row`] of its loss.
+    pub fn skips(&self, s: &Sequence, rl: bool) -> bool {
+        self.skip_null_rows && null_row(s, &self.loss, rl)
     }
+}
+
+/// The rows of `seqs` an update under `cfg` runs forward and backward on: all but those it
+/// [skips](TrainConfig::skips) — but never none, so that every rank of a group runs a backward
+/// (the overlapped all-reduce's hooks fire in it): when all are skipped the shortest stays.
+fn live_rows(seqs: &[Sequence], cfg: &TrainConfig, rl: bool) -> Vec<usize> {
     let live: Vec<usize> = (0..seqs.len())
-        .filter(|&i| !null_row(&seqs[i], loss, rl))
+        .filter(|&i| !cfg.skips(&seqs[i], rl))
         .collect();
     if live.is_empty() {
         return (0..seqs.len())
@@ -571,11 +576,13 @@ impl Trainer {
             StepKind::Rl => minibatch_ranges(seqs.len(), self.cfg.minibatches_per_step),
             StepKind::Reflection | StepKind::Sft => std::iter::once(0..seqs.len()).collect(),
         };
-        let skip = self.cfg.skip_null_rows.then_some(&self.cfg.loss);
         let rl = kind != StepKind::Sft;
-        let cost = |s: &Sequence| match skip {
-            Some(loss) if null_row(s, loss, rl) => 1,
-            _ => s.tokens.len(),
+        let cost = |s: &Sequence| {
+            if self.cfg.skips(s, rl) {
+                1
+            } else {
+                s.tokens.len()
+            }
         };
         let cmds = data_parallel::plan(kind, seqs, &ranges, g.world(), cost);
         let own = data_parallel::publish(g, cmds)?;
@@ -955,7 +962,7 @@ impl Trainer {
             Aggregation::TokenMean
         };
         // Rows with a zero loss at every token need no pass; the weights above keep the totals.
-        let live = live_rows(seqs, &self.cfg.loss, mode.rl(), self.cfg.skip_null_rows);
+        let live = live_rows(seqs, &self.cfg, mode.rl());
         let lens: Vec<usize> = live.iter().map(|&i| seqs[i].tokens.len()).collect();
         let groups: Vec<Vec<usize>> = micro_batches(&lens, self.cfg.micro_batch_tokens)
             .into_iter()

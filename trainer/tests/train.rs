@@ -197,6 +197,30 @@ fn trained_grads(tr: &Trainer) -> Vec<(String, Tensor)> {
         .collect()
 }
 
+/// The trainable weights after a step, by name (detached copies).
+fn trained_weights(tr: &Trainer) -> Vec<(String, Tensor)> {
+    tr.model
+        .trainable()
+        .into_iter()
+        .map(|(n, p)| (n, p.detach().copy()))
+        .collect()
+}
+
+/// RL rows of `(length, advantage)`, row r's token t being `(t·mul + r·row_mul + add) % 64`.
+fn rl_rows(rows: &[(i64, f32)], mul: i64, row_mul: i64, add: i64) -> Vec<Sequence> {
+    rows.iter()
+        .enumerate()
+        .map(|(r, &(n, a))| {
+            seq(
+                (0..n)
+                    .map(|t| (t * mul + r as i64 * row_mul + add) % 64)
+                    .collect(),
+                vec![a],
+            )
+        })
+        .collect()
+}
+
 /// log p(token t+1 | prefix) of `tokens` through `m`'s full head, with autograd: the reference
 /// the trainer's loss-positions-only head is checked against.
 fn full_head_logp(m: &Qwen3, tokens: &[i64]) -> Tensor {
@@ -907,16 +931,12 @@ fn rows_with_a_zero_loss_are_skipped_and_the_update_is_the_same() {
     use trainer::train::null_row;
     // Five rows of different lengths; three carry advantage 0 (positive-only credit's below-
     // the-mean members), so their loss is 0 at every token whatever the weights.
-    let batch: Vec<Sequence> = [(23, 0.8f32), (17, 0.0), (30, 0.3), (12, 0.0), (26, 0.0)]
-        .iter()
-        .enumerate()
-        .map(|(r, &(n, a))| {
-            seq(
-                (0..n).map(|t| (t * 7 + r as i64 * 13 + 1) % 64).collect(),
-                vec![a],
-            )
-        })
-        .collect();
+    let batch = rl_rows(
+        &[(23, 0.8), (17, 0.0), (30, 0.3), (12, 0.0), (26, 0.0)],
+        7,
+        13,
+        1,
+    );
     let run = |skip: bool| {
         let mut tr = trainer(fresh_full(9), 1e-2, 0.0);
         tr.cfg.skip_null_rows = skip;
@@ -924,13 +944,7 @@ fn rows_with_a_zero_loss_are_skipped_and_the_update_is_the_same() {
         for _ in 0..3 {
             ms.push(tr.rl_step(&batch).unwrap());
         }
-        let w: Vec<(String, Tensor)> = tr
-            .model
-            .trainable()
-            .into_iter()
-            .map(|(n, p)| (n, p.detach().copy()))
-            .collect();
-        (ms, w)
+        (ms, trained_weights(&tr))
     };
     let (skipped, w_skip) = run(true);
     let (full, w_full) = run(false);
@@ -995,23 +1009,19 @@ fn skipping_null_rows_keeps_the_update_across_minibatches_aggregations_and_refle
     use trainer::loss::Aggregation;
     // Six rows; with two minibatches the second (rows 3-5) mixes null and live rows, so its
     // log-probs of the step's starting policy must be looked up by the rows' own indices.
-    let batch: Vec<Sequence> = [
-        (23, 0.8f32),
-        (17, 0.0),
-        (30, 0.3),
-        (12, 0.0),
-        (26, -0.5),
-        (20, 0.0),
-    ]
-    .iter()
-    .enumerate()
-    .map(|(r, &(n, a))| {
-        seq(
-            (0..n).map(|t| (t * 5 + r as i64 * 17 + 2) % 64).collect(),
-            vec![a],
-        )
-    })
-    .collect();
+    let batch = rl_rows(
+        &[
+            (23, 0.8),
+            (17, 0.0),
+            (30, 0.3),
+            (12, 0.0),
+            (26, -0.5),
+            (20, 0.0),
+        ],
+        5,
+        17,
+        2,
+    );
     let cases = [
         (2, Aggregation::TokenMean, false),
         (2, Aggregation::SequenceMean, false),
@@ -1034,13 +1044,7 @@ fn skipping_null_rows_keeps_the_update_across_minibatches_aggregations_and_refle
                 .unwrap();
                 nulls += m.null_sequences;
             }
-            let w: Vec<(String, Tensor)> = tr
-                .model
-                .trainable()
-                .into_iter()
-                .map(|(n, p)| (n, p.detach().copy()))
-                .collect();
-            (nulls, w)
+            (nulls, trained_weights(&tr))
         };
         let (n_skip, w_skip) = run(true);
         let (n_full, w_full) = run(false);

@@ -123,6 +123,18 @@ impl Sequence {
             if let Some(a) = self.advantages.iter().find(|a| !a.is_finite()) {
                 return bad(format!("advantage {a} is not finite"));
             }
+            // A counted token's behaviour log-prob enters the importance weight (and, for a
+            // reflection candidate, the ratio): NaN or +inf would poison the loss, and a row the
+            // update skips would hide it. −inf is a probability of 0, which the cap bounds.
+            if let Some(t) = (0..self.behaviour_logprobs.len()).find(|&t| {
+                let x = self.behaviour_logprobs[t];
+                self.loss_mask[t] && (x.is_nan() || x == f32::INFINITY)
+            }) {
+                return bad(format!(
+                    "behaviour log-prob {} at counted token {t} is not a log-probability (NaN or +inf)",
+                    self.behaviour_logprobs[t]
+                ));
+            }
             // Every counted token's stage must name an advantage: what `prepare` computes.
             let stages = self.stages_or_none();
             if let Err(e) = loss::per_token_advantages(&self.advantages, &stages, &self.loss_mask) {
@@ -142,5 +154,50 @@ impl Sequence {
         } else {
             self.stages.clone()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: SeqLimits = SeqLimits {
+        vocab: 32,
+        max_positions: 64,
+    };
+
+    /// A 4-token RL row whose last two tokens count, with advantage 0 (a row the update may
+    /// skip) and `lp` as the behaviour log-prob of token `at`.
+    fn row(at: usize, lp: f32) -> Sequence {
+        let mut behaviour_logprobs = vec![0.0, 0.0, -0.5, -0.7];
+        behaviour_logprobs[at] = lp;
+        Sequence {
+            tokens: vec![1, 2, 3, 4],
+            loss_mask: vec![false, false, true, true],
+            unlikelihood: Vec::new(),
+            stages: Vec::new(),
+            behaviour_logprobs,
+            advantages: vec![0.0],
+        }
+    }
+
+    #[test]
+    fn a_counted_tokens_behaviour_logprob_must_be_a_log_probability() {
+        for bad in [f32::NAN, f32::INFINITY] {
+            let err = row(3, bad)
+                .validate(5, LIMITS, true)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("sequence 5"), "{err}");
+            assert!(err.contains("counted token 3"), "{err}");
+            assert!(err.contains("not a log-probability"), "{err}");
+            // Where the token does not count the value is never read.
+            row(1, bad).validate(5, LIMITS, true).unwrap();
+            // SFT reads no behaviour log-probs.
+            row(3, bad).validate(5, LIMITS, false).unwrap();
+        }
+        // A probability of 0 is a log-probability (the importance weight's cap bounds it).
+        row(3, f32::NEG_INFINITY).validate(5, LIMITS, true).unwrap();
+        row(3, -0.25).validate(5, LIMITS, true).unwrap();
     }
 }

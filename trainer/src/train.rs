@@ -646,11 +646,11 @@ impl Trainer {
         match cmd.kind {
             StepKind::Rl => {
                 // Log-probs of the step's starting policy for every update after the first.
-                let later: Vec<Sequence> = cmd
+                let later: Vec<&[Sequence]> = cmd
                     .parts
                     .iter()
                     .skip(1)
-                    .flat_map(|p| p.seqs.iter().cloned())
+                    .map(|p| p.seqs.as_slice())
                     .collect();
                 let old = if later.is_empty() {
                     Vec::new()
@@ -844,7 +844,8 @@ impl Trainer {
         let ranges = minibatch_ranges(seqs.len(), self.cfg.minibatches_per_step);
         let rest = ranges.get(1).map_or(seqs.len(), |r| r.start);
         let old = if rest < seqs.len() {
-            self.start_logprobs(&seqs[rest..])?
+            let later: Vec<&[Sequence]> = ranges[1..].iter().map(|r| &seqs[r.clone()]).collect();
+            self.start_logprobs(&later)?
         } else {
             Vec::new()
         };
@@ -891,15 +892,26 @@ impl Trainer {
         Ok(())
     }
 
-    /// Log-probs of every sequence's tokens under the current policy (no grad, no dropout),
-    /// shifted: entry t is log p(token t+1 | prefix). Batched by the micro-batch budget. Only
-    /// tokens with a loss mask are computed (the ratio reads no other); the rest are 0.
-    fn start_logprobs(&self, seqs: &[Sequence]) -> Result<Vec<Vec<f32>>> {
+    /// Log-probs of the current policy (no grad, no dropout) for the rows of `minibatches` that
+    /// their update will train on ([`live_rows`]: a skipped row's are never read, so its entry
+    /// stays empty), in the minibatches' order, shifted: entry t is log p(token t+1 | prefix).
+    /// Batched by the micro-batch budget. Only tokens with a loss mask are computed (the ratio
+    /// reads no other); the rest are 0.
+    fn start_logprobs(&self, minibatches: &[&[Sequence]]) -> Result<Vec<Vec<f32>>> {
         let dev = self.model.device;
+        let seqs: Vec<&Sequence> = minibatches.iter().flat_map(|m| m.iter()).collect();
+        let mut need = Vec::new();
+        let mut at = 0;
+        for m in minibatches {
+            need.extend(live_rows(m, &self.cfg, true).into_iter().map(|i| at + i));
+            at += m.len();
+        }
         let lens: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
+        let need_lens: Vec<usize> = need.iter().map(|&i| lens[i]).collect();
         let mut out = vec![Vec::new(); seqs.len()];
         tch::no_grad(|| -> Result<()> {
-            for group in micro_batches(&lens, self.cfg.micro_batch_tokens) {
+            for group in micro_batches(&need_lens, self.cfg.micro_batch_tokens) {
+                let group: Vec<usize> = group.into_iter().map(|j| need[j]).collect();
                 let ids: Vec<Vec<i64>> = group.iter().map(|&i| seqs[i].tokens.clone()).collect();
                 let ids = pad_2d(&ids, 0i64, dev);
                 let t = ids.size()[1];

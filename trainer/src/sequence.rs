@@ -64,8 +64,8 @@ impl Sequence {
 
     /// Everything a step will rely on, checked before it starts: lengths (at least 2 tokens, at
     /// most the model's positions), aligned arrays, token ids in the vocabulary, and for RL a
-    /// finite advantage for every counted token's stage. A sequence that passes cannot fail the
-    /// step on its data.
+    /// finite advantage for every counted token's stage and finite behaviour log-probs. A
+    /// sequence that passes cannot fail the step on its data.
     pub fn validate(&self, i: usize, limits: SeqLimits, rl: bool) -> Result<()> {
         let n = self.tokens.len();
         let bad = |m: String| Err(TrainerError::Batch(format!("sequence {i}: {m}")));
@@ -123,15 +123,13 @@ impl Sequence {
             if let Some(a) = self.advantages.iter().find(|a| !a.is_finite()) {
                 return bad(format!("advantage {a} is not finite"));
             }
-            // A counted token's behaviour log-prob enters the importance weight (and, for a
-            // reflection candidate, the ratio): NaN or +inf would poison the loss, and a row the
-            // update skips would hide it. −inf is a probability of 0, which the cap bounds.
-            if let Some(t) = (0..self.behaviour_logprobs.len()).find(|&t| {
-                let x = self.behaviour_logprobs[t];
-                self.loss_mask[t] && (x.is_nan() || x == f32::INFINITY)
-            }) {
+            // A behaviour log-prob enters the importance weight (and, for a reflection candidate,
+            // the ratio): a NaN would poison the loss, a row the update skips would hide it, and
+            // a data-parallel group could not send it to its ranks. Finite everywhere, as the
+            // wire's decoder demands of every value.
+            if let Some(t) = self.behaviour_logprobs.iter().position(|x| !x.is_finite()) {
                 return bad(format!(
-                    "behaviour log-prob {} at counted token {t} is not a log-probability (NaN or +inf)",
+                    "behaviour log-prob {} at token {t} is not finite",
                     self.behaviour_logprobs[t]
                 ));
             }
@@ -182,22 +180,21 @@ mod tests {
     }
 
     #[test]
-    fn a_counted_tokens_behaviour_logprob_must_be_a_log_probability() {
-        for bad in [f32::NAN, f32::INFINITY] {
-            let err = row(3, bad)
-                .validate(5, LIMITS, true)
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains("sequence 5"), "{err}");
-            assert!(err.contains("counted token 3"), "{err}");
-            assert!(err.contains("not a log-probability"), "{err}");
-            // Where the token does not count the value is never read.
-            row(1, bad).validate(5, LIMITS, true).unwrap();
+    fn behaviour_logprobs_must_be_finite() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            // At a counted token (read by the loss) and at one that is not (a data-parallel
+            // group still sends it to its ranks, which a non-finite value cannot cross).
+            for at in [3, 1] {
+                let err = row(at, bad)
+                    .validate(5, LIMITS, true)
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains("sequence 5"), "{err}");
+                assert!(err.contains(&format!("token {at} is not finite")), "{err}");
+            }
             // SFT reads no behaviour log-probs.
             row(3, bad).validate(5, LIMITS, false).unwrap();
         }
-        // A probability of 0 is a log-probability (the importance weight's cap bounds it).
-        row(3, f32::NEG_INFINITY).validate(5, LIMITS, true).unwrap();
         row(3, -0.25).validate(5, LIMITS, true).unwrap();
     }
 }

@@ -860,10 +860,11 @@ impl Trainer {
     /// Phase A: the reflection candidates' own optimizer step (method.md A.6.3). The candidates
     /// were generated one step earlier, so the PPO ratio is taken against their generation-time
     /// log-probs: log π_old is a sequence's `behaviour_logprobs` at every counted token where
-    /// that value is present, finite and non-zero (0 means "not recorded"), and the token's own
-    /// detached log-prob (ratio 1) elsewhere; the clip is the task loss's. Truncated importance
-    /// weights are off for these sequences, since the ratio already is against the behaviour
-    /// policy. One update, whatever `minibatches_per_step` says.
+    /// that value is present and non-zero (0 means "not recorded"; validation refuses a
+    /// non-finite one), and the token's own detached log-prob (ratio 1) elsewhere; the clip is
+    /// the task loss's. Truncated importance weights are off for these sequences, since the
+    /// ratio already is against the behaviour policy. One update, whatever
+    /// `minibatches_per_step` says.
     pub fn reflection_step(&mut self, seqs: &[Sequence]) -> Result<StepMetrics> {
         self.validate(seqs, true)?;
         if self.group().is_some() {
@@ -1152,8 +1153,9 @@ impl Trainer {
                 Some((pad_2d(&rows, 0.0f32, dev), None))
             }
             (Mode::Reflection, _) => {
-                // Generation-time log-probs where recorded (present, finite, non-zero) at a
-                // counted token; elsewhere the token's own detached log-prob.
+                // Generation-time log-probs where recorded (present and non-zero; validation
+                // has refused non-finite ones) at a counted token; elsewhere the token's own
+                // detached log-prob.
                 let vals = shift(&|s| {
                     if s.behaviour_logprobs.is_empty() {
                         vec![0.0; s.tokens.len()]

@@ -1055,9 +1055,9 @@ fn skipping_null_rows_keeps_the_update_across_minibatches_aggregations_and_refle
             let mut nulls = 0;
             for _ in 0..2 {
                 let m = if reflection {
-                    tr.reflection_step(&batch)
+                    tr.reflection_step(batch)
                 } else {
-                    tr.rl_step(&batch)
+                    tr.rl_step(batch)
                 }
                 .unwrap();
                 nulls += m.null_sequences;

@@ -1169,17 +1169,7 @@ impl Trainer {
                     .map(|(v, m)| {
                         v.iter()
                             .zip(m)
-                            .map(|(&b, &m)| {
-                                f32::from(u8::from(m > 0.0 && b.is_finite() && b != 0.0))
-                            })
-                            .collect()
-                    })
-                    .collect();
-                let vals: Vec<Vec<f32>> = vals
-                    .into_iter()
-                    .map(|v| {
-                        v.into_iter()
-                            .map(|b| if b.is_finite() { b } else { 0.0 })
+                            .map(|(&b, &m)| f32::from(u8::from(m > 0.0 && b != 0.0)))
                             .collect()
                     })
                     .collect();

@@ -499,6 +499,31 @@ pub fn missing_inputs(cfg: &Config, recipes: &[Recipe]) -> Vec<String> {
     out
 }
 
+/// The learning-rate schedule in words. A decaying schedule counts optimizer updates
+/// (`minibatches_per_step` per step, and a reflecting recipe's Phase A update), so the line
+/// says where the decay ends against the updates this run's steps make, and flags a mismatch
+/// (e.g. `--steps 24` on a preset that decays over 48).
+fn lr_schedule(cfg: &Config, recipes: &[Recipe]) -> String {
+    use wire::settings::LrSchedule;
+    let t = &cfg.trainer.settings;
+    let end = match t.schedule {
+        LrSchedule::Constant => return "constant".to_string(),
+        LrSchedule::Cosine => format!("cosine to {}x at update {}", t.min_lr_ratio, t.total_steps),
+        LrSchedule::Linear => format!("linear to 0 at update {}", t.total_steps),
+    };
+    let updates = u64::from(cfg.experiment.steps) * u64::from(t.minibatches_per_step);
+    if recipes.iter().any(|r| r.reflects()) {
+        format!(
+            "{end} (this run makes {updates} task updates and up to {} reflection updates)",
+            cfg.experiment.steps
+        )
+    } else if t.total_steps == updates {
+        end
+    } else {
+        format!("{end} (this run makes {updates} updates: the decay does not end at its last one)")
+    }
+}
+
 /// One screen on what a run will do: recipe, endpoints, tools, judge, trainer settings.
 pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
     let d = &cfg.data;
@@ -579,12 +604,12 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
         format!("  tools: {tools}"),
         format!("  judge: {judge}"),
         format!(
-            "  trainer {}: {finetune}; lr {:e} {:?} (warm-up {}); AdamW ({}, {}) eps {:e} wd {}; \
+            "  trainer {}: {finetune}; lr {:e} {} (warm-up {}); AdamW ({}, {}) eps {:e} wd {}; \
              grad clip {}; KL3 beta {} vs {:?}; clip {}/{}; TIS cap {}; loop unlikelihood {}; {:?}; \
              {} minibatch(es) per step; settings hash {}",
             cfg.trainer.url,
             t.lr,
-            t.schedule,
+            lr_schedule(cfg, recipes),
             t.warmup_steps,
             t.adam_beta1,
             t.adam_beta2,
@@ -702,6 +727,34 @@ mod tests {
         );
         assert!(s.contains("lr 5e-7") && s.contains("KL3 beta 0.001"), "{s}");
         assert!(s.contains(&cfg.trainer.settings.hash()), "{s}");
+        assert!(s.contains("lr 5e-7 constant"), "{s}");
+        // A decaying schedule says where it ends, and flags a run whose updates end elsewhere.
+        let decay = [
+            "trainer.schedule=cosine",
+            "trainer.total_steps=48",
+            "trainer.min_lr_ratio=0.1",
+        ];
+        let mut sets48 = hash.clone();
+        sets48.extend(decay.iter().map(|x| x.to_string()));
+        sets48.push("experiment.steps=48".into());
+        sets48.push("experiment.recipes=[\"baseline-rl\"]".into());
+        let cfg = load("rubricem", &sets48);
+        let s = summary(&cfg, &cfg.experiment.recipes);
+        assert!(s.contains("cosine to 0.1x at update 48 (warm-up 0)"), "{s}");
+        sets48.push("experiment.steps=24".into());
+        let cfg = load("rubricem", &sets48);
+        let s = summary(&cfg, &cfg.experiment.recipes);
+        assert!(
+            s.contains("cosine to 0.1x at update 48 (this run makes 24 updates: the decay does not end at its last one)"),
+            "{s}"
+        );
+        sets48.push("experiment.recipes=[\"full\"]".into());
+        let cfg = load("rubricem", &sets48);
+        let s = summary(&cfg, &cfg.experiment.recipes);
+        assert!(
+            s.contains("this run makes 24 task updates and up to 24 reflection updates"),
+            "{s}"
+        );
         // The smoke preset needs nothing (it generates its world).
         let smoke = load("smoke", &[]);
         let m = missing_inputs(&smoke, &smoke.experiment.recipes);

@@ -611,7 +611,7 @@ mod tests {
         let on = |cut| BatchCredit {
             cut,
             unlikelihood: Some(rule),
-            negative_scale: 1.0,
+            ..BatchCredit::default()
         };
         let (marked, stats) = assemble(&t, &adv, &none, 3, on(CutCredit::Whole));
         // prompt 2 + plan 3 + tool 2 + research 4 + answer 3: the loop is the last six tokens,

@@ -4,6 +4,7 @@
 //! step later as Phase A, `sequences`) and the best valid candidate goes to the rubric bank.
 //! Everything is committed in one transaction per job.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures::future::join_all;
@@ -12,6 +13,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::domain::bank::{BankError, BankItem, question_hash};
+use crate::domain::config::BatchCredit;
 use crate::domain::judge::group::{CallKind, CallRecord};
 use crate::domain::judge::{Judge, JudgeError, TraceView};
 pub use crate::domain::reflection::{
@@ -320,6 +322,30 @@ pub fn sequences(rows: &[ReflectionRow], first_group: u32) -> Vec<wire::WireSequ
     out
 }
 
+/// What of a step's reflection sequences trains, and how many candidate groups are dropped:
+/// a degenerate group (every candidate the same utility: all advantages 0) would only add KL
+/// and dilute the token mean, as a degenerate task group would, so it leaves; then each
+/// remaining negative advantage is multiplied by `credit.reflection_negative_advantage_scale`
+/// (after the test, so a group with signal keeps every member in the loss's token count).
+pub fn trained(
+    mut refl: Vec<wire::WireSequence>,
+    credit: &BatchCredit,
+) -> (Vec<wire::WireSequence>, usize) {
+    let live: HashSet<u32> = refl
+        .iter()
+        .filter(|q| q.advantages.iter().any(|&a| a != 0.0))
+        .map(|q| q.group_id)
+        .collect();
+    let groups: HashSet<u32> = refl.iter().map(|q| q.group_id).collect();
+    refl.retain(|q| live.contains(&q.group_id));
+    for q in &mut refl {
+        for a in &mut q.advantages {
+            *a = credit.trained_reflection_advantage(*a);
+        }
+    }
+    (refl, groups.len() - live.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,5 +385,52 @@ mod tests {
             (10, 10, 11)
         );
         assert!(seqs.iter().all(|s| s.phase == wire::Phase::Reflection));
+    }
+
+    #[test]
+    fn trained_drops_degenerate_groups_then_scales_the_negative_advantages() {
+        let seq = |group: u32, adv: f32| wire::WireSequence {
+            unlikelihood: Vec::new(),
+            tokens: vec![1, 2, 3],
+            loss_mask: vec![false, true, true],
+            stages: vec![-1; 3],
+            behaviour_logprobs: vec![0.0, -0.5, -0.5],
+            advantages: vec![adv],
+            group_id: group,
+            policy_version: 1,
+            phase: wire::Phase::Reflection,
+        };
+        // Group 0 has signal (one valid candidate above three invalid ones), group 1 none.
+        let batch = || {
+            vec![
+                seq(0, 1.5),
+                seq(0, -0.5),
+                seq(0, -0.5),
+                seq(0, -0.5),
+                seq(1, 0.0),
+                seq(1, 0.0),
+            ]
+        };
+        let advs =
+            |s: &[wire::WireSequence]| -> Vec<f32> { s.iter().map(|q| q.advantages[0]).collect() };
+        let (plain, dropped) = trained(batch(), &BatchCredit::default());
+        assert_eq!(dropped, 1);
+        assert_eq!(advs(&plain), [1.5, -0.5, -0.5, -0.5]);
+        let with = |reflection_negative_scale| BatchCredit {
+            reflection_negative_scale,
+            ..BatchCredit::default()
+        };
+        let (half, _) = trained(batch(), &with(0.5));
+        assert_eq!(advs(&half), [1.5, -0.25, -0.25, -0.25]);
+        // Positive candidates alone: the invalid ones stay in the batch at advantage 0.
+        let (psr, dropped) = trained(batch(), &with(0.0));
+        assert_eq!((psr.len(), dropped), (4, 1));
+        assert_eq!(advs(&psr), [1.5, 0.0, 0.0, 0.0]);
+        // The task side's scale is not the reflection one.
+        let task_only = BatchCredit {
+            negative_scale: 0.0,
+            ..BatchCredit::default()
+        };
+        assert_eq!(advs(&trained(batch(), &task_only).0), advs(&plain));
     }
 }

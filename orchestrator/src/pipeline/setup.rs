@@ -734,23 +734,24 @@ mod tests {
             "trainer.total_steps=48",
             "trainer.min_lr_ratio=0.1",
         ];
+        let summary_of = |sets: &[String]| {
+            let cfg = load("rubricem", sets);
+            summary(&cfg, &cfg.experiment.recipes)
+        };
         let mut sets48 = hash.clone();
         sets48.extend(decay.iter().map(|x| x.to_string()));
         sets48.push("experiment.steps=48".into());
         sets48.push("experiment.recipes=[\"baseline-rl\"]".into());
-        let cfg = load("rubricem", &sets48);
-        let s = summary(&cfg, &cfg.experiment.recipes);
+        let s = summary_of(&sets48);
         assert!(s.contains("cosine to 0.1x at update 48 (warm-up 0)"), "{s}");
         sets48.push("experiment.steps=24".into());
-        let cfg = load("rubricem", &sets48);
-        let s = summary(&cfg, &cfg.experiment.recipes);
+        let s = summary_of(&sets48);
         assert!(
             s.contains("cosine to 0.1x at update 48 (this run makes 24 updates: the decay does not end at its last one)"),
             "{s}"
         );
         sets48.push("experiment.recipes=[\"full\"]".into());
-        let cfg = load("rubricem", &sets48);
-        let s = summary(&cfg, &cfg.experiment.recipes);
+        let s = summary_of(&sets48);
         assert!(
             s.contains("this run makes 24 task updates and up to 24 reflection updates"),
             "{s}"

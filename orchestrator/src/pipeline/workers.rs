@@ -408,19 +408,13 @@ impl Pipeline {
         }
         let rows = db::bank::for_training(&self.pool, self.run_id, s).await?;
         let first_group = b.seqs.iter().map(|q| q.group_id + 1).max().unwrap_or(0);
-        let mut refl = crate::pipeline::reflection::sequences(&rows, first_group);
-        // Degenerate reflection groups (every candidate the same utility: all advantages 0)
-        // would only add KL and dilute the token mean, as degenerate task groups would.
-        let live: std::collections::HashSet<u32> = refl
-            .iter()
-            .filter(|q| q.advantages.iter().any(|&a| a != 0.0))
-            .map(|q| q.group_id)
-            .collect();
-        let all_groups: std::collections::HashSet<u32> = refl.iter().map(|q| q.group_id).collect();
-        refl.retain(|q| live.contains(&q.group_id));
+        let (refl, dropped) = crate::pipeline::reflection::trained(
+            crate::pipeline::reflection::sequences(&rows, first_group),
+            &self.batch_credit,
+        );
         m.push((
             "train/reflection_groups_dropped".to_string(),
-            (all_groups.len() - live.len()) as f64,
+            dropped as f64,
         ));
         if !rows.is_empty() {
             let lag = rows.iter().map(|r| f64::from(s - r.step)).sum::<f64>() / rows.len() as f64;

@@ -548,13 +548,28 @@ pub struct CreditConfig {
     /// before a loop and the flattened policy loops more (session 48's lr 2e-4 run), while SFT
     /// transfers across lineages. The stored advantages (and so the group statistics and the
     /// judge's record) are unchanged; per stage for SS-GRPO. Reflection candidates' updates
-    /// are not affected. Not serialised at 1, so earlier runs' settings hashes stand.
+    /// are not affected (`reflection_negative_advantage_scale` is theirs). Not serialised at 1,
+    /// so earlier runs' settings hashes stand.
     #[serde(
         default = "unit_scale",
         skip_serializing_if = "is_unit_scale",
         rename = "negative_advantage_scale"
     )]
     pub negative_scale: f64,
+    /// The same for the meta-policy's Phase A update: what a reflection candidate's negative
+    /// advantage (its utility below its candidate group's mean; an invalid candidate scores 0)
+    /// is multiplied by in the training batch, in [0, 1] (1, the default: RubricEM's GRPO
+    /// over candidates as written). 0 trains on the better-than-group candidates alone. Why
+    /// (issue 25, session 60): under `guided`'s lr 5e-4 the meta-policy's first two Phase A
+    /// updates, with both signs, took the valid-candidate share from 0.25-0.38 to 0 for the
+    /// rest of the run. Applied after the degenerate-group test, as the task side's; the
+    /// stored advantages are unchanged. Not serialised at 1, so earlier runs' hashes stand.
+    #[serde(
+        default = "unit_scale",
+        skip_serializing_if = "is_unit_scale",
+        rename = "reflection_negative_advantage_scale"
+    )]
+    pub reflection_negative_scale: f64,
     /// Off-policy guidance (LUFFY, Yan et al. 2025, "Learning to Reason under Off-Policy
     /// Guidance"): a file of demonstrations in the rows `orchestrator sft-data` writes (one per
     /// task id; reflection rows skipped). Each training task with a demonstration gets it as
@@ -580,6 +595,7 @@ impl Default for CreditConfig {
             overlong_filter: false,
             loop_tokens_only: false,
             negative_scale: 1.0,
+            reflection_negative_scale: 1.0,
             guidance_demos: None,
         }
     }
@@ -771,6 +787,8 @@ pub struct BatchCredit {
     pub unlikelihood: Option<RepetitionDetection>,
     /// `credit.negative_advantage_scale`: what a negative advantage is multiplied by.
     pub negative_scale: f64,
+    /// `credit.reflection_negative_advantage_scale`: the same for reflection candidates.
+    pub reflection_negative_scale: f64,
 }
 
 impl Default for BatchCredit {
@@ -785,6 +803,7 @@ impl From<CutCredit> for BatchCredit {
             cut,
             unlikelihood: None,
             negative_scale: 1.0,
+            reflection_negative_scale: 1.0,
         }
     }
 }
@@ -803,6 +822,16 @@ impl BatchCredit {
     pub fn trained_advantages(&self, a: [f64; 4]) -> [f64; 4] {
         a.map(|x| if x < 0.0 { x * self.negative_scale } else { x })
     }
+
+    /// The advantage a reflection candidate trains with: negative ones times
+    /// `reflection_negative_scale`, the rest as stored.
+    pub fn trained_reflection_advantage(&self, a: f32) -> f32 {
+        if a < 0.0 {
+            (f64::from(a) * self.reflection_negative_scale) as f32
+        } else {
+            a
+        }
+    }
 }
 
 impl Config {
@@ -816,6 +845,7 @@ impl Config {
                 .repetition_detection
                 .filter(|_| self.trainer.settings.loop_unlikelihood > 0.0),
             negative_scale: self.credit.negative_scale,
+            reflection_negative_scale: self.credit.reflection_negative_scale,
         }
     }
 

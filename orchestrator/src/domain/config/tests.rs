@@ -759,7 +759,7 @@ fn loop_unlikelihood_is_off_in_every_preset_needs_the_loop_stop_and_excludes_the
         BatchCredit {
             cut: CutCredit::Whole,
             unlikelihood: Some(want),
-            negative_scale: 1.0,
+            ..BatchCredit::default()
         }
     );
     assert_eq!(c.batch_credit().loop_rule(), Some(want));
@@ -831,6 +831,48 @@ fn the_negative_advantage_scale_is_one_in_every_preset_unserialised_there_and_ra
             .to_string();
         assert!(
             err.contains("credit.negative_advantage_scale") && err.contains("0..=1"),
+            "{bad}: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_reflection_negative_advantage_scale_is_one_in_every_preset_unserialised_there_and_range_checked()
+ {
+    for name in preset_names() {
+        let c = Config::load(name, &Overrides::default()).unwrap();
+        assert_eq!(c.credit.reflection_negative_scale, 1.0, "{name}");
+        let text = toml::to_string(&c.credit).unwrap();
+        assert!(
+            !text.contains("reflection_negative_advantage_scale"),
+            "{name}: {text}"
+        );
+    }
+    let c = smoke_with(&["credit.reflection_negative_advantage_scale=0.25"]).unwrap();
+    let b = c.batch_credit();
+    // Its own field: the task side's scale is untouched, and the other way round.
+    assert_eq!((b.negative_scale, b.reflection_negative_scale), (1.0, 0.25));
+    assert_eq!(b.trained_reflection_advantage(-2.0), -0.5);
+    assert_eq!(b.trained_reflection_advantage(1.5), 1.5);
+    assert_eq!(b.trained_advantages([-1.0; 4]), [-1.0; 4]);
+    let task_side = smoke_with(&["credit.negative_advantage_scale=0.0"]).unwrap();
+    assert_eq!(
+        task_side.batch_credit().trained_reflection_advantage(-2.0),
+        -2.0
+    );
+    let text = toml::to_string(&c.credit).unwrap();
+    assert!(
+        text.contains("reflection_negative_advantage_scale = 0.25"),
+        "{text}"
+    );
+    let back: CreditConfig = toml::from_str(&text).unwrap();
+    assert_eq!(back, c.credit);
+    for bad in ["1.5", "-0.1", "nan"] {
+        let err = smoke_with(&[&format!("credit.reflection_negative_advantage_scale={bad}")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("credit.reflection_negative_advantage_scale") && err.contains("0..=1"),
             "{bad}: {err}"
         );
     }

@@ -320,6 +320,12 @@ impl Config {
             self.credit.negative_scale,
             "0..=1 (1: the plain policy gradient; 0: positive advantages alone)",
         )?;
+        check(
+            (0.0..=1.0).contains(&self.credit.reflection_negative_scale),
+            "credit.reflection_negative_advantage_scale",
+            self.credit.reflection_negative_scale,
+            "0..=1 (1: GRPO over the candidates as written; 0: the better-than-group ones alone)",
+        )?;
         if let Some(p) = &self.credit.guidance_demos {
             check(
                 !p.as_os_str().is_empty() && !p.is_dir(),

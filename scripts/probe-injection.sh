@@ -4,8 +4,10 @@
 # same tasks out under each injection (none, the top 1 cross-task item, the top 2, the task's own
 # item where the bank holds one), each as its own one-step rollout run with the same seed, then
 # one query prints, per injection, the attempts, the share cut at the token budget
-# (finish_reason = length), answered, forced, the prompt and model tokens, and paired against
-# `none`: tasks cut under the block but not without it, and the other way.
+# (finish_reason = length), answered, forced, the share whose answer holds the task's known answer
+# (tasks with one: the world's exact tasks; a whole-word, case-blind match, as the evaluations'
+# exact match), the prompt and model tokens, and paired against `none`: tasks cut under the block
+# but not without it, and the other way.
 #
 #   usage: probe-injection.sh MODEL BANK_RUN TASKS INDEX [OUT]
 #   MODEL     a model directory `trainer serve` loads (its tokenizer is the rollout's)
@@ -71,15 +73,24 @@ done
 VALUES=""
 for r in "${RUNS[@]}"; do VALUES+="${VALUES:+,}('${r%%=*}', '${r#*=}'::uuid)"; done
 psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -q <<SQL | tee "$OUT/summary.txt"
+-- words(): lower case, runs of non-alphanumerics and the articles a/an/the dropped, one space
+-- between words (domain/eval/answer.rs's rule, which the evaluations' exact match uses).
+CREATE FUNCTION pg_temp.words(text) RETURNS text LANGUAGE sql IMMUTABLE AS \$\$
+  SELECT coalesce(string_agg(w, ' '), '') FROM regexp_split_to_table(lower(\$1), '[^[:alnum:]]+') w
+  WHERE w NOT IN ('', 'a', 'an', 'the') \$\$;
 WITH m(mode, run) AS (VALUES $VALUES),
 t AS (SELECT m.mode, tr.task_id, tr.sample_index, tr.finish_reason,
-             cardinality(tr.prompt_token_ids) AS prompt, tr.num_model_tokens AS gen
-      FROM m JOIN trajectories tr ON tr.run_id = m.run),
+             cardinality(tr.prompt_token_ids) AS prompt, tr.num_model_tokens AS gen,
+             CASE WHEN tk.metadata->>'answer' <> '' THEN
+               ' ' || pg_temp.words(coalesce(tr.parsed->>'boxed', tr.parsed->>'answer', '')) || ' '
+               LIKE '% ' || pg_temp.words(tk.metadata->>'answer') || ' %' END AS exact
+      FROM m JOIN trajectories tr ON tr.run_id = m.run JOIN tasks tk ON tk.id = tr.task_id),
 base AS (SELECT task_id, sample_index, finish_reason FROM t WHERE mode = 'none')
 SELECT t.mode, count(*) AS attempts,
        round(avg((t.finish_reason = 'length')::int), 3) AS cut,
        round(avg((t.finish_reason = 'answer')::int), 3) AS answered,
        round(avg((t.finish_reason = 'forced_answer')::int), 3) AS forced,
+       round(avg(t.exact::int), 3) AS exact,
        round(avg(t.prompt)) AS prompt_tokens, round(avg(t.gen)) AS model_tokens,
        count(*) FILTER (WHERE t.finish_reason = 'length' AND b.finish_reason <> 'length')
          AS cut_only_here,

@@ -77,6 +77,7 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
         grad_checkpoint: spec.grad_checkpoint,
         minibatches_per_step: 1,
         skip_null_rows: true,
+        reflection_lr_scale: 1.0,
     };
     let vocab = spec.config.vocab_size;
     let mut trainer = Trainer::new(model, cfg)?;

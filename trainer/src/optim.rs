@@ -73,6 +73,16 @@ pub struct AdamWConfig {
     pub schedule: Schedule,
 }
 
+impl AdamWConfig {
+    /// The same settings at `scale` times the peak rate (the schedule's shape unchanged).
+    pub fn with_lr_scale(&self, scale: f64) -> Self {
+        Self {
+            lr: self.lr * scale,
+            ..self.clone()
+        }
+    }
+}
+
 impl Default for AdamWConfig {
     fn default() -> Self {
         Self {
@@ -319,7 +329,13 @@ impl AdamW {
     /// gradients stay as backward left them). Parameters of other dtypes (f64) take the
     /// tensor-expression update of [`adamw_moments`].
     pub fn step(&mut self) -> Result<(f64, f64)> {
-        self.step_in_chunks(FUSED_CHUNK_BYTES)
+        self.step_scaled(1.0)
+    }
+
+    /// [`AdamW::step`] at `lr_scale` times the scheduled rate (the meta-policy's Phase A at
+    /// `reflection_lr_scale`); the step still counts in the schedule. Returns the rate used.
+    pub fn step_scaled(&mut self, lr_scale: f64) -> Result<(f64, f64)> {
+        self.step_in_chunks(FUSED_CHUNK_BYTES, lr_scale)
     }
 
     /// [`AdamW::step`], with the fused kernel called on consecutive groups of slots whose fp32
@@ -327,7 +343,7 @@ impl AdamW {
     /// the fp32 copies of bf16 gradients (4 bytes a parameter, 32 GB for an 8B model) and the
     /// copies of shared moments exist for one group at a time. Every element's update is
     /// independent of the others, so the grouping does not change the result.
-    fn step_in_chunks(&mut self, chunk_bytes: usize) -> Result<(f64, f64)> {
+    fn step_in_chunks(&mut self, chunk_bytes: usize, lr_scale: f64) -> Result<(f64, f64)> {
         self.step += 1;
         let norm = self.grad_norm();
         let clip = if self.cfg.max_grad_norm > 0.0 && norm > self.cfg.max_grad_norm {
@@ -335,7 +351,7 @@ impl AdamW {
         } else {
             1.0
         };
-        let lr = self.cfg.lr * self.cfg.schedule.factor(self.step);
+        let lr = self.cfg.lr * lr_scale * self.cfg.schedule.factor(self.step);
         let cfg = &self.cfg;
         let step = self.step;
         let shared = self
@@ -770,7 +786,7 @@ mod tests {
                 if take_state {
                     saved = Some(opt.state());
                 }
-                opt.step_in_chunks(chunk_bytes).unwrap();
+                opt.step_in_chunks(chunk_bytes, 1.0).unwrap();
             }
             drop(saved);
             let mut out: Vec<Vec<f64>> = params.iter().map(|(_, p)| values(p)).collect();

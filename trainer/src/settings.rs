@@ -117,6 +117,7 @@ pub fn resolve(s: &TrainSettings) -> Result<Resolved, SettingsError> {
         grad_checkpoint: s.grad_checkpoint,
         minibatches_per_step: s.minibatches_per_step as usize,
         skip_null_rows: s.skip_null_rows,
+        reflection_lr_scale: s.reflection_lr_scale,
     };
     let reference_copy =
         lora.is_none() && s.kl_beta > 0.0 && s.reference == ReferencePolicy::Initial;
@@ -191,6 +192,7 @@ pub fn from_config(train: &TrainConfig, lora: Option<&LoraConfig>) -> TrainSetti
         micro_batch_tokens: train.micro_batch_tokens,
         minibatches_per_step: u32::try_from(train.minibatches_per_step).unwrap_or(u32::MAX),
         skip_null_rows: train.skip_null_rows,
+        reflection_lr_scale: train.reflection_lr_scale,
     }
 }
 

@@ -43,6 +43,9 @@ pub struct TrainConfig {
     /// metrics (entropy, clip fraction, ratio, importance weights) are then over the rows
     /// trained on; `null_sequences` counts the others.
     pub skip_null_rows: bool,
+    /// Phase A (the reflection step) updates at this fraction of the scheduled learning rate,
+    /// in [0, 1]; 1 = the task step's rate. 0 = no Phase A update: a reflection step is refused.
+    pub reflection_lr_scale: f64,
 }
 
 impl Default for TrainConfig {
@@ -55,6 +58,7 @@ impl Default for TrainConfig {
             grad_checkpoint: true,
             minibatches_per_step: 1,
             skip_null_rows: true,
+            reflection_lr_scale: 1.0,
         }
     }
 }
@@ -864,8 +868,16 @@ impl Trainer {
     /// non-finite one), and the token's own detached log-prob (ratio 1) elsewhere; the clip is
     /// the task loss's. Truncated importance weights are off for these sequences, since the
     /// ratio already is against the behaviour policy. One update, whatever
-    /// `minibatches_per_step` says.
+    /// `minibatches_per_step` says, at `reflection_lr_scale` times the scheduled rate (refused
+    /// at 0).
     pub fn reflection_step(&mut self, seqs: &[Sequence]) -> Result<StepMetrics> {
+        if self.cfg.reflection_lr_scale == 0.0 {
+            return Err(TrainerError::Config(format!(
+                "a reflection (Phase A) step of {} sequences, but reflection_lr_scale = 0 \
+                 leaves Phase A out: send no reflection sequences, or set a scale in (0, 1]",
+                seqs.len()
+            )));
+        }
         self.validate(seqs, true)?;
         if self.group().is_some() {
             return self.lead(StepKind::Reflection, seqs);
@@ -1029,6 +1041,11 @@ impl Trainer {
         };
         let mut micro_batches = groups.len();
         self.ensure_zero_shard()?;
+        // Phase A takes its own fraction of the scheduled rate (`reflection_lr_scale`).
+        let lr_scale = match mode {
+            Mode::Reflection => self.cfg.reflection_lr_scale,
+            Mode::Rl | Mode::Sft => 1.0,
+        };
         let (grad_norm, lr) = match (
             self.dist.as_deref().filter(|d| d.world() > 1),
             self.zero_shard.as_mut(),
@@ -1036,7 +1053,8 @@ impl Trainer {
             (Some(g), Some(shard)) => {
                 // ZeRO: the shard synchronises, clips, updates and gathers.
                 let step = self.opt.step + 1;
-                let (norm, lr, sync) = shard.step(g, &params, &self.opt.cfg, step)?;
+                let cfg = self.opt.cfg.with_lr_scale(lr_scale);
+                let (norm, lr, sync) = shard.step(g, &params, &cfg, step)?;
                 self.opt.step = step;
                 micro_batches = reduce_sums(g, &mut sums, micro_batches)?;
                 self.last_sync = sync;
@@ -1049,9 +1067,9 @@ impl Trainer {
                 };
                 micro_batches = reduce_sums(g, &mut sums, micro_batches)?;
                 self.last_sync = sync;
-                self.opt.step()?
+                self.opt.step_scaled(lr_scale)?
             }
-            (None, _) => self.opt.step()?,
+            (None, _) => self.opt.step_scaled(lr_scale)?,
         };
         let n = sums.tokens.max(1.0);
         Ok(StepMetrics {

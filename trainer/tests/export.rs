@@ -78,6 +78,7 @@ fn train_two_steps(model: Qwen3) -> Trainer {
             grad_checkpoint: false,
             minibatches_per_step: 1,
             skip_null_rows: true,
+            reflection_lr_scale: 1.0,
         },
     )
     .unwrap();

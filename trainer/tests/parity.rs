@@ -284,6 +284,7 @@ fn policy_loss_and_lora_gradients_match_pytorch() {
             grad_checkpoint: checkpoint,
             minibatches_per_step: 1,
             skip_null_rows: true,
+            reflection_lr_scale: 1.0,
         };
         let mut tr = Trainer::new(m2, cfg).unwrap();
         let m = tr.rl_step(&seqs).unwrap();

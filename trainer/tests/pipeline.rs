@@ -934,6 +934,90 @@ async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollo
     tr.task.abort();
 }
 
+/// `trainer.reflection_lr_scale = 0` leaves Phase A out of a `full` run: the reflection jobs
+/// still run and write the bank, but no candidate is assigned to a step or sent, the trainer
+/// runs no Phase A, and the run completes with a version per step.
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn phase_a_left_out_at_rate_scale_zero_the_bank_is_still_written(pool: PgPool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let world = tmp.path().join("world");
+    write_world(&world);
+    let model = model_dir(tmp.path(), &world);
+    let ckpt = tmp.path().join("ckpt");
+    let (tr, addr) = start_trainer(&model, &ckpt, "127.0.0.1:0").await;
+    let url = format!("http://{addr}");
+    let file = config_file(tmp.path(), &world, &model, &db_url(&pool), &url);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let text = text.replace(
+        &format!("[trainer]\nurl = \"{url}\"\n"),
+        &format!("[trainer]\nurl = \"{url}\"\nreflection_lr_scale = 0.0\n"),
+    );
+    assert!(text.contains("reflection_lr_scale = 0.0"));
+    std::fs::write(&file, text).unwrap();
+    let (run, p, cfg) = full_recipe_run(&pool, file).await;
+    assert_eq!(cfg.trainer.settings.reflection_lr_scale, 0.0);
+    let outcome = run_to_end(p, Duration::from_secs(300)).await;
+    assert_eq!(outcome.completed, STEPS as u32);
+    let done = scalar(
+        &pool,
+        "SELECT count(*) FROM reflection_jobs WHERE run_id = $1 AND status = 'done'",
+        run,
+    )
+    .await;
+    let candidates = scalar(
+        &pool,
+        "SELECT count(*) FROM reflections WHERE run_id = $1",
+        run,
+    )
+    .await;
+    assert!(
+        done > 0 && candidates > 0,
+        "jobs {done}, candidates {candidates}"
+    );
+    let trained = scalar(
+        &pool,
+        "SELECT count(*) FROM reflections WHERE run_id = $1 AND trained_step IS NOT NULL",
+        run,
+    )
+    .await;
+    assert_eq!(trained, 0, "no candidate assigned to a step");
+    let sent: Vec<f64> = sqlx::query_scalar(
+        "SELECT value FROM step_metrics WHERE run_id = $1
+         AND name = 'batch/reflection_sequences' ORDER BY step",
+    )
+    .bind(run)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(sent, vec![0.0; STEPS as usize]);
+    let phase_a = scalar(
+        &pool,
+        "SELECT count(*) FROM step_metrics WHERE run_id = $1 AND name LIKE 'train/reflection/%'",
+        run,
+    )
+    .await;
+    assert_eq!(phase_a, 0, "the trainer ran no Phase A");
+    let banked = scalar(
+        &pool,
+        "SELECT count(*) FROM reflections WHERE run_id = $1 AND valid",
+        run,
+    )
+    .await;
+    let bank = scalar(
+        &pool,
+        "SELECT count(*) FROM rubric_bank WHERE run_id = $1",
+        run,
+    )
+    .await;
+    assert_eq!(
+        bank > 0,
+        banked > 0,
+        "valid candidates {banked}, bank items {bank}"
+    );
+    assert_eq!(tr.state.policy.lock().map(|p| p.version).unwrap(), STEPS);
+    tr.task.abort();
+}
+
 /// Off-policy guidance (`credit.guidance_demos`) on a real run: the offline teacher's
 /// demonstrations (`orchestrator sft-data`) join their tasks' groups as one more member each
 /// (server `teacher`, sample index n), are judged with the policy's samples, and are trained

@@ -1,8 +1,9 @@
 //! The PPO side of a train step on CPU with tiny random models: with two minibatches the second
 //! update's ratio is against the policy the step started from (it moves, and the clip binds);
 //! with one the ratio is 1 and nothing is clipped; Phase A's ratio is against the candidates'
-//! generation-time log-probs, with no truncated importance weight on top; a full fine-tune
-//! with a KL term trains against a frozen copy of its initial weights.
+//! generation-time log-probs, with no truncated importance weight on top, at
+//! `reflection_lr_scale` times the rate (refused at 0); a full fine-tune with a KL term trains
+//! against a frozen copy of its initial weights.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use tch::{Device, Kind};
@@ -45,6 +46,7 @@ fn config(lr: f64, kl: f64, minibatches: usize) -> TrainConfig {
         grad_checkpoint: true,
         minibatches_per_step: minibatches,
         skip_null_rows: true,
+        reflection_lr_scale: 1.0,
     }
 }
 
@@ -198,6 +200,61 @@ fn phase_a_ratio_is_against_the_generation_time_log_probs() {
     let mut tr = Trainer::new(full_model(7), config(1e-3, 0.0, 1)).unwrap();
     let m = tr.rl_step(&cands).unwrap();
     assert_eq!((m.ratio_mean, m.clip_fraction), (1.0, 0.0));
+}
+
+/// Every trainable tensor of `tr`, copied.
+fn weights(tr: &Trainer) -> Vec<(String, tch::Tensor)> {
+    tr.model
+        .trainable()
+        .into_iter()
+        .map(|(n, p)| (n, p.detach().copy()))
+        .collect()
+}
+
+#[test]
+fn phase_a_takes_its_fraction_of_the_rate_and_is_refused_at_zero() {
+    let cands = vec![seq(0, 14, 1.0), seq(1, 12, -1.0), seq(2, 9, 0.5)];
+    let task = vec![seq(3, 13, 1.0), seq(4, 10, -1.0)];
+    let scaled = |lr: f64, scale: f64| {
+        let mut c = config(lr, 0.0, 1);
+        c.reflection_lr_scale = scale;
+        Trainer::new(full_model(11), c).unwrap()
+    };
+    // Phase A at a quarter of 4e-3 is the same update as Phase A at 1e-3.
+    let mut a = scaled(4e-3, 0.25);
+    let mut b = scaled(1e-3, 1.0);
+    let before = weights(&a);
+    let (ma, mb) = (
+        a.reflection_step(&cands).unwrap(),
+        b.reflection_step(&cands).unwrap(),
+    );
+    assert!(
+        (ma.lr - 1e-3).abs() < 1e-15 && (mb.lr - 1e-3).abs() < 1e-15,
+        "{ma:?}"
+    );
+    assert_eq!(ma.loss, mb.loss);
+    let mut moved = 0.0f64;
+    for (((name, wa), (_, wb)), (_, w0)) in weights(&a).iter().zip(weights(&b)).zip(&before) {
+        let d = (wa - &wb).abs().max().double_value(&[]);
+        assert!(d < 1e-7, "{name}: {d}");
+        moved = moved.max((wa - w0).abs().max().double_value(&[]));
+    }
+    assert!(moved > 1e-4, "Phase A moved nothing: {moved}");
+    // The task step keeps the whole rate.
+    assert!((a.rl_step(&task).unwrap().lr - 4e-3).abs() < 1e-15);
+
+    // At 0 Phase A is left out: the step is refused, naming the setting, and nothing moves.
+    let mut z = scaled(4e-3, 0.0);
+    let before = weights(&z);
+    let e = z.reflection_step(&cands).unwrap_err().to_string();
+    assert!(
+        e.contains("reflection_lr_scale = 0") && e.contains("3 sequences"),
+        "{e}"
+    );
+    for ((name, w), (_, w0)) in weights(&z).iter().zip(&before) {
+        assert!(w.equal(w0), "{name} moved");
+    }
+    assert!((z.rl_step(&task).unwrap().lr - 4e-3).abs() < 1e-15);
 }
 
 #[test]

@@ -163,6 +163,16 @@ pub struct TrainSettings {
     /// serialised settings (and the hash) when `true`, so every earlier run's hash stands.
     #[serde(skip_serializing_if = "is_true")]
     pub skip_null_rows: bool,
+    /// The meta-policy's Phase A update (the reflection candidates' own optimizer step) at this
+    /// fraction of the step's learning rate, in [0, 1]; 1 (the default) is RubricEM's update
+    /// as written, weight 1 beside the task step. AdamW normalises each parameter's step by its
+    /// gradient's running scale, so scaling the candidates' advantages would barely change the
+    /// update's size: the rate is what damps it. 0 leaves Phase A out: the orchestrator sends
+    /// no candidates (they stay untrained in Postgres) and the trainer refuses any it is sent.
+    /// Left out of the serialised settings (and the hash) when 1, so every earlier run's hash
+    /// stands.
+    #[serde(skip_serializing_if = "is_one")]
+    pub reflection_lr_scale: f64,
 }
 
 impl Default for TrainSettings {
@@ -193,8 +203,13 @@ impl Default for TrainSettings {
             micro_batch_tokens: 16384,
             minibatches_per_step: 1,
             skip_null_rows: true,
+            reflection_lr_scale: 1.0,
         }
     }
+}
+
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -317,6 +332,12 @@ impl TrainSettings {
             "loop_unlikelihood",
             s.loop_unlikelihood,
             "[0, 10] (0: off)",
+        )?;
+        check(
+            (0.0..=1.0).contains(&s.reflection_lr_scale),
+            "reflection_lr_scale",
+            s.reflection_lr_scale,
+            "[0, 1] (a fraction of lr; 0: no Phase A update)",
         )?;
         check(
             s.aggregation_constant.is_finite() && s.aggregation_constant > 0.0,
@@ -450,6 +471,19 @@ mod tests {
         let back: TrainSettings =
             serde_json::from_str(&serde_json::to_string(&k).unwrap()).unwrap();
         assert_eq!((back.skip_null_rows, back.hash()), (false, k.hash()));
+        // Phase A's rate scale at 1 (the default) is not in the JSON; below, it is, and
+        // round-trips.
+        assert!(
+            !serde_json::to_string(&a)
+                .unwrap()
+                .contains("reflection_lr_scale")
+        );
+        let mut r = a.clone();
+        r.reflection_lr_scale = 0.1;
+        assert_ne!(r.hash(), a.hash());
+        let back: TrainSettings =
+            serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!((back.reflection_lr_scale, back.hash()), (0.1, r.hash()));
     }
 
     #[test]
@@ -488,6 +522,17 @@ mod tests {
             e.contains("trainer.loop_unlikelihood = 11") && e.contains("[0, 10]"),
             "{e}"
         );
+        for bad in [1.5, -0.1, f64::NAN] {
+            let s = TrainSettings {
+                reflection_lr_scale: bad,
+                ..TrainSettings::default()
+            };
+            let e = s.validate().unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("trainer.reflection_lr_scale = {bad}")) && e.contains("[0, 1]"),
+                "{e}"
+            );
+        }
         let s = TrainSettings {
             schedule: LrSchedule::Cosine,
             ..TrainSettings::default()

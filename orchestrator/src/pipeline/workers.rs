@@ -385,7 +385,8 @@ impl Pipeline {
 
     /// A step's train batch: the deferred reflection candidates (Phase A) then its trajectories.
     /// `fresh` (first build) assigns every finished, untrained candidate to this step; a replay
-    /// reads the assignment back, so the bytes match the first build.
+    /// reads the assignment back, so the bytes match the first build. With
+    /// `trainer.reflection_lr_scale = 0` no candidate is assigned or sent.
     pub(super) async fn build_batch(
         &self,
         s: i32,
@@ -401,6 +402,12 @@ impl Pipeline {
         .await?;
         let mut m = Vec::new();
         if self.memory.is_none() {
+            return Ok((b, stats, m));
+        }
+        if self.trainer_settings.reflection_lr_scale == 0.0 {
+            // Phase A left out (`trainer.reflection_lr_scale = 0`): the candidates still write
+            // the bank, but none is assigned to a step or sent; they stay untrained.
+            m.push(("batch/reflection_sequences".to_string(), 0.0));
             return Ok((b, stats, m));
         }
         if fresh {

@@ -140,6 +140,7 @@ pub fn trainer_on(c: &Case, device: Device) -> Trainer {
             grad_checkpoint: c.grad_checkpoint,
             minibatches_per_step: c.minibatches,
             skip_null_rows: true,
+            reflection_lr_scale: 1.0,
         },
     )
     .unwrap();
@@ -310,6 +311,7 @@ pub fn small_trainer(model: Qwen3, lr: f64, kl: f64) -> Trainer {
             grad_checkpoint: true,
             minibatches_per_step: 1,
             skip_null_rows: true,
+            reflection_lr_scale: 1.0,
         },
     )
     .unwrap()

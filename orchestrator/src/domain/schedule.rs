@@ -6,8 +6,10 @@
 //! holds a task twice (its trajectories are keyed by task and sample).
 //! Recipes with the meta-policy use the windowed curriculum (method.md A.7) on top: windows of
 //! 2K steps, K new batches then their replay in the same order; the position is a function of
-//! the step, so it is part of every checkpoint by construction.
+//! the step, so it is part of every checkpoint by construction. `Inject` says which of the
+//! bank's items each phase's training prompts carry (`reflection.inject`).
 
+use crate::domain::bank::{Retrieved, Reuse};
 use crate::domain::data::world::Rng;
 
 /// Indices (into the task list) of the `per_step` tasks of `step`, distinct within the step.
@@ -39,6 +41,66 @@ pub enum Phase {
     New,
     /// The replay of the new batch K steps earlier: within-episode retrieval.
     Replay,
+}
+
+/// Which bank items a training prompt carries (`reflection.inject`). The curriculum's phases
+/// decide the kind a step would draw on; the setting keeps or drops each kind. The bank is
+/// written either way, and evaluations choose their own reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Inject {
+    /// RubricEM's (method.md A.7): new steps cross-episode, replays within-episode, a replayed
+    /// question without an item falling back to cross-episode.
+    #[default]
+    Curriculum,
+    /// New steps cross-episode; replays carry nothing.
+    Cross,
+    /// Replays carry their own question's item; new steps and a replay's miss carry nothing.
+    Within,
+    /// No training prompt carries a block (the curriculum and the bank remain).
+    None,
+}
+
+impl Inject {
+    pub fn is_curriculum(&self) -> bool {
+        *self == Inject::Curriculum
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Inject::Curriculum => "curriculum",
+            Inject::Cross => "cross",
+            Inject::Within => "within",
+            Inject::None => "none",
+        }
+    }
+
+    /// The memory a step of `phase` draws on.
+    pub fn reuse(self, phase: Phase) -> Reuse {
+        match (self, phase) {
+            (Inject::Curriculum | Inject::Cross, Phase::New) => Reuse::Cross,
+            (Inject::Curriculum | Inject::Within, Phase::Replay) => Reuse::Within,
+            _ => Reuse::None,
+        }
+    }
+
+    /// Whether a replayed question without an item of its own falls back to cross-episode.
+    pub fn falls_back(self) -> bool {
+        self == Inject::Curriculum
+    }
+
+    /// What a training prompt of `phase` carries of what the bank served for it (asked with
+    /// [`Inject::reuse`]): a kind this setting leaves out, e.g. the cross-episode fallback of
+    /// a replayed question under `within`, becomes nothing.
+    pub fn keep(self, phase: Phase, got: Retrieved) -> Retrieved {
+        let want = self.reuse(phase);
+        let mode = got.mode();
+        if mode == Reuse::None || mode == want || (self.falls_back() && want == Reuse::Within) {
+            got
+        } else {
+            Retrieved::Nothing
+        }
+    }
 }
 
 /// Where a step sits in the windowed curriculum.
@@ -85,6 +147,72 @@ fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inject_keeps_or_drops_each_phase_s_kind() {
+        use Phase::{New, Replay};
+        let got: Vec<(Reuse, Reuse, bool)> = [
+            Inject::Curriculum,
+            Inject::Cross,
+            Inject::Within,
+            Inject::None,
+        ]
+        .iter()
+        .map(|i| (i.reuse(New), i.reuse(Replay), i.falls_back()))
+        .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Reuse::Cross, Reuse::Within, true),
+                (Reuse::Cross, Reuse::None, false),
+                (Reuse::None, Reuse::Within, false),
+                (Reuse::None, Reuse::None, false),
+            ]
+        );
+        assert_eq!(Inject::default(), Inject::Curriculum);
+    }
+
+    #[test]
+    fn inject_drops_the_kinds_it_leaves_out_and_the_fallback_outside_the_curriculum() {
+        use Phase::{New, Replay};
+        let item = |q: &str| crate::domain::bank::BankItem {
+            task_id: uuid::Uuid::from_u128(1),
+            question: q.into(),
+            question_sha256: crate::domain::bank::question_hash(q),
+            embedding: vec![1.0],
+            rubrics: "r".into(),
+            takeaways: "t".into(),
+            score: 0.5,
+            step: 0,
+            reflection_id: None,
+        };
+        let within = Retrieved::Within(item("a"));
+        let cross = Retrieved::Cross(vec![(item("b"), 0.9)]);
+        let kept = |i: Inject, p: Phase, r: &Retrieved| i.keep(p, r.clone()).mode();
+        // The curriculum keeps what it asked for, and the cross-episode fallback of a replay.
+        assert_eq!(kept(Inject::Curriculum, New, &cross), Reuse::Cross);
+        assert_eq!(kept(Inject::Curriculum, Replay, &within), Reuse::Within);
+        assert_eq!(kept(Inject::Curriculum, Replay, &cross), Reuse::Cross);
+        // `within`: a replay's own item only; its fallback and new steps carry nothing.
+        assert_eq!(kept(Inject::Within, Replay, &within), Reuse::Within);
+        assert_eq!(kept(Inject::Within, Replay, &cross), Reuse::None);
+        assert_eq!(kept(Inject::Within, New, &cross), Reuse::None);
+        // `cross`: new steps only.
+        assert_eq!(kept(Inject::Cross, New, &cross), Reuse::Cross);
+        assert_eq!(kept(Inject::Cross, Replay, &within), Reuse::None);
+        assert_eq!(kept(Inject::Cross, Replay, &cross), Reuse::None);
+        // `none`: nothing, whatever was served.
+        for p in [New, Replay] {
+            for r in [&within, &cross] {
+                assert_eq!(kept(Inject::None, p, r), Reuse::None);
+            }
+        }
+        assert_eq!(
+            Inject::Within.keep(Replay, within.clone()),
+            within,
+            "a kept item is unchanged"
+        );
+    }
 
     #[test]
     fn windowed_curriculum_over_two_windows() {

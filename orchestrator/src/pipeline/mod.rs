@@ -100,6 +100,8 @@ pub struct Memory {
     pub window: u32,
     /// `reflection.max_item_chars`: the cap on each injected item (0 = whole).
     pub max_item_chars: usize,
+    /// `reflection.inject`: which kinds of item the training prompts carry.
+    pub inject: crate::domain::schedule::Inject,
     /// How long training of step s waits for the reflection job of step s - 1.
     pub wait: Duration,
 }

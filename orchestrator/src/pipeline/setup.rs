@@ -380,6 +380,7 @@ pub async fn pipeline(
             },
             window: cfg.reflection.window,
             max_item_chars: cfg.reflection.max_item_chars,
+            inject: cfg.reflection.inject,
             wait: Duration::from_secs(cfg.reflection.wait_secs),
         })
     } else {
@@ -640,8 +641,16 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
         };
         let x = &cfg.reflection;
         lines.push(format!(
-            "  reflection: m = {} candidates at T = {}, window K = {}, top-{} retrieval; bank embedding {emb}",
-            x.candidates, x.temperature, x.window, x.top_k
+            "  reflection: m = {} candidates at T = {}, window K = {}, top-{} retrieval{}; bank embedding {emb}",
+            x.candidates,
+            x.temperature,
+            x.window,
+            x.top_k,
+            if x.inject.is_curriculum() {
+                String::new()
+            } else {
+                format!(", training prompts inject {}", x.inject.as_str())
+            }
         ));
     }
     if cfg.eval.enabled() {

@@ -338,10 +338,7 @@ impl Pipeline {
         let (Some(mem), Some(slot)) = (&self.memory, slot) else {
             return Ok((tasks, vec![]));
         };
-        let mode = match slot.phase {
-            crate::domain::schedule::Phase::New => Reuse::Cross,
-            crate::domain::schedule::Phase::Replay => Reuse::Within,
-        };
+        let mode = mem.inject.reuse(slot.phase);
         let t0 = Instant::now();
         let bank = &mem.reflector.bank;
         let queries: Vec<(Uuid, &str)> = tasks
@@ -352,6 +349,7 @@ impl Pipeline {
         let found = bank.retrieve_many(&queries, mode).await?;
         let (mut within, mut cross, mut fallback) = (0usize, 0usize, 0usize);
         for (t, got) in tasks.iter_mut().zip(found) {
+            let got = mem.inject.keep(slot.phase, got);
             match got.mode() {
                 Reuse::Within => within += 1,
                 Reuse::Cross => {

@@ -119,6 +119,7 @@ impl Recipe {
 
 /// Which judge scores a run (`judge.kind`): one type with the judge's own.
 pub use crate::domain::judge::JudgeKind;
+pub use crate::domain::schedule::Inject;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -308,6 +309,14 @@ pub struct ReflectionConfig {
     /// How long training of step s waits for the reflection job of step s - 1 before it trains
     /// without it (the candidates then join a later step; the lag is a metric).
     pub wait_secs: u64,
+    /// Which bank items the training prompts carry: "curriculum" (the default, RubricEM's:
+    /// cross-episode on new steps, within-episode on replays), "cross" (new steps only),
+    /// "within" (replays only, no cross-episode fallback) or "none" (no block; the bank and the
+    /// curriculum stay). An ablation of the memory half (issue 25, session 61: the bank recipes
+    /// lost in `guided` what Baseline-RL gains). Not serialised at the default, so earlier
+    /// runs' settings hashes stand.
+    #[serde(default, skip_serializing_if = "Inject::is_curriculum")]
+    pub inject: Inject,
 }
 
 impl Default for ReflectionConfig {
@@ -323,6 +332,7 @@ impl Default for ReflectionConfig {
             max_trajectory_chars: 12_000,
             max_item_chars: 0,
             wait_secs: 600,
+            inject: Inject::Curriculum,
         }
     }
 }

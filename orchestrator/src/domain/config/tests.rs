@@ -903,3 +903,32 @@ fn guidance_is_off_in_every_preset_unserialised_there_and_checked() {
         );
     }
 }
+
+#[test]
+fn reflection_inject_is_the_curriculum_in_every_preset_unserialised_there_and_named_when_refused() {
+    for name in preset_names() {
+        let c = Config::load(name, &Overrides::default()).unwrap();
+        assert_eq!(c.reflection.inject, Inject::Curriculum, "{name}");
+        let text = toml::to_string(&c.reflection).unwrap();
+        assert!(!text.contains("inject"), "{name}: {text}");
+    }
+    for (value, want) in [
+        ("none", Inject::None),
+        ("cross", Inject::Cross),
+        ("within", Inject::Within),
+        ("curriculum", Inject::Curriculum),
+    ] {
+        let c = smoke_with(&[&format!("reflection.inject={value}")]).unwrap();
+        assert_eq!(c.reflection.inject, want, "{value}");
+        let back: ReflectionConfig =
+            toml::from_str(&toml::to_string(&c.reflection).unwrap()).unwrap();
+        assert_eq!(back, c.reflection, "{value}");
+    }
+    let err = smoke_with(&["reflection.inject=both"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("inject") && err.contains("both"),
+        "the refusal names the key and the value: {err}"
+    );
+}

@@ -445,45 +445,46 @@ mod tests {
         let back: TrainSettings =
             serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
         assert_eq!(back.hash(), a.hash());
-        // The unlikelihood term, off, is not in the JSON: hashes from before it stand. On, it
-        // is, and round-trips.
-        assert!(
-            !serde_json::to_string(&a)
-                .unwrap()
-                .contains("loop_unlikelihood")
+        // A setting left out of the JSON at its default (so hashes from before it stand):
+        // absent there; changed, it is present, changes the hash and round-trips.
+        let optional = |name: &str, changed: TrainSettings| {
+            assert!(!serde_json::to_string(&a).unwrap().contains(name), "{name}");
+            let json = serde_json::to_value(&changed).unwrap();
+            assert!(json.get(name).is_some(), "{name}");
+            assert_ne!(changed.hash(), a.hash(), "{name}");
+            let back: TrainSettings =
+                serde_json::from_str(&serde_json::to_string(&changed).unwrap()).unwrap();
+            let back_json = serde_json::to_value(&back).unwrap();
+            assert_eq!(
+                (&back_json[name], back.hash()),
+                (&json[name], changed.hash()),
+                "{name}"
+            );
+        };
+        // The unlikelihood term, off by default.
+        optional(
+            "loop_unlikelihood",
+            TrainSettings {
+                loop_unlikelihood: 0.5,
+                ..a.clone()
+            },
         );
-        let mut u = a.clone();
-        u.loop_unlikelihood = 0.5;
-        assert_ne!(u.hash(), a.hash());
-        let back: TrainSettings =
-            serde_json::from_str(&serde_json::to_string(&u).unwrap()).unwrap();
-        assert_eq!((back.loop_unlikelihood, back.hash()), (0.5, u.hash()));
-        // Skipping the null rows, on (the default), is not in the JSON either; off, it is, and
-        // round-trips.
-        assert!(
-            !serde_json::to_string(&a)
-                .unwrap()
-                .contains("skip_null_rows")
+        // Skipping the null rows, on by default.
+        optional(
+            "skip_null_rows",
+            TrainSettings {
+                skip_null_rows: false,
+                ..a.clone()
+            },
         );
-        let mut k = a.clone();
-        k.skip_null_rows = false;
-        assert_ne!(k.hash(), a.hash());
-        let back: TrainSettings =
-            serde_json::from_str(&serde_json::to_string(&k).unwrap()).unwrap();
-        assert_eq!((back.skip_null_rows, back.hash()), (false, k.hash()));
-        // Phase A's rate scale at 1 (the default) is not in the JSON; below, it is, and
-        // round-trips.
-        assert!(
-            !serde_json::to_string(&a)
-                .unwrap()
-                .contains("reflection_lr_scale")
+        // Phase A's rate scale, 1 by default.
+        optional(
+            "reflection_lr_scale",
+            TrainSettings {
+                reflection_lr_scale: 0.1,
+                ..a.clone()
+            },
         );
-        let mut r = a.clone();
-        r.reflection_lr_scale = 0.1;
-        assert_ne!(r.hash(), a.hash());
-        let back: TrainSettings =
-            serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
-        assert_eq!((back.reflection_lr_scale, back.hash()), (0.1, r.hash()));
     }
 
     #[test]

@@ -743,6 +743,41 @@ async fn dashboard_shows_the_run(pool: &PgPool, exp: Uuid, run: Uuid) {
     server.abort();
 }
 
+/// A test's world, its tiny model, an in-process trainer (any port, checkpointing under
+/// `ckpt`) and the run's config file pointing at both.
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    model: PathBuf,
+    ckpt: PathBuf,
+    trainer: Trainer,
+    addr: String,
+    file: PathBuf,
+}
+
+async fn fixture(pool: &PgPool) -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let world = tmp.path().join("world");
+    write_world(&world);
+    let model = model_dir(tmp.path(), &world);
+    let ckpt = tmp.path().join("ckpt");
+    let (trainer, addr) = start_trainer(&model, &ckpt, "127.0.0.1:0").await;
+    let file = config_file(
+        tmp.path(),
+        &world,
+        &model,
+        &db_url(pool),
+        &format!("http://{addr}"),
+    );
+    Fixture {
+        _tmp: tmp,
+        model,
+        ckpt,
+        trainer,
+        addr,
+        file,
+    }
+}
+
 /// A run of the `full` recipe on the smoke preset overlaid with `file`, built in-process.
 async fn full_recipe_run(
     pool: &PgPool,
@@ -812,14 +847,14 @@ async fn run_to_end(
 
 #[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn trainer_killed_and_restarted_mid_run_the_run_completes(pool: PgPool) {
-    let tmp = tempfile::tempdir().unwrap();
-    let world = tmp.path().join("world");
-    write_world(&world);
-    let model = model_dir(tmp.path(), &world);
-    let ckpt = tmp.path().join("ckpt");
-    let (first, addr) = start_trainer(&model, &ckpt, "127.0.0.1:0").await;
-    let url = format!("http://{addr}");
-    let file = config_file(tmp.path(), &world, &model, &db_url(&pool), &url);
+    let Fixture {
+        _tmp,
+        model,
+        ckpt,
+        trainer: first,
+        addr,
+        file,
+    } = fixture(&pool).await;
     let (run, p, _) = full_recipe_run(&pool, file).await;
     let cancel = tokio_util::sync::CancellationToken::new();
     let job = tokio::spawn(Arc::new(p).run(cancel.clone(), indicatif::ProgressBar::hidden()));
@@ -855,19 +890,12 @@ async fn trainer_killed_and_restarted_mid_run_the_run_completes(pool: PgPool) {
 /// rollout starts, instead of running beside it.
 #[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollout(pool: PgPool) {
-    let tmp = tempfile::tempdir().unwrap();
-    let world = tmp.path().join("world");
-    write_world(&world);
-    let model = model_dir(tmp.path(), &world);
-    let ckpt = tmp.path().join("ckpt");
-    let (tr, addr) = start_trainer(&model, &ckpt, "127.0.0.1:0").await;
-    let file = config_file(
-        tmp.path(),
-        &world,
-        &model,
-        &db_url(&pool),
-        &format!("http://{addr}"),
-    );
+    let Fixture {
+        _tmp,
+        trainer: tr,
+        file,
+        ..
+    } = fixture(&pool).await;
     let text = std::fs::read_to_string(&file).unwrap();
     std::fs::write(
         &file,
@@ -939,14 +967,14 @@ async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollo
 /// runs no Phase A, and the run completes with a version per step.
 #[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
 async fn phase_a_left_out_at_rate_scale_zero_the_bank_is_still_written(pool: PgPool) {
-    let tmp = tempfile::tempdir().unwrap();
-    let world = tmp.path().join("world");
-    write_world(&world);
-    let model = model_dir(tmp.path(), &world);
-    let ckpt = tmp.path().join("ckpt");
-    let (tr, addr) = start_trainer(&model, &ckpt, "127.0.0.1:0").await;
+    let Fixture {
+        _tmp,
+        trainer: tr,
+        addr,
+        file,
+        ..
+    } = fixture(&pool).await;
     let url = format!("http://{addr}");
-    let file = config_file(tmp.path(), &world, &model, &db_url(&pool), &url);
     let text = std::fs::read_to_string(&file).unwrap();
     let text = text.replace(
         &format!("[trainer]\nurl = \"{url}\"\n"),

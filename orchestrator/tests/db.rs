@@ -882,6 +882,104 @@ async fn sql_eval_by_hops(pool: PgPool) {
     assert!(rows.iter().all(|r| r.get::<Uuid, _>("run_id") == run_id));
 }
 
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn sql_training_windows(pool: PgPool) {
+    let run_id = run(&pool, "windows").await;
+    // Steps 0-12 roll out 32 attempts each: window 0 is steps 0-11, window 1 steps 12-13. The
+    // rollout records a loop stop on even steps only and a budget cut at step 12 alone (a finish
+    // reason absent from a step is no attempt ending that way); no demonstrations are recorded.
+    // Step 13 carries the trainer's figures alone (no rollout): its missing finish reasons are
+    // unknown, not zero.
+    for step in 0..=12 {
+        let mut m = vec![
+            ("reward/answer".to_string(), f64::from(step) / 8.0),
+            ("rollout/trajectories".to_string(), 32.0),
+            ("rollout/parse_failures".to_string(), f64::from(step % 3)),
+            ("batch/sequences".to_string(), 30.0),
+            (
+                "train/null_sequences".to_string(),
+                10.0 + f64::from(step % 2),
+            ),
+            ("time/train_s".to_string(), 50.0),
+            ("time/rollout_s".to_string(), 40.0 + f64::from(step)),
+        ];
+        if step % 2 == 0 {
+            m.push(("rollout/finish/repetition".to_string(), 2.0));
+        }
+        if step == 12 {
+            m.push(("rollout/finish/length".to_string(), 1.0));
+        }
+        db::metrics::record(&pool, run_id, step, &m).await.unwrap();
+    }
+    db::metrics::record(&pool, run_id, 13, &[("time/train_s".to_string(), 62.0)])
+        .await
+        .unwrap();
+    let rows = sqlx::query(&sql_file("training_windows.sql"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    // window, first and last step, steps; answer reward; attempts, loop stops, cuts, parse
+    // failures, demonstrations; rows and null rows per step; train and rollout s per step.
+    type Counts = (f64, f64, f64, f64, Option<f64>);
+    type WindowRow = (i32, i32, i32, i64, f64, Counts, f64, f64, f64, f64);
+    let got: Vec<WindowRow> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("window"),
+                r.get("first_step"),
+                r.get("last_step"),
+                r.get("steps"),
+                r.get("answer_reward"),
+                (
+                    r.get("attempts"),
+                    r.get("loop_stops"),
+                    r.get("budget_cuts"),
+                    r.get("parse_failures"),
+                    r.get("demonstrations"),
+                ),
+                r.get("rows_per_step"),
+                r.get("null_rows_per_step"),
+                r.get("train_s_per_step"),
+                r.get("rollout_s_per_step"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            // answer: (0 + ... + 11) / 8 / 12; parse failures 4 × (0 + 1 + 2); rollout 40 + 5.5
+            (
+                0,
+                0,
+                11,
+                12,
+                0.6875,
+                (384.0, 12.0, 0.0, 12.0, None),
+                30.0,
+                10.5,
+                50.0,
+                45.5
+            ),
+            // step 13 counts as a step and in the train seconds, nowhere else
+            (
+                1,
+                12,
+                13,
+                2,
+                1.5,
+                (32.0, 2.0, 1.0, 0.0, None),
+                30.0,
+                10.0,
+                56.0,
+                52.0
+            ),
+        ]
+    );
+    assert!(rows.iter().all(|r| r.get::<Uuid, _>("run_id") == run_id));
+    assert!(rows.iter().all(|r| r.get::<String, _>("recipe") == "full"));
+}
+
 /// scripts/loop-onset.py over fixture trajectories: the rule runs per turn over model tokens only
 /// (a tool output neither counts nor joins turns), and the table's figures are hand-computed.
 #[sqlx::test(migrator = "MIGRATOR")]

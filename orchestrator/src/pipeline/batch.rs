@@ -43,6 +43,9 @@ pub struct BatchStats {
     /// (`trainer.loop_unlikelihood`), and those tokens.
     pub unlikelihood: usize,
     pub unlikelihood_tokens: usize,
+    /// Loop-stopped trajectories trained with a negative advantage at some stage (what
+    /// `credit.loop_negative_advantage_scale` puts in the batch under positive-only credit).
+    pub loop_negative: usize,
     pub mean_abs_advantage: [f64; 4],
     pub std_advantage: [f64; 4],
     /// Mean of `step - policy_version` over sequences (how stale the behaviour policy was).
@@ -91,6 +94,7 @@ impl BatchStats {
                 "batch/unlikelihood_tokens".to_string(),
                 self.unlikelihood_tokens as f64,
             ),
+            ("train/loop_negative".to_string(), self.loop_negative as f64),
         ];
         if self.guidance > 0 {
             m.push(("batch/guidance".to_string(), self.guidance as f64));
@@ -167,7 +171,8 @@ pub async fn build(
 /// its loop leave the loss. With `credit.unlikelihood` the tokens of its loop after the loop's
 /// first copy (each later copy, the decision to repeat included) are marked for the trainer's
 /// unlikelihood term; the first copy is text the attempt wrote once. Negative advantages are
-/// multiplied by `credit.negative_scale` after the degenerate-group test (a group with signal
+/// multiplied by `credit.negative_scale` (a loop-stopped trajectory's by
+/// `credit.loop_negative_scale` when set) after the degenerate-group test (a group with signal
 /// keeps its members, a scaled-away member still counts in the loss's token normaliser); the
 /// advantage statistics are of what is trained. Groups are numbered by task in stored order.
 pub fn assemble(
@@ -218,7 +223,11 @@ pub fn assemble(
     let mut min_version = i32::MAX;
     let mut stale = 0.0;
     for (t, a) in kept {
-        let a = credit.trained_advantages(a);
+        let looped = t.finish_reason == finish::REPETITION;
+        let a = credit.trained_advantages(a, looped);
+        if looped && a.iter().any(|&x| x < 0.0) {
+            stats.loop_negative += 1;
+        }
         let next = groups.len() as u32;
         let g = *groups.entry(t.task_id).or_insert(next);
         let mut seq = sequence(t, &a, g);
@@ -226,7 +235,7 @@ pub fn assemble(
             continue;
         }
         if let Some(rule) = credit.loop_rule()
-            && t.finish_reason == finish::REPETITION
+            && looped
         {
             match loop_tokens(t, &rule) {
                 Some(n) => {
@@ -601,6 +610,49 @@ mod tests {
         let approx = |x: f64, y: f64| (x - y).abs() < 1e-12;
         assert!(approx(s_plain.mean_abs_advantage[3], 3.5 / 3.0));
         assert!(approx(s_psr.mean_abs_advantage[3], 0.25 / 3.0));
+    }
+
+    #[test]
+    fn a_loop_negative_scale_applies_to_loop_stopped_attempts_alone() {
+        let (t, adv, rule) = loop_group();
+        let none = HashSet::new();
+        let psr = |cut, loop_negative_scale| BatchCredit {
+            cut,
+            negative_scale: 0.0,
+            loop_negative_scale,
+            ..BatchCredit::default()
+        };
+        let advs =
+            |b: &wire::Batch| -> Vec<f32> { b.seqs.iter().map(|s| s.advantages[0]).collect() };
+        // Absent: every negative advantage takes `negative_scale`, the loop's included.
+        let (plain, s_plain) = assemble(&t, &adv, &none, 3, psr(CutCredit::Whole, None));
+        assert_eq!(advs(&plain), [1.5, 0.0, 0.0, 0.0]);
+        assert_eq!(s_plain.loop_negative, 0);
+        // Set: the loop-stopped member (-1.0) keeps a quarter; the budget cut (-0.5) takes
+        // `negative_scale` as before; the other loop-stopped member's 0 stays 0.
+        let (quarter, s_quarter) = assemble(&t, &adv, &none, 3, psr(CutCredit::Whole, Some(0.25)));
+        assert_eq!(advs(&quarter), [1.5, -0.25, 0.0, 0.0]);
+        assert_eq!(s_quarter.loop_negative, 1);
+        let m: HashMap<String, f64> = s_quarter.metrics().into_iter().collect();
+        assert_eq!(m["train/loop_negative"], 1.0);
+        // Tokens and loss masks are the plain batch's: only the advantage changes.
+        for (p, q) in plain.seqs.iter().zip(&quarter.seqs) {
+            assert_eq!((&p.tokens, &p.loss_mask), (&q.tokens, &q.loss_mask));
+        }
+        // With the loop's tokens alone in the loss, the scaled advantage lands on them.
+        let (on_loop, s_on_loop) = assemble(
+            &t,
+            &adv,
+            &none,
+            3,
+            psr(CutCredit::LoopOnly(rule), Some(0.25)),
+        );
+        assert_eq!(advs(&on_loop), [1.5, -0.25, 0.0, 0.0]);
+        assert_eq!(on_loop.seqs[1].loss_mask.iter().filter(|&&m| m).count(), 6);
+        assert_eq!((s_on_loop.loop_only, s_on_loop.loop_negative), (1, 1));
+        // At 1 the loop keeps its whole advantage.
+        let (full, _) = assemble(&t, &adv, &none, 3, psr(CutCredit::Whole, Some(1.0)));
+        assert_eq!(advs(&full), [1.5, -1.0, 0.0, 0.0]);
     }
 
     #[test]

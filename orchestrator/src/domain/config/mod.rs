@@ -580,6 +580,23 @@ pub struct CreditConfig {
         rename = "reflection_negative_advantage_scale"
     )]
     pub reflection_negative_scale: f64,
+    /// What a loop-stopped attempt's negative advantages (finish reason `repetition`) are
+    /// multiplied by, in [0, 1], in place of `negative_advantage_scale`; absent (the default):
+    /// that scale, as every other attempt's. Why (issue 25, sessions 58-59): with the positive
+    /// advantages alone (`negative_advantage_scale = 0`) a loop-stopped attempt, which scores
+    /// about 0, trains with advantage 0, so nothing in the update pushes a loop down, and in
+    /// some seeds the policy drifted late into loops on tasks about entities it never trained
+    /// on. This puts a negative signal on the loop-stopped attempts alone, without session 48's
+    /// collapse at both signs on every attempt. With `loop_tokens_only` it lands on the loop's
+    /// tokens alone. Counted per step as `train/loop_negative` (loop-stopped sequences trained
+    /// with a negative advantage). Needs `rollout.repetition_detection`. Not serialised when
+    /// absent, so earlier runs' settings hashes stand. No paper does this.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "loop_negative_advantage_scale"
+    )]
+    pub loop_negative_scale: Option<f64>,
     /// Off-policy guidance (LUFFY, Yan et al. 2025, "Learning to Reason under Off-Policy
     /// Guidance"): a file of demonstrations in the rows `orchestrator sft-data` writes (one per
     /// task id; reflection rows skipped). Each training task with a demonstration gets it as
@@ -606,6 +623,7 @@ impl Default for CreditConfig {
             loop_tokens_only: false,
             negative_scale: 1.0,
             reflection_negative_scale: 1.0,
+            loop_negative_scale: None,
             guidance_demos: None,
         }
     }
@@ -799,6 +817,9 @@ pub struct BatchCredit {
     pub negative_scale: f64,
     /// `credit.reflection_negative_advantage_scale`: the same for reflection candidates.
     pub reflection_negative_scale: f64,
+    /// `credit.loop_negative_advantage_scale`: the same for loop-stopped attempts, in place
+    /// of `negative_scale` (`None`: `negative_scale`).
+    pub loop_negative_scale: Option<f64>,
 }
 
 impl Default for BatchCredit {
@@ -814,6 +835,7 @@ impl From<CutCredit> for BatchCredit {
             unlikelihood: None,
             negative_scale: 1.0,
             reflection_negative_scale: 1.0,
+            loop_negative_scale: None,
         }
     }
 }
@@ -828,9 +850,14 @@ impl BatchCredit {
     }
 
     /// The advantages a trajectory trains with: each negative stage advantage times
-    /// `negative_scale`, the rest as stored.
-    pub fn trained_advantages(&self, a: [f64; 4]) -> [f64; 4] {
-        a.map(|x| if x < 0.0 { x * self.negative_scale } else { x })
+    /// `negative_scale` (times `loop_negative_scale` instead, when set, for an attempt stopped
+    /// in a loop: `looped`), the rest as stored.
+    pub fn trained_advantages(&self, a: [f64; 4], looped: bool) -> [f64; 4] {
+        let scale = match self.loop_negative_scale {
+            Some(s) if looped => s,
+            _ => self.negative_scale,
+        };
+        a.map(|x| if x < 0.0 { x * scale } else { x })
     }
 
     /// The advantage a reflection candidate trains with: negative ones times
@@ -856,6 +883,7 @@ impl Config {
                 .filter(|_| self.trainer.settings.loop_unlikelihood > 0.0),
             negative_scale: self.credit.negative_scale,
             reflection_negative_scale: self.credit.reflection_negative_scale,
+            loop_negative_scale: self.credit.loop_negative_scale,
         }
     }
 

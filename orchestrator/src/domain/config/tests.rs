@@ -818,7 +818,8 @@ fn the_negative_advantage_scale_is_one_in_every_preset_unserialised_there_and_ra
     let c = smoke_with(&["credit.negative_advantage_scale=0.0"]).unwrap();
     assert_eq!(c.batch_credit().negative_scale, 0.0);
     assert_eq!(
-        c.batch_credit().trained_advantages([1.0, -2.0, 0.0, -0.5]),
+        c.batch_credit()
+            .trained_advantages([1.0, -2.0, 0.0, -0.5], false),
         [1.0, 0.0, 0.0, 0.0]
     );
     let text = toml::to_string(&c.credit).unwrap();
@@ -854,7 +855,7 @@ fn the_reflection_negative_advantage_scale_is_one_in_every_preset_unserialised_t
     assert_eq!((b.negative_scale, b.reflection_negative_scale), (1.0, 0.25));
     assert_eq!(b.trained_reflection_advantage(-2.0), -0.5);
     assert_eq!(b.trained_reflection_advantage(1.5), 1.5);
-    assert_eq!(b.trained_advantages([-1.0; 4]), [-1.0; 4]);
+    assert_eq!(b.trained_advantages([-1.0; 4], false), [-1.0; 4]);
     let task_side = smoke_with(&["credit.negative_advantage_scale=0.0"]).unwrap();
     assert_eq!(
         task_side.batch_credit().trained_reflection_advantage(-2.0),
@@ -930,5 +931,65 @@ fn reflection_inject_is_the_curriculum_in_every_preset_unserialised_there_and_na
     assert!(
         err.contains("inject") && err.contains("both"),
         "the refusal names the key and the value: {err}"
+    );
+}
+
+#[test]
+fn the_loop_negative_advantage_scale_is_absent_in_every_preset_and_checked() {
+    for name in preset_names() {
+        let c = Config::load(name, &Overrides::default()).unwrap();
+        assert_eq!(c.credit.loop_negative_scale, None, "{name}");
+        let text = toml::to_string(&c.credit).unwrap();
+        assert!(
+            !text.contains("loop_negative_advantage_scale"),
+            "{name}: {text}"
+        );
+    }
+    let loops = "rollout.repetition_detection={max_pattern_size=32,min_count=16}";
+    let c = smoke_with(&[
+        loops,
+        "credit.negative_advantage_scale=0.0",
+        "credit.loop_negative_advantage_scale=0.25",
+    ])
+    .unwrap();
+    let b = c.batch_credit();
+    assert_eq!((b.negative_scale, b.loop_negative_scale), (0.0, Some(0.25)));
+    // A loop-stopped attempt's negatives take the loop scale, every other attempt's the
+    // task side's; positive advantages are kept either way.
+    assert_eq!(
+        b.trained_advantages([1.0, -2.0, 0.0, -0.5], true),
+        [1.0, -0.5, 0.0, -0.125]
+    );
+    assert_eq!(
+        b.trained_advantages([1.0, -2.0, 0.0, -0.5], false),
+        [1.0, 0.0, 0.0, 0.0]
+    );
+    let text = toml::to_string(&c.credit).unwrap();
+    assert!(
+        text.contains("loop_negative_advantage_scale = 0.25"),
+        "{text}"
+    );
+    let back: CreditConfig = toml::from_str(&text).unwrap();
+    assert_eq!(back, c.credit);
+    for bad in ["1.5", "-0.1", "nan"] {
+        let err = smoke_with(&[
+            loops,
+            &format!("credit.loop_negative_advantage_scale={bad}"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("credit.loop_negative_advantage_scale") && err.contains("0..=1"),
+            "{bad}: {err}"
+        );
+    }
+    // Without the loop stop there is no loop-stopped attempt to scale: refused, by name.
+    let err = smoke_with(&["credit.loop_negative_advantage_scale=0.25"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("credit.loop_negative_advantage_scale")
+            && err.contains("rollout.repetition_detection"),
+        "{err}"
     );
 }

@@ -326,6 +326,20 @@ impl Config {
             self.credit.reflection_negative_scale,
             "0..=1 (1: GRPO over the candidates as written; 0: the better-than-group ones alone)",
         )?;
+        if let Some(x) = self.credit.loop_negative_scale {
+            check(
+                (0.0..=1.0).contains(&x),
+                "credit.loop_negative_advantage_scale",
+                x,
+                "0..=1, or absent (credit.negative_advantage_scale)",
+            )?;
+            check(
+                ro.repetition_detection.is_some(),
+                "credit.loop_negative_advantage_scale",
+                format!("{x} without rollout.repetition_detection"),
+                "absent unless rollout.repetition_detection is set (only its loop stops use it)",
+            )?;
+        }
         if let Some(p) = &self.credit.guidance_demos {
             check(
                 !p.as_os_str().is_empty() && !p.is_dir(),

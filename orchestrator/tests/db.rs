@@ -104,6 +104,14 @@ fn sql_file(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The rows of one of the README's queries (`scripts/sql/<name>`) on the test database.
+async fn sql_rows(pool: &PgPool, name: &str) -> Vec<sqlx::postgres::PgRow> {
+    sqlx::query(&sql_file(name))
+        .fetch_all(pool)
+        .await
+        .unwrap_or_else(|e| panic!("scripts/sql/{name}: {e}"))
+}
+
 async fn task(pool: &PgPool, ext: &str) -> Uuid {
     task_with(pool, ext, serde_json::json!({})).await
 }
@@ -508,10 +516,7 @@ async fn fixture(pool: &PgPool) -> Fixture {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn sql_stage_score_trends(pool: PgPool) {
     let f = fixture(&pool).await;
-    let rows = sqlx::query(&sql_file("stage_score_trends.sql"))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let rows = sql_rows(&pool, "stage_score_trends.sql").await;
     let got: Vec<(i32, String, f64, i64)> = rows
         .iter()
         .map(|r| {
@@ -543,10 +548,7 @@ async fn sql_stage_score_trends(pool: PgPool) {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn sql_tool_use_per_stage(pool: PgPool) {
     fixture(&pool).await;
-    let rows = sqlx::query(&sql_file("tool_use_per_stage.sql"))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let rows = sql_rows(&pool, "tool_use_per_stage.sql").await;
     let got: Vec<(String, String, i64, f64, i64, i64, f64)> = rows
         .iter()
         .map(|r| {
@@ -589,10 +591,7 @@ async fn sql_tool_use_per_stage(pool: PgPool) {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn sql_rubric_score_variance(pool: PgPool) {
     let f = fixture(&pool).await;
-    let rows = sqlx::query(&sql_file("rubric_score_variance.sql"))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let rows = sql_rows(&pool, "rubric_score_variance.sql").await;
     let got: Vec<(Uuid, i64, f64, f64, bool)> = rows
         .iter()
         .map(|r| {
@@ -618,10 +617,7 @@ async fn sql_rubric_score_variance(pool: PgPool) {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn sql_citation_validity(pool: PgPool) {
     fixture(&pool).await;
-    let rows = sqlx::query(&sql_file("citation_validity.sql"))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let rows = sql_rows(&pool, "citation_validity.sql").await;
     let got: Vec<(i32, i64, i64, i64, Option<f64>, i64)> = rows
         .iter()
         .map(|r| {
@@ -644,10 +640,7 @@ async fn sql_citation_validity(pool: PgPool) {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn sql_answer_length_vs_reward(pool: PgPool) {
     let f = fixture(&pool).await;
-    let rows = sqlx::query(&sql_file("answer_length_vs_reward.sql"))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let rows = sql_rows(&pool, "answer_length_vs_reward.sql").await;
     let got: Vec<(i32, i64, f64, f64)> = rows
         .iter()
         .map(|r| {
@@ -720,10 +713,7 @@ async fn sql_budget_cuts_by_hops(pool: PgPool) {
         }
         db::trajectories::insert_batch(&pool, &batch).await.unwrap();
     }
-    let rows = sqlx::query(&sql_file("budget_cuts_by_hops.sql"))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let rows = sql_rows(&pool, "budget_cuts_by_hops.sql").await;
     // hops, then trajectories and cut share in the first half of the steps and in the second.
     type CutRow = (String, i64, Option<f64>, i64, Option<f64>);
     let got: Vec<CutRow> = rows
@@ -840,10 +830,7 @@ async fn sql_eval_by_hops(pool: PgPool) {
             .await
             .unwrap();
     }
-    let rows = sqlx::query(&sql_file("eval_by_hops.sql"))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let rows = sql_rows(&pool, "eval_by_hops.sql").await;
     // hops, version, answers, mean score, exact, exact known, cut, tool calls, lowered share.
     type EvalHopRow = (String, i32, i64, Option<f64>, i64, i64, i64, f64, f64);
     let got: Vec<EvalHopRow> = rows
@@ -914,10 +901,7 @@ async fn sql_training_windows(pool: PgPool) {
     db::metrics::record(&pool, run_id, 13, &[("time/train_s".to_string(), 62.0)])
         .await
         .unwrap();
-    let rows = sqlx::query(&sql_file("training_windows.sql"))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let rows = sql_rows(&pool, "training_windows.sql").await;
     // window, first and last step, steps; answer reward; attempts, loop stops, cuts, parse
     // failures, demonstrations; rows and null rows per step; train and rollout s per step.
     type Counts = (f64, f64, f64, f64, Option<f64>);

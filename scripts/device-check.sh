@@ -4,6 +4,8 @@
 #   scripts/device-check.sh build       # here: build, strip and copy the binaries into .devbin/
 #   scripts/device-check.sh run OUTDIR [CASES]  # there, from the repo root with .devbin/: logs in
 #                                       # OUTDIR; CASES: a file of bench runs (default below)
+#   scripts/device-check.sh pack-warm DIR       # here: init-smoke.sh's training inputs from DIR
+#   scripts/device-check.sh warm OUTDIR INPUTS  # there: init-smoke.sh's warm start on the GPU
 # `run` needs no Rust toolchain: the binaries load the GPU machine's own libtorch, CUDA runtime
 # and NCCL (LD_LIBRARY_PATH before the build's RUNPATH). It runs trainer/tests/nccl.rs and
 # trainer/tests/cuda.rs with RUBRICEM_REQUIRE_CUDA=1, then (DEVICE_CHECK_DP_ROUNDS=N, default 0:
@@ -34,18 +36,48 @@ PY
   ls -la .devbin
 }
 
-run() {
-  local out="${1:?OUTDIR}"
-  local only="${DEVICE_CHECK_ONLY:-all}"  # all, tests or bench
-  mkdir -p "$out"
-  local py=python3
+# The GPU machine's torch libraries, CUDA runtime and NCCL on LD_LIBRARY_PATH.
+gpu_libs() {
   local site
-  site="$($py -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')"
+  site="$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')"
   local libs="$site/torch/lib"
   for so in libcudart.so.13 libnccl.so.2; do
     libs="$libs:$(dirname "$(find "$site/nvidia" -name "$so" | head -1)")"
   done
   export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+# Here: the inputs of init-smoke.sh's training stages from DIR (made with INIT_INPUTS_ONLY=1),
+# packed into .devwarm/inputs.tar.xz for `warm` there.
+pack_warm() {
+  local dir="${1:?DIR}"
+  mkdir -p .devwarm
+  (cd "$dir" && tar -cJf "$ROOT/.devwarm/inputs.tar.xz" world/tasks.jsonl world/tasks-sft.jsonl \
+    world/tasks-rl.jsonl index/meta.json sft-demos.jsonl sft.jsonl tokenizer model-init)
+  ls -la .devwarm
+}
+
+# There: init-smoke.sh's copying exercise and two SFT passes on the GPU in f32 (INIT_DEVICE=cuda
+# INIT_DTYPE=f32) from the packed inputs; OUT gets model-sft.tar, provenance.txt (the hash of
+# every stage, the machine) and the trainer's output. INIT_SFT_SPLIT as the inputs were made.
+warm() {
+  local out="${1:?OUTDIR}" pack="${2:?INPUTS.tar.xz}"
+  gpu_libs
+  local dir=/tmp/warm
+  mkdir -p "$dir" "$out"
+  tar -xJf "$pack" -C "$dir"
+  INIT_SFT_SPLIT="${INIT_SFT_SPLIT:-3:2}" INIT_DEVICE=cuda INIT_DTYPE=f32 ORCH_BIN=/bin/false \
+    TRAINER_BIN="$ROOT/.devbin/trainer" bash scripts/init-smoke.sh "$dir" || return 1
+  cp "$dir/provenance.txt" "$out/"
+  tar -C "$dir" -cf "$out/model-sft.tar" model-sft
+}
+
+run() {
+  local out="${1:?OUTDIR}"
+  local only="${DEVICE_CHECK_ONLY:-all}"  # all, tests or bench
+  mkdir -p "$out"
+  local py=python3
+  gpu_libs
   {
     nvidia-smi -L
     echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
@@ -112,5 +144,7 @@ CASES
 case "${1:-}" in
   build) build ;;
   run) shift; run "$@" ;;
-  *) echo "usage: $0 build | run OUTDIR [CASES]" >&2; exit 2 ;;
+  pack-warm) shift; pack_warm "$@" ;;
+  warm) shift; warm "$@" ;;
+  *) echo "usage: $0 build | run OUTDIR [CASES] | pack-warm DIR | warm OUTDIR INPUTS" >&2; exit 2 ;;
 esac

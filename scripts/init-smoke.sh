@@ -29,6 +29,14 @@
 #   INIT_TOKENIZER_NAMES  corpus (default), keep or drop: where the tokenizer sees the world's
 #                entity names (scripts/tokenizer-corpus.py; corpus: only in the documents, so
 #                held-out names are spelled with the same pieces as training names)
+#   INIT_SPLIT_DIGITS  1: the tokenizer writes every digit as a token of its own (`trainer
+#                tokenizer train --split-digits`); default 0: BPE merges digits, and ids the SFT
+#                data repeats become single tokens (BENCHMARKS.md, issue 25 session 66)
+#   INIT_INPUTS_ONLY  1: stop once the tokenizer and model-init exist, before the training
+#                stages (to train them elsewhere: scripts/device-check.sh pack-warm and warm)
+#   INIT_DEVICE, INIT_DTYPE  where the three `trainer sft` stages train (default cpu) and the
+#                parameter dtype (default auto: f32 on CPU, bf16 on CUDA); cuda with f32 trains on a
+#                GPU what the CPU would, in minutes (scripts/device-warm-start.sh)
 #   INIT_COPY_ROWS  copy sequences trained on before the SFT, 16 a step (default 96,000: 6,000
 #                steps, about 28 minutes; content copying forms after a plateau, at step ~5,560
 #                in BENCHMARKS.md's issue 25 session 16 run, and 48,000 stopped on the plateau;
@@ -58,6 +66,8 @@ TASKS="${INIT_TASKS:-1536}"
 COPY_ROWS="${INIT_COPY_ROWS:-96000}"
 COPY_LR="${INIT_COPY_LR:-1e-3}"
 TOK_NAMES="${INIT_TOKENIZER_NAMES:-corpus}"
+DEVICE="${INIT_DEVICE:-cpu}"
+DTYPE="${INIT_DTYPE:-auto}"
 PASSES="${INIT_SFT_PASSES:-2}"
 SPLIT="${INIT_SFT_SPLIT:-}"
 WARM="${INIT_WARM_START:-}"
@@ -132,7 +142,8 @@ fi
 tokenizer() { # the tokenizer from this DIR's corpus (the documents, then the SFT text)
   python3 "$(dirname "${BASH_SOURCE[0]}")/tokenizer-corpus.py" "$DIR" --names "$TOK_NAMES"
   "$TRAINER" tokenizer train --corpus "$DIR/tokenizer-corpus.txt" \
-    --vocab "${INIT_VOCAB:-2048}" --out "$DIR/tokenizer"
+    --vocab "${INIT_VOCAB:-2048}" --out "$DIR/tokenizer" \
+    $([[ "${INIT_SPLIT_DIGITS:-0}" == 1 ]] && echo --split-digits)
 }
 if [[ -n "$WARM" && ! -f "$DIR/model-sft/model.safetensors" ]]; then
   for f in config.json model.safetensors tokenizer.json tokenizer_config.json provenance.txt; do
@@ -181,6 +192,10 @@ if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
     CONFIG="${SMALL_CONFIG:-$(dirname "${BASH_SOURCE[0]}")/../trainer/configs/small.json}"
     "$TRAINER" init --config "$CONFIG" --tokenizer "$DIR/tokenizer" --out "$DIR/model-init"
   fi
+  if [[ "${INIT_INPUTS_ONLY:-0}" == 1 ]]; then
+    say "inputs ready (INIT_INPUTS_ONLY=1): the training stages start from $DIR/model-init"
+    exit 0
+  fi
   START="$DIR/model-init"
   MIX=()
   if [[ "$COPY_ROWS" != 0 ]]; then
@@ -191,7 +206,7 @@ if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
       say "copying exercise"
       "$TRAINER" sft --copy-rows "$COPY_ROWS" --copy-length 32 --model "$START" \
         --out "$DIR/model-copy" --epochs 1 --batch 16 --lr "$COPY_LR" --warmup-steps 20 \
-        --save-every 500 --device cpu
+        --save-every 500 --device "$DEVICE" --dtype "$DTYPE"
     fi
     START="$DIR/model-copy"
     # One copy row per demonstration keeps the circuit through the SFT (random-distance top-1
@@ -203,7 +218,7 @@ if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
   if [[ ! -f "$OUT/model.safetensors" ]]; then
     "$TRAINER" sft --data "$DIR/sft.jsonl" ${MIX[@]+"${MIX[@]}"} --model "$START" \
       --out "$OUT" --epochs "${SMOKE_SFT_EPOCHS:-1}" --batch 8 --lr 2e-3 \
-      --schedule cosine --warmup-steps 10 --save-every 64 --device cpu
+      --schedule cosine --warmup-steps 10 --save-every 64 --device "$DEVICE" --dtype "$DTYPE"
   fi
   if [[ "$PASSES" == 2 ]]; then
     # A second pass at half the rate, other row order: greedy on the held-out tasks the model
@@ -213,7 +228,7 @@ if [[ ! -f "$DIR/model-sft/model.safetensors" ]]; then
     say "second SFT pass"
     "$TRAINER" sft --data "$DIR/sft.jsonl" ${MIX[@]+"${MIX[@]}"} --model "$OUT" \
       --out "$DIR/model-sft" --epochs 1 --batch 8 --lr 1e-3 --schedule cosine \
-      --warmup-steps 10 --seed 1 --save-every 64 --device cpu
+      --warmup-steps 10 --seed 1 --save-every 64 --device "$DEVICE" --dtype "$DTYPE"
   fi
 fi
 # Provenance: what each stage wrote, with the machine that ran it, so two warm starts can be
@@ -224,6 +239,7 @@ fi
   echo "# init-smoke provenance, $(date -u +%FT%TZ)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
   echo "git at start: $GIT_AT_START"
+  echo "trainer sft stages: --device $DEVICE --dtype $DTYPE (unless model-sft was saved before)"
   if [[ -f "$DIR/model-sft/warm-start-provenance.txt" ]]; then
     echo "model-sft: a saved warm start, trained as model-sft/warm-start-provenance.txt records"
   fi

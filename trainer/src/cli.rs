@@ -108,6 +108,10 @@ pub enum Command {
         seed: u64,
         #[arg(long, default_value = "auto")]
         device: String,
+        /// Parameter dtype: auto (bf16 on CUDA, f32 on CPU), f32 or bf16. f32 on CUDA trains
+        /// a small model as the CPU does (a warm start trained on a GPU for CPU runs).
+        #[arg(long, default_value = "auto")]
+        dtype: String,
         /// Recompute activations in backward (saves memory, costs time).
         #[arg(long)]
         grad_checkpoint: bool,
@@ -331,5 +335,8 @@ pub enum TokenizerCommand {
         vocab: usize,
         #[arg(long, env = "TRAINER_TOKENIZER_OUT")]
         out: PathBuf,
+        /// Every digit a token of its own: numbers and ids are written one digit at a time.
+        #[arg(long)]
+        split_digits: bool,
     },
 }

@@ -25,6 +25,7 @@ pub enum Task {
         corpus: PathBuf,
         vocab: usize,
         out: PathBuf,
+        split_digits: bool,
     },
     /// `trainer init`.
     Init {
@@ -104,8 +105,19 @@ impl Task {
     pub fn from_cli(cli: Cli) -> anyhow::Result<Self> {
         Ok(match cli.command {
             Command::Tokenizer {
-                command: TokenizerCommand::Train { corpus, vocab, out },
-            } => Task::TrainTokenizer { corpus, vocab, out },
+                command:
+                    TokenizerCommand::Train {
+                        corpus,
+                        vocab,
+                        out,
+                        split_digits,
+                    },
+            } => Task::TrainTokenizer {
+                corpus,
+                vocab,
+                out,
+                split_digits,
+            },
             Command::Init {
                 config,
                 tokenizer,
@@ -179,6 +191,7 @@ impl Task {
                 max_len,
                 seed,
                 device,
+                dtype,
                 grad_checkpoint,
                 nproc_per_node,
                 dist_timeout_secs,
@@ -203,6 +216,12 @@ impl Task {
                         "--weight-decay = {weight_decay}; allowed: 0 <= it < 1 (and lr x it < 1)"
                     );
                 }
+                let kind = match dtype.as_str() {
+                    "auto" => None,
+                    "f32" => Some(tch::Kind::Float),
+                    "bf16" => Some(tch::Kind::BFloat16),
+                    other => bail!("--dtype = {other:?}; allowed: auto, f32, bf16"),
+                };
                 let mut train = TrainConfig::default();
                 train.optim.lr = lr;
                 train.optim.weight_decay = weight_decay;
@@ -219,6 +238,7 @@ impl Task {
                     max_len,
                     train,
                     device: parse_device(&device)?,
+                    kind,
                     seed,
                     nproc_per_node,
                     dist_timeout: std::time::Duration::from_secs(dist_timeout_secs),

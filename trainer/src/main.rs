@@ -38,8 +38,13 @@ fn main() -> ExitCode {
 /// Run one subcommand; returns what it prints.
 fn run(task: Task) -> anyhow::Result<String> {
     Ok(match task {
-        Task::TrainTokenizer { corpus, vocab, out } => {
-            let n = trainer::smallmodel::train_tokenizer(&corpus, vocab, &out)?;
+        Task::TrainTokenizer {
+            corpus,
+            vocab,
+            out,
+            split_digits,
+        } => {
+            let n = trainer::smallmodel::train_tokenizer_with(&corpus, vocab, &out, split_digits)?;
             format!("tokenizer with {n} entries written to {}", out.display())
         }
         Task::Init {

@@ -70,6 +70,8 @@ pub struct SftOptions {
     pub max_len: usize,
     pub train: TrainConfig,
     pub device: tch::Device,
+    /// Parameter dtype; `None`: [`crate::default_kind`] of the device.
+    pub kind: Option<tch::Kind>,
     pub seed: u64,
     /// Ranks on this machine (`--nproc-per-node`); the binary launches them.
     pub nproc_per_node: usize,
@@ -423,7 +425,7 @@ pub fn run(opts: &SftOptions) -> Result<SftReport> {
     // the same seed; rank 0 leads each step (splitting the batch by tokens), the others follow.
     let env = crate::dist::DistEnv::from_env()?.filter(|e| e.world > 1);
     let device = env.as_ref().map_or(opts.device, |e| e.device(opts.device));
-    let kind = crate::default_kind(device);
+    let kind = opts.kind.unwrap_or_else(|| crate::default_kind(device));
     let total_steps = opts.epochs * kept.len().div_ceil(opts.batch);
     let key = RunKey {
         model: dir.display().to_string(),

@@ -490,6 +490,7 @@ fn sft_options(model: &Path, out: &Path) -> trainer::sft::SftOptions {
         max_len: 4096,
         train,
         device: Device::Cpu,
+        kind: None,
         seed: 3,
         nproc_per_node: 1,
         dist_timeout: std::time::Duration::from_secs(30),

@@ -402,6 +402,10 @@ fn lora_config(r: i64, alpha: Option<f64>) -> Option<LoraConfig> {
 pub fn parse_device(s: &str) -> anyhow::Result<tch::Device> {
     Ok(match s {
         "cpu" => tch::Device::Cpu,
+        "cuda" if !tch::Cuda::is_available() => bail!(
+            "--device = \"cuda\", but libtorch sees no CUDA device (no driver or GPU here, or a \
+             CPU-only libtorch); allowed here: cpu, auto"
+        ),
         "cuda" => tch::Device::Cuda(0),
         "auto" => crate::default_device(),
         other => bail!("--device = {other:?}; allowed: cpu, cuda, auto"),
@@ -413,6 +417,25 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+
+    #[test]
+    fn cuda_without_a_device_is_refused_naming_it() {
+        // Before, `trainer sft --device cuda` on a machine without a GPU panicked in the first
+        // tensor copy; now the command line is refused.
+        match parse_device("cuda") {
+            Ok(d) => assert!(tch::Cuda::is_available() && d == tch::Device::Cuda(0)),
+            Err(e) => {
+                assert!(!tch::Cuda::is_available());
+                assert!(e.to_string().contains("--device = \"cuda\""), "{e}");
+            }
+        }
+        assert!(
+            parse_device("tpu")
+                .unwrap_err()
+                .to_string()
+                .contains("cpu, cuda, auto")
+        );
+    }
 
     fn serve(args: &[&str]) -> anyhow::Result<ServeSettings> {
         serve_with_token(args, None)

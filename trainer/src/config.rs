@@ -522,6 +522,20 @@ mod tests {
         };
         let o = parse(&[]).unwrap();
         assert!(!o.cosine && o.warmup_steps == 0, "constant by default");
+        assert_eq!(o.kind, None, "the device's dtype unless asked");
+        assert_eq!(
+            parse(&["--dtype", "f32"]).unwrap().kind,
+            Some(tch::Kind::Float)
+        );
+        assert_eq!(
+            parse(&["--dtype", "bf16"]).unwrap().kind,
+            Some(tch::Kind::BFloat16)
+        );
+        let e = parse(&["--dtype", "fp8"]).unwrap_err().to_string();
+        assert!(
+            e.contains("--dtype = \"fp8\"") && e.contains("auto, f32, bf16"),
+            "{e}"
+        );
         assert_eq!(o.train.optim.weight_decay, 0.0, "no decay unless asked");
         let o = parse(&["--weight-decay", "0.1"]).unwrap();
         assert_eq!(o.train.optim.weight_decay, 0.1);

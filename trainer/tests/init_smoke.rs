@@ -497,3 +497,41 @@ fn the_unseen_lineage_eval_set_shares_no_entity_with_training_tasks() {
     assert!(err.contains("which a training file also covers"), "{err}");
     assert!(!w.join("bad.jsonl").exists());
 }
+
+#[test]
+fn split_digit_inputs_stop_before_training_and_resume_into_a_warm_start() {
+    // INIT_INPUTS_ONLY=1 leaves what `scripts/device-check.sh pack-warm` packs (the training
+    // stages then run elsewhere); INIT_SPLIT_DIGITS=1 writes every digit as its own token. The
+    // same command without INIT_INPUTS_ONLY then trains the stages here.
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path());
+    let dir = tmp.path().join("runs/digits");
+    let digits = ("INIT_SPLIT_DIGITS", "1");
+    let out = run_init_with(&dir, &config, &[digits, ("INIT_INPUTS_ONLY", "1")]);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "init-smoke.sh failed:\n{stderr}");
+    assert!(
+        stderr.contains("inputs ready (INIT_INPUTS_ONLY=1)"),
+        "{stderr}"
+    );
+    assert!(dir.join("model-init/generation_config.json").exists());
+    assert!(!dir.join("model-copy").exists() && !dir.join("model-sft").exists());
+    let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer/tokenizer.json")).unwrap();
+    let enc = tok.encode("protein-00743", false).unwrap();
+    let digit_tokens: Vec<&String> = enc
+        .get_tokens()
+        .iter()
+        .filter(|t| t.chars().any(|c| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(digit_tokens.len(), 5, "{:?}", enc.get_tokens());
+
+    let out = run_init_with(&dir, &config, &[digits, ("INIT_DTYPE", "f32")]);
+    assert!(
+        out.status.success(),
+        "init-smoke.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.join("model-sft/model.safetensors").exists());
+    let prov = std::fs::read_to_string(dir.join("provenance.txt")).unwrap();
+    assert!(prov.contains("--device cpu --dtype f32"), "{prov}");
+}

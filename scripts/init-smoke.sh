@@ -36,7 +36,7 @@
 #                stages (to train them elsewhere: scripts/device-check.sh pack-warm and warm)
 #   INIT_DEVICE, INIT_DTYPE  where the three `trainer sft` stages train (default cpu) and the
 #                parameter dtype (default auto: f32 on CPU, bf16 on CUDA); cuda with f32 trains on a
-#                GPU what the CPU would, in minutes (scripts/device-warm-start.sh)
+#                GPU what the CPU would, in minutes (scripts/device-check.sh pack-warm, then warm)
 #   INIT_COPY_ROWS  copy sequences trained on before the SFT, 16 a step (default 96,000: 6,000
 #                steps, about 28 minutes; content copying forms after a plateau, at step ~5,560
 #                in BENCHMARKS.md's issue 25 session 16 run, and 48,000 stopped on the plateau;

@@ -252,8 +252,8 @@ mod tests {
                 .iter()
                 .any(|p| p == "00743")
         );
-        // With it, both are five one-digit tokens, and the text
-        // round-trips (checked in `pieces`).
+        // With it, both are five one-digit tokens, and the text round-trips (checked in
+        // `pieces`).
         for id in ["00741", "00743"] {
             let p = pieces(&split, &format!("protein-{id}"));
             let digits: Vec<&String> = p

@@ -6,6 +6,8 @@
 #                                       # OUTDIR; CASES: a file of bench runs (default below)
 #   scripts/device-check.sh pack-warm DIR       # here: init-smoke.sh's training inputs from DIR
 #   scripts/device-check.sh warm OUTDIR INPUTS  # there: init-smoke.sh's warm start on the GPU
+#   scripts/device-check.sh pack-reflect DIR    # here: reflection-pass.sh's inputs from DIR
+#   scripts/device-check.sh reflect OUTDIR INPUTS  # there: three reflection passes on the GPU
 # `run` needs no Rust toolchain: the binaries load the GPU machine's own libtorch, CUDA runtime
 # and NCCL (LD_LIBRARY_PATH before the build's RUNPATH). It runs trainer/tests/nccl.rs and
 # trainer/tests/cuda.rs with RUBRICEM_REQUIRE_CUDA=1, then (DEVICE_CHECK_DP_ROUNDS=N, default 0:
@@ -70,6 +72,55 @@ warm() {
     TRAINER_BIN="$ROOT/.devbin/trainer" bash scripts/init-smoke.sh "$dir" || return 1
   cp "$dir/provenance.txt" "$out/"
   tar -C "$dir" -cf "$out/model-sft.tar" model-sft
+}
+
+# Here: what scripts/reflection-pass.sh trains from in DIR (a directory init-smoke.sh made: its
+# model-sft, and the pass's rows, which the script's data step writes first when DIR has none),
+# packed into .devwarm/reflect.tar.xz for `reflect` there. A model-sft that is a saved warm start
+# under warm-starts/ (init-smoke.sh's INIT_WARM_START) is named, not packed: the tracked tree
+# travels anyway, and the device call's 64 MiB holds the tree, the binaries and this pack.
+pack_reflect() {
+  local dir="${1:?DIR}" saved="" w
+  REFLECT_DATA_ONLY=1 bash scripts/reflection-pass.sh "$dir" || return 1
+  for w in warm-starts/*/; do
+    if cmp -s "$w/model.safetensors" "$dir/model-sft/model.safetensors"; then saved="${w%/}"; fi
+  done
+  mkdir -p .devwarm
+  local model=(model-sft)
+  if [[ -n "$saved" ]]; then
+    echo "$saved" >"$dir/model-sft-saved"
+    model=(model-sft-saved)
+    echo "pack-reflect: model-sft is $saved (named, not packed)" >&2
+  fi
+  (cd "$dir" && tar -cJf "$ROOT/.devwarm/reflect.tar.xz" index/meta.json "${model[@]}" \
+    sft-reflect-demos.jsonl sft-reflect-injected.jsonl sft-reflect.jsonl)
+  rm -f "$dir/model-sft-saved"
+  ls -la .devwarm
+}
+
+# There: three reflection passes on the GPU in f32 from the packed inputs, as
+# warm-starts/split-3-2-reflect's table lists them (row-order seeds 2, 3 and 4, each from the
+# last; here every pass takes the same rows: today's script always adds the injected ones).
+# OUT gets model-reflect3.tar and each pass's provenance.
+reflect() {
+  local out="${1:?OUTDIR}" pack="${2:?INPUTS.tar.xz}"
+  gpu_libs
+  local dir=/tmp/reflect from=model-sft to seed
+  mkdir -p "$dir" "$out"
+  tar -xJf "$pack" -C "$dir"
+  if [[ -f "$dir/model-sft-saved" ]]; then
+    mkdir -p "$dir/model-sft"
+    cp "$(cat "$dir/model-sft-saved")"/{*.json,model.safetensors} "$dir/model-sft/"
+  fi
+  for seed in 2 3 4; do
+    to="model-reflect$([[ $seed == 2 ]] || echo $((seed - 1)))"
+    REFLECT_FROM="$from" REFLECT_OUT="$to" REFLECT_SEED="$seed" REFLECT_DEVICE=cuda \
+      REFLECT_DTYPE=f32 ORCH_BIN=/bin/false TRAINER_BIN="$ROOT/.devbin/trainer" \
+      bash scripts/reflection-pass.sh "$dir" || return 1
+    cp "$dir/provenance-$to.txt" "$out/"
+    from="$to"
+  done
+  tar -C "$dir" -cf "$out/model-reflect3.tar" model-reflect3
 }
 
 run() {
@@ -146,5 +197,7 @@ case "${1:-}" in
   run) shift; run "$@" ;;
   pack-warm) shift; pack_warm "$@" ;;
   warm) shift; warm "$@" ;;
-  *) echo "usage: $0 build | run OUTDIR [CASES] | pack-warm DIR | warm OUTDIR INPUTS" >&2; exit 2 ;;
+  pack-reflect) shift; pack_reflect "$@" ;;
+  reflect) shift; reflect "$@" ;;
+  *) echo "usage: $0 build | run OUTDIR [CASES] | pack-warm DIR | warm OUTDIR INPUTS | pack-reflect DIR | reflect OUTDIR INPUTS" >&2; exit 2 ;;
 esac

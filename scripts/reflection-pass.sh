@@ -30,6 +30,10 @@
 #   REFLECT_EXPERIMENT  the preset whose reflection.top_k, reflection.max_item_chars and
 #                 embedder shape the injected blocks (default smoke; ablation-mini for the
 #                 warm start its runs start from: one item, as they inject it)
+#   REFLECT_DEVICE, REFLECT_DTYPE  where the pass trains and the parameter dtype (default cpu
+#                 and auto: f32 on CPU; cuda with f32 trains on a GPU what the CPU would:
+#                 scripts/device-check.sh pack-reflect here, then reflect there)
+#   REFLECT_DATA_ONLY  1: stop once DIR/sft-reflect.jsonl exists, before the SFT pass
 #   ORCH_BIN, TRAINER_BIN  the binaries (default: on PATH)
 # Writes DIR/sft-reflect-demos.jsonl (every reflection demonstration),
 # DIR/sft-reflect-injected.jsonl (every agent demonstration with a block), DIR/sft-reflect.jsonl
@@ -47,6 +51,8 @@ SEED="${REFLECT_SEED:-2}"
 EXPERIMENT="${REFLECT_EXPERIMENT:-smoke}"
 SKIP="${REFLECT_SKIP:-0}"
 INJECTED_SKIP="${REFLECT_INJECTED_SKIP:-$SKIP}"
+DEVICE="${REFLECT_DEVICE:-cpu}"
+DTYPE="${REFLECT_DTYPE:-auto}"
 say() { echo "reflection-pass: $*" >&2; }
 if [[ ! "$ROWS" =~ ^[0-9]+$ ]] || ((ROWS < 8)); then
   say "REFLECT_ROWS = $ROWS; expected a whole number of at least 8 (one batch)"
@@ -88,14 +94,18 @@ if [[ ! -f "$DIR/sft-reflect.jsonl" ]]; then
   mv "$DIR/sft-reflect.jsonl.part" "$DIR/sft-reflect.jsonl"
   rm -f "$DIR/sft-reflect-agent.jsonl"
 fi
+if [[ "${REFLECT_DATA_ONLY:-0}" == 1 ]]; then
+  say "rows ready (REFLECT_DATA_ONLY=1): $DIR/sft-reflect.jsonl"
+  exit 0
+fi
 if [[ ! -f "$DIR/$OUT/model.safetensors" ]]; then
   say "SFT pass on $(wc -l <"$DIR/sft-reflect.jsonl") rows from $DIR/$FROM"
   "$TRAINER" sft --data "$DIR/sft-reflect.jsonl" --model "$DIR/$FROM" \
     --out "$DIR/$OUT" --epochs 1 --batch 8 --lr "$LR" --schedule cosine \
-    --warmup-steps 10 --seed "$SEED" --save-every 64 --device cpu
+    --warmup-steps 10 --seed "$SEED" --save-every 64 --device "$DEVICE" --dtype "$DTYPE"
 fi
 {
-  echo "# reflection-pass provenance, $(date -u +%FT%TZ), REFLECT_ROWS=$ROWS REFLECT_LR=$LR REFLECT_SEED=$SEED REFLECT_SKIP=$SKIP REFLECT_INJECTED_SKIP=$INJECTED_SKIP REFLECT_EXPERIMENT=$EXPERIMENT"
+  echo "# reflection-pass provenance, $(date -u +%FT%TZ), REFLECT_ROWS=$ROWS REFLECT_LR=$LR REFLECT_SEED=$SEED REFLECT_SKIP=$SKIP REFLECT_INJECTED_SKIP=$INJECTED_SKIP REFLECT_EXPERIMENT=$EXPERIMENT REFLECT_DEVICE=$DEVICE REFLECT_DTYPE=$DTYPE"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
   echo "git: $(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   (cd "$DIR" && sha256sum "$FROM/model.safetensors" sft-reflect-demos.jsonl \

@@ -535,3 +535,63 @@ fn split_digit_inputs_stop_before_training_and_resume_into_a_warm_start() {
     let prov = std::fs::read_to_string(dir.join("provenance.txt")).unwrap();
     assert!(prov.contains("--device cpu --dtype f32"), "{prov}");
 }
+
+#[test]
+fn a_reflection_pass_writes_its_rows_alone_then_trains_in_the_dtype_asked() {
+    // REFLECT_DATA_ONLY=1 leaves what `scripts/device-check.sh pack-reflect` packs (the pass then
+    // trains elsewhere, REFLECT_DEVICE=cuda REFLECT_DTYPE=f32); the same command without it
+    // trains the pass here and records the device and dtype in its provenance.
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tiny_config(tmp.path());
+    let dir = tmp.path().join("runs/reflect");
+    // Twelve training tasks: a demonstration each, so 8 rows (one batch) of every kind exist.
+    let out = run_init_with(&dir, &config, &[("INIT_TASKS", "12")]);
+    assert!(
+        out.status.success(),
+        "init-smoke.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pass = |env: &[(&str, &str)]| {
+        Command::new("bash")
+            .arg(workspace().join("scripts/reflection-pass.sh"))
+            .arg(&dir)
+            .current_dir(tmp.path())
+            .env("ORCH_BIN", orchestrator_bin())
+            .env("TRAINER_BIN", env!("CARGO_BIN_EXE_trainer"))
+            .env("REFLECT_ROWS", "8")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let out = pass(&[("REFLECT_DATA_ONLY", "1")]);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "reflection-pass.sh failed:\n{stderr}");
+    assert!(
+        stderr.contains("rows ready (REFLECT_DATA_ONLY=1)"),
+        "{stderr}"
+    );
+    // A reflection row, an injected agent row, a plain agent row, eight times.
+    assert_eq!(jsonl(&dir.join("sft-reflect.jsonl")).len(), 24);
+    assert!(!dir.join("model-reflect").exists());
+
+    let out = pass(&[("REFLECT_DTYPE", "f32")]);
+    assert!(
+        out.status.success(),
+        "reflection-pass.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = load_model(&dir.join("model-sft"));
+    let after = load_model(&dir.join("model-reflect"));
+    assert_eq!(before.len(), after.len());
+    assert!(
+        before
+            .iter()
+            .any(|(k, v)| !v.allclose(&after[k], 0.0, 0.0, false)),
+        "the pass changed no weight"
+    );
+    let prov = std::fs::read_to_string(dir.join("provenance-model-reflect.txt")).unwrap();
+    assert!(
+        prov.contains("REFLECT_DEVICE=cpu REFLECT_DTYPE=f32"),
+        "{prov}"
+    );
+}

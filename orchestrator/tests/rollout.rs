@@ -677,3 +677,41 @@ async fn persisted_and_tool_cache_hits_on_rerun(pool: sqlx::PgPool) {
     .unwrap();
     assert!(known);
 }
+
+#[tokio::test]
+async fn sampling_seeds_follow_the_task_prompt_not_its_database_id() {
+    // A task's database id is a fresh v7 uuid in every database; the seed must not move with it,
+    // or the same experiment samples other answers at T > 0 in each new database.
+    let mut s = setup(None, 3, 400).await;
+    s.ctx.seed = Some(17);
+    s.server.record_bodies();
+    let other = RolloutTask {
+        user: "Which protein?".into(),
+        ..task(Uuid::now_v7())
+    };
+    let run = Uuid::now_v7();
+    for t in [task(Uuid::now_v7()), task(Uuid::now_v7()), other] {
+        s.server.push_scripted(Scripted::reply(T3, "stop")).await;
+        s.ctx.run(&t, slot(run)).await.unwrap();
+    }
+    let seeds: Vec<u64> = s
+        .server
+        .state
+        .last_bodies
+        .lock()
+        .await
+        .iter()
+        .map(|b| b["seed"].as_u64().expect("a seeded request"))
+        .collect();
+    // Each trajectory makes the same number of requests (a seed per turn).
+    assert!(
+        !seeds.is_empty() && seeds.len().is_multiple_of(3),
+        "{seeds:?}"
+    );
+    let per: Vec<&[u64]> = seeds.chunks(seeds.len() / 3).collect();
+    assert_eq!(per[0], per[1], "same prompt, other ids: {seeds:?}");
+    assert!(
+        per[2].iter().all(|x| !per[0].contains(x)),
+        "other prompt: {seeds:?}"
+    );
+}

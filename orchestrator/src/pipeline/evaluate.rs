@@ -22,8 +22,9 @@ use crate::pipeline::rollout::{Rollout, RolloutCtx, RolloutError, RolloutSlot, R
 
 pub use crate::domain::config::HELD_OUT;
 
-/// The rollout-slot step of every evaluation rollout: sampling seeds depend on (task, sample)
-/// only, so each version and each recipe draws the same seeds (paired comparisons).
+/// The rollout-slot step of every evaluation rollout: sampling seeds depend on (task prompt,
+/// sample) only, so each version and each recipe draws the same seeds (paired comparisons), in
+/// any database.
 const EVAL_SEED_STEP: i32 = 0x4556;
 
 /// One task of an evaluation subset.

@@ -85,14 +85,18 @@ impl Reflector {
         db::bank::start_job(&self.pool, self.run_id, step).await?;
         // Choose first, then read only the chosen trajectory of each task (1 of n).
         let members = db::trajectories::members_of_step(&self.pool, self.run_id, step).await?;
-        let chosen: Vec<Uuid> = members
-            .iter()
-            .map(|(task, ids)| ids[pick(ids.len(), self.seed, step, *task)])
-            .collect();
-        let mut trajs = db::trajectories::get_many(&self.pool, &chosen).await?;
         let ids: Vec<Uuid> = members.iter().map(|(task, _)| *task).collect();
-        trajs.sort_by_key(|t| t.task_id); // task order, as `members` (ids are distinct per task)
         let tasks = db::tasks::get_many(&self.pool, &ids).await?;
+        let mut chosen: Vec<Uuid> = Vec::with_capacity(members.len());
+        for (task, ids) in &members {
+            let prompt = &tasks
+                .get(task)
+                .ok_or(ReflectionError::MissingTask(*task))?
+                .prompt;
+            chosen.push(ids[pick(ids.len(), self.seed, step, task_key(prompt))]);
+        }
+        let mut trajs = db::trajectories::get_many(&self.pool, &chosen).await?;
+        trajs.sort_by_key(|t| t.task_id); // task order, as `members` (ids are distinct per task)
         let mut futs = Vec::with_capacity(trajs.len());
         for t in &trajs {
             let task = tasks
@@ -169,7 +173,7 @@ impl Reflector {
         req.top_p = s.top_p;
         req.seed = Some(mix_seed(
             mix_seed(self.seed ^ 0x2ef1_ec75, step as u64),
-            task_key(t.task_id),
+            task_key(question),
         ));
         req.stop = vec![STOP.to_string()];
         let session = format!("reflection-{}", t.id);

@@ -13,21 +13,19 @@ pub mod demo;
 pub mod parse;
 pub mod utility;
 
-use uuid::Uuid;
-
 pub use parse::{Blocks, STOP, parse};
 pub use utility::{Utility, best_valid, group_advantages, utility};
 
 use crate::domain::trajectory::Trajectory;
-use crate::domain::util::{mix_seed, task_key};
+use crate::domain::util::mix_seed;
 
 /// Which of a task's trajectories is reflected on: uniform, from the run seed, step and task
-/// (no score or length selection, method.md A.6.1).
-pub fn pick(n: usize, seed: u64, step: i32, task: Uuid) -> usize {
+/// (its `task_key`; no score or length selection, method.md A.6.1).
+pub fn pick(n: usize, seed: u64, step: i32, task: u64) -> usize {
     if n == 0 {
         return 0;
     }
-    (mix_seed(mix_seed(seed ^ 0x5eed_2ef1, step as u64), task_key(task)) % n as u64) as usize
+    (mix_seed(mix_seed(seed ^ 0x5eed_2ef1, step as u64), task) % n as u64) as usize
 }
 
 /// The raw trajectory the reflection reads: every segment's text in order (model text and tool
@@ -173,7 +171,7 @@ mod tests {
 
     #[test]
     fn pick_is_deterministic_and_covers_the_group() {
-        let task = Uuid::from_u128(42);
+        let task = crate::domain::util::task_key("Which compound?");
         assert_eq!(pick(8, 1, 3, task), pick(8, 1, 3, task));
         let seen: std::collections::BTreeSet<usize> =
             (0..200).map(|s| pick(4, 7, s, task)).collect();

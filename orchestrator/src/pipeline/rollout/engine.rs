@@ -168,7 +168,9 @@ pub struct RolloutCtx {
     /// Budgets and sampling, as the experiment's `[rollout]` table (evaluation may override
     /// the temperature).
     pub cfg: RolloutConfig,
-    /// Sampling seed material (the experiment seed); `None`: unseeded sampling.
+    /// Sampling seed material (the experiment seed); `None`: unseeded sampling. A trajectory's
+    /// seed mixes it with the task's prompt (`task_key`, not the database id) and the slot's step
+    /// and sample, so the same experiment draws the same samples in any database.
     pub seed: Option<u64>,
     /// The scaffold the policy was prompted with (`data.scaffold`): the finished trajectory is
     /// parsed by its rules (a DR Tulu trajectory needs no plan).
@@ -253,7 +255,7 @@ impl RolloutCtx {
         let id = Uuid::now_v7();
         let session = id.to_string();
         let traj_seed = self.seed.map(|s| {
-            let task = task_key(task.task_id);
+            let task = task_key(&task.user);
             let slot_key = ((slot.step as u64) << 32) | slot.sample_index as u32 as u64;
             mix_seed(mix_seed(s, task), slot_key)
         });

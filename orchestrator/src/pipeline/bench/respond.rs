@@ -197,7 +197,9 @@ pub fn stored_sources(trajectory: Option<&serde_json::Value>) -> Vec<Source> {
         .unwrap_or_default()
 }
 
-/// A stable task id for an item (rollouts key their seeds and sessions on it).
+/// A stable task id for an item (its rollouts carry it, the same when the run resumes).
+/// Sampling seeds key on the item's prompt (`domain::util::task_key`), not on this id, so two
+/// runs with one seed sample the same answers.
 fn item_uuid(run_id: uuid::Uuid, item_id: &str) -> uuid::Uuid {
     let digest = crate::domain::util::sha256(format!("{run_id}/{item_id}").as_bytes());
     let mut bytes = [0u8; 16];

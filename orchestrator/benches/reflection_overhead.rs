@@ -97,7 +97,8 @@ fn main() {
         let exp = db::runs::create_experiment(&pool, "bench", "smoke", &serde_json::json!({})).await.unwrap();
         let run = db::runs::create_run(&pool, exp, "bench", "full", &serde_json::json!({}), 0).await.unwrap();
         let tasks: Vec<RolloutTask> = new.iter().zip(&ids).map(|(t, id)| RolloutTask {
-            task_id: *id, system: "You are a research agent.".repeat(20), user: t.prompt.clone(),
+            task_id: *id, key: orchestrator::domain::util::task_key(&t.source, &t.external_id),
+            system: "You are a research agent.".repeat(20), user: t.prompt.clone(),
         }).collect();
         let slot = |step| RolloutSlot { run_id: run, step, sample_index: 0, policy_version: 0 };
         let inflight = n_tasks * n as usize;

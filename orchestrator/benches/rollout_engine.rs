@@ -97,6 +97,7 @@ fn main() {
                 let tasks: Vec<RolloutTask> = (0..concurrent)
                     .map(|i| RolloutTask {
                         task_id: Uuid::now_v7(),
+                        key: i as u64,
                         system: "You are a research agent.".repeat(20),
                         user: format!("Question {i} about an enzyme?"),
                     })

@@ -165,6 +165,7 @@ async fn the_rollout_engine_parses_by_the_configured_scaffold() {
     };
     let task = RolloutTask {
         task_id: Uuid::now_v7(),
+        key: 1,
         system: "SYS".into(),
         user: "How do deep networks help diarization?".into(),
     };

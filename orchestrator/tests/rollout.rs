@@ -111,6 +111,7 @@ impl Setup {
 fn task(task_id: Uuid) -> RolloutTask {
     RolloutTask {
         task_id,
+        key: orchestrator::domain::util::task_key("world", "w17-h00000"),
         system: "SYS".into(),
         user: "Which compound?".into(),
     }
@@ -679,18 +680,20 @@ async fn persisted_and_tool_cache_hits_on_rerun(pool: sqlx::PgPool) {
 }
 
 #[tokio::test]
-async fn sampling_seeds_follow_the_task_prompt_not_its_database_id() {
+async fn sampling_seeds_follow_the_task_file_identity_not_its_database_id_or_prompt() {
     // A task's database id is a fresh v7 uuid in every database; the seed must not move with it,
-    // or the same experiment samples other answers at T > 0 in each new database.
+    // or the same experiment samples other answers at T > 0 in each new database. Nor may two
+    // tasks that ask the same question share seeds, or they draw identical samples (the world's
+    // held-out set asks one question as three tasks).
     let mut s = setup(None, 3, 400).await;
     s.ctx.seed = Some(17);
     s.server.record_bodies();
-    let other = RolloutTask {
-        user: "Which protein?".into(),
+    let same_question = RolloutTask {
+        key: orchestrator::domain::util::task_key("world", "w17-h00006"),
         ..task(Uuid::now_v7())
     };
     let run = Uuid::now_v7();
-    for t in [task(Uuid::now_v7()), task(Uuid::now_v7()), other] {
+    for t in [task(Uuid::now_v7()), task(Uuid::now_v7()), same_question] {
         s.server.push_scripted(Scripted::reply(T3, "stop")).await;
         s.ctx.run(&t, slot(run)).await.unwrap();
     }
@@ -709,9 +712,9 @@ async fn sampling_seeds_follow_the_task_prompt_not_its_database_id() {
         "{seeds:?}"
     );
     let per: Vec<&[u64]> = seeds.chunks(seeds.len() / 3).collect();
-    assert_eq!(per[0], per[1], "same prompt, other ids: {seeds:?}");
+    assert_eq!(per[0], per[1], "same task, other database ids: {seeds:?}");
     assert!(
         per[2].iter().all(|x| !per[0].contains(x)),
-        "other prompt: {seeds:?}"
+        "same question, another task: {seeds:?}"
     );
 }

@@ -65,12 +65,16 @@ pub fn mix_seed(a: u64, b: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A task as seed material: the first 8 bytes of the SHA-256 of its prompt. Not its database
-/// id, which is a fresh v7 uuid in every database: seeds drawn from the id gave the same task
-/// other samples at T = 0.7 in every new database, so the same seed's evaluation moved by up to
-/// ±0.13 between sessions while greedy ones were identical (BENCHMARKS.md, issue 25 session 68).
-pub fn task_key(prompt: &str) -> u64 {
-    let d = sha256(prompt.as_bytes());
+/// A task as seed material: the first 8 bytes of the SHA-256 of its identity in the task file,
+/// `source` and `external_id` (the `tasks` table's unique key). Not its database id, which is a
+/// fresh v7 uuid in every database: seeds drawn from the id gave the same task other samples at
+/// T = 0.7 in every new database (BENCHMARKS.md, issue 25 session 68). Not its prompt either:
+/// a world may ask one question as several tasks (the research world's 16 held-out tasks hold
+/// 11 distinct questions), and keyed on the prompt those tasks drew identical samples, one draw
+/// counted several times (session 69).
+pub fn task_key(source: &str, external_id: &str) -> u64 {
+    // NUL cannot occur in a Postgres text value, so two distinct pairs hash distinct strings.
+    let d = sha256(format!("{source}\0{external_id}").as_bytes());
     u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
 }
 

@@ -89,11 +89,9 @@ impl Reflector {
         let tasks = db::tasks::get_many(&self.pool, &ids).await?;
         let mut chosen: Vec<Uuid> = Vec::with_capacity(members.len());
         for (task, ids) in &members {
-            let prompt = &tasks
-                .get(task)
-                .ok_or(ReflectionError::MissingTask(*task))?
-                .prompt;
-            chosen.push(ids[pick(ids.len(), self.seed, step, task_key(prompt))]);
+            let row = tasks.get(task).ok_or(ReflectionError::MissingTask(*task))?;
+            let key = task_key(&row.source, &row.external_id);
+            chosen.push(ids[pick(ids.len(), self.seed, step, key)]);
         }
         let mut trajs = db::trajectories::get_many(&self.pool, &chosen).await?;
         trajs.sort_by_key(|t| t.task_id); // task order, as `members` (ids are distinct per task)
@@ -102,7 +100,8 @@ impl Reflector {
             let task = tasks
                 .get(&t.task_id)
                 .ok_or(ReflectionError::MissingTask(t.task_id))?;
-            futs.push(self.reflect_one(step, policy_version, &task.prompt, t));
+            let key = task_key(&task.source, &task.external_id);
+            futs.push(self.reflect_one(step, policy_version, &task.prompt, key, t));
         }
         let mut outcomes = Vec::with_capacity(futs.len());
         for r in join_all(futs).await {
@@ -159,6 +158,7 @@ impl Reflector {
         step: i32,
         policy_version: i32,
         question: &str,
+        key: u64,
         t: &Trajectory,
     ) -> Result<TaskOutcome, ReflectionError> {
         let s = &self.settings;
@@ -173,7 +173,7 @@ impl Reflector {
         req.top_p = s.top_p;
         req.seed = Some(mix_seed(
             mix_seed(self.seed ^ 0x2ef1_ec75, step as u64),
-            task_key(question),
+            key,
         ));
         req.stop = vec![STOP.to_string()];
         let session = format!("reflection-{}", t.id);

@@ -100,6 +100,9 @@ pub async fn upsert(pool: &PgPool, tasks: &[NewTask]) -> Result<Vec<Uuid>, DbErr
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskRow {
     pub id: Uuid,
+    /// The task file's identity of the task (`domain::util::task_key` seeds from it).
+    pub source: String,
+    pub external_id: String,
     pub prompt: String,
     pub answer_format: String,
     pub persistent_rubrics: serde_json::Value,
@@ -110,25 +113,31 @@ pub async fn get_many(
     pool: &PgPool,
     ids: &[Uuid],
 ) -> Result<std::collections::HashMap<Uuid, TaskRow>, DbError> {
-    let rows: Vec<(Uuid, String, String, serde_json::Value)> = sqlx::query_as(
-        "SELECT id, prompt, answer_format, persistent_rubrics FROM tasks WHERE id = ANY($1)",
+    type Row = (Uuid, String, String, String, String, serde_json::Value);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT id, source, external_id, prompt, answer_format, persistent_rubrics
+         FROM tasks WHERE id = ANY($1)",
     )
     .bind(ids)
     .fetch_all(pool)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, prompt, answer_format, persistent_rubrics)| {
-            (
-                id,
-                TaskRow {
+        .map(
+            |(id, source, external_id, prompt, answer_format, persistent_rubrics)| {
+                (
                     id,
-                    prompt,
-                    answer_format,
-                    persistent_rubrics,
-                },
-            )
-        })
+                    TaskRow {
+                        id,
+                        source,
+                        external_id,
+                        prompt,
+                        answer_format,
+                        persistent_rubrics,
+                    },
+                )
+            },
+        )
         .collect())
 }
 

@@ -117,6 +117,7 @@ impl Responder {
             } => {
                 let task = RolloutTask {
                     task_id: item_uuid(run_id, &item.id),
+                    key: crate::domain::util::task_key(bench.as_str(), &item.id),
                     system: system.clone(),
                     user: crate::infra::prompts::user_message(&agent_question(item), format(bench)),
                 };
@@ -198,8 +199,8 @@ pub fn stored_sources(trajectory: Option<&serde_json::Value>) -> Vec<Source> {
 }
 
 /// A stable task id for an item (its rollouts carry it, the same when the run resumes).
-/// Sampling seeds key on the item's prompt (`domain::util::task_key`), not on this id, so two
-/// runs with one seed sample the same answers.
+/// Sampling seeds key on the benchmark and the item's id (`domain::util::task_key`), not on
+/// this id, so two runs with one seed sample the same answers.
 fn item_uuid(run_id: uuid::Uuid, item_id: &str) -> uuid::Uuid {
     let digest = crate::domain::util::sha256(format!("{run_id}/{item_id}").as_bytes());
     let mut bytes = [0u8; 16];

@@ -43,6 +43,9 @@ pub enum RolloutError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RolloutTask {
     pub task_id: Uuid,
+    /// Sampling seed material: `task_key(source, external_id)`, the same in every database and
+    /// distinct for two tasks that ask the same question.
+    pub key: u64,
     pub system: String,
     pub user: String,
 }
@@ -58,6 +61,7 @@ impl RolloutTask {
             .zip(ids)
             .map(|(t, id)| RolloutTask {
                 task_id: *id,
+                key: task_key(&t.source, &t.external_id),
                 system: system.to_string(),
                 user: crate::infra::prompts::user_message(&t.query, t.format),
             })
@@ -169,8 +173,9 @@ pub struct RolloutCtx {
     /// the temperature).
     pub cfg: RolloutConfig,
     /// Sampling seed material (the experiment seed); `None`: unseeded sampling. A trajectory's
-    /// seed mixes it with the task's prompt (`task_key`, not the database id) and the slot's step
-    /// and sample, so the same experiment draws the same samples in any database.
+    /// seed mixes it with the task's key (`RolloutTask::key`: its source and external id, not
+    /// the database id) and the slot's step and sample, so the same experiment draws the same
+    /// samples in any database.
     pub seed: Option<u64>,
     /// The scaffold the policy was prompted with (`data.scaffold`): the finished trajectory is
     /// parsed by its rules (a DR Tulu trajectory needs no plan).
@@ -255,9 +260,8 @@ impl RolloutCtx {
         let id = Uuid::now_v7();
         let session = id.to_string();
         let traj_seed = self.seed.map(|s| {
-            let task = task_key(&task.user);
             let slot_key = ((slot.step as u64) << 32) | slot.sample_index as u32 as u64;
-            mix_seed(mix_seed(s, task), slot_key)
+            mix_seed(mix_seed(s, task.key), slot_key)
         });
         let prompt_text = self.codec.render_prompt(&task.system, &task.user)?;
         let prompt_ids = self.codec.encode(&prompt_text)?;

@@ -21,7 +21,7 @@ pub use crate::domain::reflection::{
     trajectory_text, utility,
 };
 use crate::domain::trajectory::Trajectory;
-use crate::domain::util::{mix_seed, task_key};
+use crate::domain::util::mix_seed;
 use crate::infra::db::bank::ReflectionRow;
 use crate::infra::db::{self, DbError};
 use crate::infra::llm::{CompletionRequest, LlmClient, LlmError};
@@ -89,8 +89,10 @@ impl Reflector {
         let tasks = db::tasks::get_many(&self.pool, &ids).await?;
         let mut chosen: Vec<Uuid> = Vec::with_capacity(members.len());
         for (task, ids) in &members {
-            let row = tasks.get(task).ok_or(ReflectionError::MissingTask(*task))?;
-            let key = task_key(&row.source, &row.external_id);
+            let key = tasks
+                .get(task)
+                .ok_or(ReflectionError::MissingTask(*task))?
+                .seed_key();
             chosen.push(ids[pick(ids.len(), self.seed, step, key)]);
         }
         let mut trajs = db::trajectories::get_many(&self.pool, &chosen).await?;
@@ -100,8 +102,7 @@ impl Reflector {
             let task = tasks
                 .get(&t.task_id)
                 .ok_or(ReflectionError::MissingTask(t.task_id))?;
-            let key = task_key(&task.source, &task.external_id);
-            futs.push(self.reflect_one(step, policy_version, &task.prompt, key, t));
+            futs.push(self.reflect_one(step, policy_version, &task.prompt, task.seed_key(), t));
         }
         let mut outcomes = Vec::with_capacity(futs.len());
         for r in join_all(futs).await {

@@ -108,6 +108,13 @@ pub struct TaskRow {
     pub persistent_rubrics: serde_json::Value,
 }
 
+impl TaskRow {
+    /// The task's sampling seed material (`domain::util::task_key` of its source and external id).
+    pub fn seed_key(&self) -> u64 {
+        crate::domain::util::task_key(&self.source, &self.external_id)
+    }
+}
+
 /// Load tasks by id (missing ids are absent from the map).
 pub async fn get_many(
     pool: &PgPool,

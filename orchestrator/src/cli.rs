@@ -112,6 +112,11 @@ pub enum Command {
         /// Output directory.
         #[arg(long, env = "ORCH_REPORT_OUT", default_value = "reports")]
         out: PathBuf,
+        /// Also pick each completed run's version by this evaluation subset (a validation set,
+        /// e.g. `unseen-t07`): the version after the first with the highest score there, and
+        /// every other subset's change at it.
+        #[arg(long, value_name = "SUBSET")]
+        select_by: Option<String>,
         /// Postgres URL.
         #[arg(long, env = "DATABASE_URL", default_value = crate::domain::config::DEFAULT_DATABASE_URL)]
         database_url: String,

@@ -951,7 +951,7 @@ async fn report_sets_training_reward_beside_gold_score_and_flags_divergence(pool
         }
     }
     let out = tempfile::tempdir().unwrap();
-    let path = orchestrator::pipeline::report::write(&pool, run, out.path())
+    let path = orchestrator::pipeline::report::write(&pool, run, out.path(), &Default::default())
         .await
         .unwrap();
     let md = std::fs::read_to_string(&path).unwrap();

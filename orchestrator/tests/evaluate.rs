@@ -294,7 +294,7 @@ async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool
     .await
     .unwrap();
     let out = tempfile::tempdir().unwrap();
-    let path = orchestrator::pipeline::report::write(&pool, exp, out.path())
+    let path = orchestrator::pipeline::report::write(&pool, exp, out.path(), &Default::default())
         .await
         .unwrap();
     let md = std::fs::read_to_string(&path).unwrap();
@@ -336,9 +336,10 @@ async fn the_report_shows_recipes_side_by_side_on_each_subset(pool: sqlx::PgPool
         "legend names both runs"
     );
     // A run of one recipe alone: its own evaluation only.
-    let one = orchestrator::pipeline::report::write(&pool, runs[0], out.path())
-        .await
-        .unwrap();
+    let one =
+        orchestrator::pipeline::report::write(&pool, runs[0], out.path(), &Default::default())
+            .await
+            .unwrap();
     let md = std::fs::read_to_string(one).unwrap();
     assert!(
         md.contains("| baseline-rl |") && !md.contains("| full | full |"),

@@ -57,8 +57,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Report {
             target,
             out: dir,
+            select_by,
             database_url,
-        } => report::report(target, &dir, &database_url).await,
+        } => report::report(target, &dir, select_by, &database_url).await,
         Command::Track(args) => track::track(&args).await,
     }
 }

@@ -10,10 +10,12 @@ use crate::infra::db;
 pub(super) async fn report(
     target: uuid::Uuid,
     dir: &Path,
+    select_by: Option<String>,
     database_url: &str,
 ) -> anyhow::Result<ExitCode> {
     let pool = db::open(database_url, 4).await?;
-    let path = crate::pipeline::report::write(&pool, target, dir).await?;
+    let options = crate::pipeline::report::ReportOptions { select_by };
+    let path = crate::pipeline::report::write(&pool, target, dir, &options).await?;
     out(format!("report written to {}", path.display()));
     Ok(ExitCode::SUCCESS)
 }

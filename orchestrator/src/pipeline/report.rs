@@ -23,6 +23,10 @@ pub enum ReportError {
     Db(#[from] DbError),
     #[error("{0} is neither a run nor an experiment")]
     NotFound(Uuid),
+    #[error(
+        "--select-by {subset}: no completed run was evaluated on it; evaluated subsets: {known}"
+    )]
+    UnknownSubset { subset: String, known: String },
     #[error("writing {path}: {message}")]
     Write { path: PathBuf, message: String },
     #[error("plotting {what}: {message}")]
@@ -723,8 +727,97 @@ pub fn by_recipe(runs: &[SeedRun]) -> String {
     md
 }
 
+/// The version a validation subset picks for one run: of the versions `r` evaluated on `by`
+/// after its first, the one with the highest score there; a tie goes to the later version, so
+/// a flat validation curve keeps the last. None when `by` has no score after the first version.
+/// Checkpoint selection on a validation set (issue 25, session 70): the test subsets are never
+/// looked at.
+pub fn picked_version(r: &SeedRun, by: &str) -> Option<i32> {
+    points_of(r, by)
+        .iter()
+        .skip(1)
+        .filter_map(|p| Some((p.0, p.1?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
+        .map(|(v, _)| v)
+}
+
+/// Per recipe, each seed's version picked by the subset `by` ([`picked_version`]) and, on every
+/// other subset, the score change from the seed's first evaluated version to the picked one,
+/// with its mean ± sample sd over seeds (markdown; empty when no run has a pick). `by`'s own
+/// change is left out: the pick maximises it, so it is biased upward. The evaluations of a
+/// subset reuse its tasks and sampling seeds at every version, so the change of the means is
+/// the mean of the paired changes.
+pub fn picked_by(runs: &[SeedRun], by: &str) -> String {
+    let picks: Vec<(&SeedRun, i32)> = runs
+        .iter()
+        .filter_map(|r| Some((r, picked_version(r, by)?)))
+        .collect();
+    if picks.is_empty() {
+        return String::new();
+    }
+    let others: Vec<&str> = subsets(runs).into_iter().filter(|s| *s != by).collect();
+    let mut md = format!(
+        "\n## Versions picked by `{by}` (completed runs)\n\n\
+         Each seed's picked version is the one after its first with the highest `{by}` score \
+         (a tie goes to the later version); each other subset's change is its score at the \
+         picked version minus its score at the first, per seed, then mean ± sample sd over \
+         seeds. `{by}`'s own change is not shown: the pick maximises it.\n\n| recipe | seed: picked version |"
+    );
+    for s in &others {
+        let _ = write!(md, " `{s}` change at the pick |");
+    }
+    md.push_str("\n|---|---|");
+    md.push_str(&"---|".repeat(others.len()));
+    md.push('\n');
+    let mut recipes: Vec<&str> = Vec::new();
+    for (r, _) in &picks {
+        if !recipes.contains(&r.recipe.as_str()) {
+            recipes.push(&r.recipe);
+        }
+    }
+    for name in recipes {
+        let g: Vec<&(&SeedRun, i32)> = picks.iter().filter(|(r, _)| r.recipe == name).collect();
+        let chosen: Vec<String> = g.iter().map(|(r, v)| format!("{}: v{v}", r.seed)).collect();
+        let _ = write!(md, "| {name} | {} |", chosen.join(", "));
+        for s in &others {
+            let changes: Vec<(i64, f64)> = g
+                .iter()
+                .filter_map(|(r, v)| {
+                    let first = points_of(r, s).first()?;
+                    let at = value_at(r, s, *v, |p| p.1)?;
+                    Some((r.seed, at - first.1?))
+                })
+                .collect();
+            let values: Vec<f64> = changes.iter().map(|c| c.1).collect();
+            let per_seed: Vec<String> = changes
+                .iter()
+                .map(|(seed, c)| format!("{seed}: {c:+.4}"))
+                .collect();
+            if values.is_empty() {
+                md.push_str(" — |");
+            } else {
+                let _ = write!(md, " {} ({}) |", pm(&values, 4), per_seed.join("; "));
+            }
+        }
+        md.push('\n');
+    }
+    md
+}
+
+/// What `orchestrator report` adds beyond the default sections.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReportOptions {
+    /// A subset to pick each run's version by ([`picked_by`]): a validation set, not a test.
+    pub select_by: Option<String>,
+}
+
 /// Write the report for a run or an experiment into `out/<id>/report.md`.
-pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, ReportError> {
+pub async fn write(
+    pool: &PgPool,
+    target: Uuid,
+    out: &Path,
+    options: &ReportOptions,
+) -> Result<PathBuf, ReportError> {
     let runs = match db::runs::get_run(pool, target).await? {
         Some(r) => vec![r],
         None => db::runs::list_for_experiment(pool, target).await?,
@@ -840,6 +933,16 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
         .map(SeedRun::of)
         .collect();
     md.push_str(&by_recipe(&seeded));
+    if let Some(by) = &options.select_by {
+        let known = subsets(&seeded);
+        if !known.contains(&by.as_str()) {
+            return Err(ReportError::UnknownSubset {
+                subset: by.clone(),
+                known: known.join(", "),
+            });
+        }
+        md.push_str(&picked_by(&seeded, by));
+    }
     evaluation_section(&mut md, &dir, &data)?;
     gold_section(pool, &mut md, &dir, &data).await?;
     let _ = writeln!(
@@ -947,7 +1050,7 @@ pub async fn write(pool: &PgPool, target: Uuid, out: &Path) -> Result<PathBuf, R
 
 #[cfg(test)]
 mod tests {
-    use super::{Paired, SeedRun, by_recipe, fixed4, head_tail};
+    use super::{Paired, SeedRun, by_recipe, fixed4, head_tail, picked_by, picked_version};
 
     #[test]
     fn a_run_with_no_steps_shows_dashes_not_nan() {
@@ -1108,5 +1211,50 @@ mod tests {
         // The explanation table once, after every set.
         assert_eq!(md.matches("### What explains it").count(), 1, "{md}");
         assert!(md.find("### What explains it").unwrap() > unseen, "{md}");
+    }
+
+    #[test]
+    fn a_validation_subset_picks_each_seeds_version_and_the_others_change_is_read_there() {
+        // Seed 25's shape (session 58): the validation score peaks at v24 and falls by v48.
+        let with_val = |seed: i64, held: &[(i32, f64, f64)], val: &[(i32, f64)]| {
+            let mut r = run("baseline-rl", seed, held, 0.0);
+            r.evals.insert(
+                "unseen-t07".into(),
+                val.iter().map(|&(v, s)| (v, Some(s), None)).collect(),
+            );
+            r
+        };
+        let runs = [
+            with_val(
+                25,
+                &[(0, 0.17, 0.0), (24, 0.32, 0.0), (48, 0.19, 0.0)],
+                &[(0, 0.45), (24, 0.64), (48, 0.39)],
+            ),
+            // A tie goes to the later version; v0's higher score is never a candidate.
+            with_val(
+                26,
+                &[(0, 0.20, 0.0), (24, 0.30, 0.0), (48, 0.40, 0.0)],
+                &[(0, 0.90), (24, 0.60), (48, 0.60)],
+            ),
+        ];
+        assert_eq!(picked_version(&runs[0], "unseen-t07"), Some(24));
+        assert_eq!(picked_version(&runs[1], "unseen-t07"), Some(48));
+        // No evaluation after the first: no pick.
+        assert_eq!(
+            picked_version(&run("full", 1, &[(0, 0.1, 0.0)], 0.0), "held-out"),
+            None
+        );
+        assert_eq!(picked_version(&runs[0], "no-such-subset"), None);
+        let md = picked_by(&runs, "unseen-t07");
+        // held-out at the pick: 0.32 - 0.17 and 0.40 - 0.20; mean 0.175, sd 0.0354.
+        assert!(
+            md.contains(
+                "| baseline-rl | 25: v24, 26: v48 | 0.1750 ± 0.0354 (25: +0.1500; 26: +0.2000) |"
+            ),
+            "{md}"
+        );
+        // The selecting subset's own change is not a column.
+        assert!(!md.contains("`unseen-t07` change"), "{md}");
+        assert_eq!(picked_by(&runs, "no-such-subset"), "");
     }
 }

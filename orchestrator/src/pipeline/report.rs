@@ -567,6 +567,17 @@ fn subsets(runs: &[SeedRun]) -> Vec<&str> {
     names
 }
 
+/// The recipes of `runs`, each once, in the order they first appear.
+fn recipe_order<'a>(runs: impl IntoIterator<Item = &'a SeedRun>) -> Vec<&'a str> {
+    let mut recipes: Vec<&str> = Vec::new();
+    for r in runs {
+        if !recipes.contains(&r.recipe.as_str()) {
+            recipes.push(&r.recipe);
+        }
+    }
+    recipes
+}
+
 /// The recipes compared over their seeds (markdown; empty for a single run; a recipe run on one
 /// seed shows its values without a spread). Per evaluation subset: score and exact-match rate
 /// per policy version as mean ± sample standard deviation over seeds (versions every seed of
@@ -576,12 +587,7 @@ fn subsets(runs: &[SeedRun]) -> Vec<&str> {
 /// stage (last three steps), parse failures and tool calls per stage per trajectory, answer
 /// length, and the share of trajectories whose stage credit fell back to the answer score.
 pub fn by_recipe(runs: &[SeedRun]) -> String {
-    let mut recipes: Vec<&str> = Vec::new();
-    for r in runs {
-        if !recipes.contains(&r.recipe.as_str()) {
-            recipes.push(&r.recipe);
-        }
-    }
+    let recipes = recipe_order(runs);
     let group =
         |name: &str| -> Vec<&SeedRun> { runs.iter().filter(|r| r.recipe == name).collect() };
     if runs.len() < 2 {
@@ -769,12 +775,7 @@ pub fn picked_by(runs: &[SeedRun], by: &str) -> String {
     md.push_str("\n|---|---|");
     md.push_str(&"---|".repeat(others.len()));
     md.push('\n');
-    let mut recipes: Vec<&str> = Vec::new();
-    for (r, _) in &picks {
-        if !recipes.contains(&r.recipe.as_str()) {
-            recipes.push(&r.recipe);
-        }
-    }
+    let recipes = recipe_order(picks.iter().map(|(r, _)| *r));
     for name in recipes {
         let g: Vec<&(&SeedRun, i32)> = picks.iter().filter(|(r, _)| r.recipe == name).collect();
         let chosen: Vec<String> = g.iter().map(|(r, v)| format!("{}: v{v}", r.seed)).collect();

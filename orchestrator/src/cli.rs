@@ -115,7 +115,7 @@ pub enum Command {
         /// Also pick each completed run's version by this evaluation subset (a validation set,
         /// e.g. `unseen-t07`): the version after the first with the highest score there, and
         /// every other subset's change at it.
-        #[arg(long, value_name = "SUBSET")]
+        #[arg(long, env = "ORCH_REPORT_SELECT_BY", value_name = "SUBSET")]
         select_by: Option<String>,
         /// Postgres URL.
         #[arg(long, env = "DATABASE_URL", default_value = crate::domain::config::DEFAULT_DATABASE_URL)]

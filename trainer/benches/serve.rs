@@ -122,6 +122,7 @@ fn main() {
             stages: (0..n).map(|k| (k * 4 / n) as i8).collect(),
             behaviour_logprobs: vec![-1.5; n],
             advantages: vec![0.5, -0.25, 0.1, 1.0],
+            off_policy: false,
             group_id: (i / 8) as u32, policy_version: 0, phase: wire::Phase::Task }).collect() };
         let http = trainer::publish::http_client();
         for round in 0..2 {

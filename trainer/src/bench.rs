@@ -93,6 +93,7 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
                 stages: (0..n).map(|t| (t * 4 / n) as i8).collect(),
                 behaviour_logprobs: vec![-2.0; n],
                 advantages: vec![0.5, -0.2, 0.1, 0.3],
+                off_policy: false,
             }
         })
         .collect();

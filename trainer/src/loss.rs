@@ -50,6 +50,8 @@ pub struct PolicyLossConfig {
     /// Coefficient of [`unlikelihood`] on the tokens a sequence marks (a loop's repeated
     /// copies); 0 = off.
     pub unlikelihood: f64,
+    /// γ of LUFFY's policy shaping on off-policy tokens ([`policy_terms`]); 0 = off.
+    pub shaping: f64,
 }
 
 impl Default for PolicyLossConfig {
@@ -61,6 +63,7 @@ impl Default for PolicyLossConfig {
             tis_clamp: Some(2.0),
             aggregation: Aggregation::TokenMean,
             unlikelihood: 0.0,
+            shaping: 0.0,
         }
     }
 }
@@ -81,6 +84,12 @@ impl PolicyLossConfig {
             return bad(format!(
                 "unlikelihood = {}; allowed: [0, 10]",
                 self.unlikelihood
+            ));
+        }
+        if !(0.0..=10.0).contains(&self.shaping) {
+            return bad(format!(
+                "off_policy_shaping = {}; allowed: [0, 10] (0: off)",
+                self.shaping
             ));
         }
         if let Some(c) = self.tis_clamp
@@ -208,12 +217,21 @@ pub const MAX_LOG_RATIO: f64 = 20.0;
 /// The clipped surrogate per token. `logp` carries the gradient; the others are constants.
 /// `old_logp` is the ratio's denominator: the step's starting policy (the detached `logp` itself
 /// for one minibatch, so ρ = 1), or the behaviour policy for Phase A.
+///
+/// `off_policy` (1 at the tokens of sequences no policy server sampled, the demonstrations of
+/// `credit.guidance_demos`) with `cfg.shaping` = γ > 0: those tokens take LUFFY's shaped
+/// objective instead (Yan et al. 2025, "Learning to Reason under Off-Policy Guidance": the
+/// importance ratio π_θ / π_φ with π_φ taken as 1, passed through f(x) = x / (x + γ), no clip),
+/// −A · π / (π + γ) with π = exp(`logp`), whose gradient in log π is A · γπ / (π + γ)²: at most
+/// A / 4, at π = γ, and A · γ / (1 + γ)² as π → 1, so the tokens the policy finds
+/// unlikely are learned ahead of those it already predicts.
 pub fn policy_terms(
     logp: &Tensor,
     old_logp: &Tensor,
     advantages: &Tensor,
     ref_logp: Option<&Tensor>,
     behaviour_logp: Option<&Tensor>,
+    off_policy: Option<&Tensor>,
     cfg: &PolicyLossConfig,
 ) -> PolicyTerms {
     let ratio = (logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp();
@@ -222,6 +240,19 @@ pub fn policy_terms(
     let clipped = -advantages * &clipped_ratio;
     let pg = unclipped.maximum(&clipped);
     let clipped_taken = tch::no_grad(|| clipped.gt_tensor(&unclipped).to_kind(Kind::Float));
+    let (pg, clipped_taken) = match off_policy {
+        Some(off) if cfg.shaping > 0.0 => {
+            let p = logp.exp();
+            let shaped = -advantages * (&p / (&p + cfg.shaping));
+            let on = off.gt(0.0);
+            // An off-policy token is never clipped.
+            let taken = tch::no_grad(|| {
+                clipped_taken.where_self(&on.logical_not(), &clipped_taken.zeros_like())
+            });
+            (shaped.where_self(&on, &pg), taken)
+        }
+        _ => (pg, clipped_taken),
+    };
     let tis = match (behaviour_logp, cfg.tis_clamp) {
         // A behaviour log-prob of exactly 0 is "not recorded" (tokens no policy server sampled:
         // a demonstration's, `credit.guidance_demos`): weight 1 there.

@@ -27,6 +27,11 @@ pub struct Sequence {
     /// Per-stage advantages (SS-GRPO) or one value (GRPO). Empty for SFT.
     #[serde(default)]
     pub advantages: Vec<f32>,
+    /// No policy server sampled it (a demonstration, `credit.guidance_demos`): with the loss
+    /// config's `shaping` its counted tokens take LUFFY's shaped objective
+    /// ([`loss::policy_terms`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub off_policy: bool,
 }
 
 /// What a sequence is checked against: the model's vocabulary and its position limit.
@@ -59,6 +64,7 @@ impl Sequence {
             stages: Vec::new(),
             behaviour_logprobs: Vec::new(),
             advantages: Vec::new(),
+            off_policy: false,
         }
     }
 
@@ -176,6 +182,7 @@ mod tests {
             stages: Vec::new(),
             behaviour_logprobs,
             advantages: vec![0.0],
+            off_policy: false,
         }
     }
 

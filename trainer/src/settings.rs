@@ -65,6 +65,7 @@ pub fn resolve(s: &TrainSettings) -> Result<Resolved, SettingsError> {
         kl_coef: s.kl_beta,
         tis_clamp: (s.tis_cap > 0.0).then_some(s.tis_cap),
         unlikelihood: s.loop_unlikelihood,
+        shaping: s.off_policy_shaping,
         aggregation: match s.loss_aggregation {
             LossAggregation::TokenMean => Aggregation::TokenMean,
             LossAggregation::SequenceMean => Aggregation::SequenceMean,
@@ -184,6 +185,7 @@ pub fn from_config(train: &TrainConfig, lora: Option<&LoraConfig>) -> TrainSetti
         clip_high: l.clip_high,
         tis_cap: l.tis_clamp.unwrap_or(0.0),
         loop_unlikelihood: l.unlikelihood,
+        off_policy_shaping: l.shaping,
         loss_aggregation,
         aggregation_constant,
         finetune,

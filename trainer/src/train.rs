@@ -125,6 +125,8 @@ struct Micro {
     /// 1 at the positions the unlikelihood term applies to (RL with a non-zero coefficient and
     /// marked tokens only).
     ul: Option<Tensor>,
+    /// 1 at the positions of off-policy rows (Phase B with `shaping` on, when a row is one).
+    off: Option<Tensor>,
 }
 
 impl Micro {
@@ -145,6 +147,7 @@ impl Micro {
                 .as_ref()
                 .map(|(vals, usable)| (sel(vals), usable.as_ref().map(sel))),
             ul: self.ul.as_ref().map(sel),
+            off: self.off.as_ref().map(sel),
         }
     }
 }
@@ -181,6 +184,8 @@ struct Sums {
     /// Σ −log(1 − p) over the tokens with the unlikelihood term, and their count.
     ul: f64,
     ul_tokens: f64,
+    /// Counted tokens that took the off-policy shaped objective.
+    shaped: f64,
     /// Rows left out as null ([`live_rows`]).
     null: f64,
 }
@@ -336,6 +341,7 @@ pub fn aggregate(parts: &[StepMetrics]) -> StepMetrics {
             .sum::<f64>()
             / ul_tokens.max(1) as f64,
         unlikelihood_tokens: ul_tokens,
+        shaped_tokens: parts.iter().map(|p| p.shaped_tokens).sum(),
         null_sequences: parts.iter().map(|p| p.null_sequences).sum(),
         seconds: parts.iter().map(|p| p.seconds).sum(),
     }
@@ -381,6 +387,7 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         sums.tis,
         sums.ul,
         sums.ul_tokens,
+        sums.shaped,
         sums.null,
         micro_batches as f64,
     ])
@@ -406,6 +413,7 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         tis,
         ul,
         ul_tokens,
+        shaped,
         null,
         micro,
     ] = v[..]
@@ -426,6 +434,7 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         tis_max: hi.double_value(&[0]),
         ul,
         ul_tokens,
+        shaped,
         null,
     };
     Ok(micro as usize)
@@ -1097,6 +1106,7 @@ impl Trainer {
             },
             unlikelihood: sums.ul / sums.ul_tokens.max(1.0),
             unlikelihood_tokens: sums.ul_tokens as i64,
+            shaped_tokens: sums.shaped as i64,
             null_sequences: sums.null as usize,
             seconds: t0.elapsed().as_secs_f64(),
         })
@@ -1203,6 +1213,10 @@ impl Trainer {
             && self.cfg.loss.unlikelihood > 0.0
             && rows.iter().any(|s| s.unlikelihood.contains(&true)))
         .then(|| shift(&|s| flags(&s.unlikelihood, s.tokens.len())));
+        // LUFFY's shaping: every position of an off-policy row (the mask keeps the counted ones).
+        let off =
+            (mode == Mode::Rl && self.cfg.loss.shaping > 0.0 && rows.iter().any(|s| s.off_policy))
+                .then(|| shift(&|s| vec![f32::from(u8::from(s.off_policy)); s.tokens.len()]));
         let ids_t = pad_2d(&ids, 0i64, dev);
         let t = ids_t.size()[1];
         let targets = ids_t.narrow(1, 1, t - 1);
@@ -1232,6 +1246,7 @@ impl Trainer {
             reference: reference.map(flat),
             old: old.map(|(vals, usable)| (flat(vals), usable.map(flat))),
             ul: ul.map(|u| flat(pad_2d(&u, 0.0f32, dev))),
+            off: off.map(|o| flat(pad_2d(&o, 0.0f32, dev))),
         })
     }
 
@@ -1261,12 +1276,14 @@ impl Trainer {
             };
             let reference = m.reference.as_ref().map(|r| r.narrow(0, s, c));
             let behaviour = m.behaviour.as_ref().map(|b| b.narrow(0, s, c));
+            let off = m.off.as_ref().map(|o| o.narrow(0, s, c));
             let terms = loss::policy_terms(
                 logp,
                 &old,
                 &m.adv.narrow(0, s, c),
                 reference.as_ref(),
                 behaviour.as_ref(),
+                off.as_ref(),
                 &self.cfg.loss,
             );
             // Marked tokens also carry coef · −log(1 − p), with their aggregation weight.
@@ -1285,6 +1302,9 @@ impl Trainer {
                 sums.kl += sum(&terms.kl3);
                 sums.ratio += sum(&terms.ratio);
                 sums.tis += sum(&terms.tis);
+                if let Some(o) = &off {
+                    sums.shaped += sum(o);
+                }
                 if n > 0.0 {
                     let on = mask.gt(0.0);
                     let sel = terms.tis.masked_select(&on);

@@ -242,6 +242,7 @@ fn bench_batch() -> Vec<Sequence> {
                 tokens: (0..len as i64)
                     .map(|t| (t * 31 + i as i64 * 17) % 2048)
                     .collect(),
+                off_policy: false,
             }
         })
         .collect()

@@ -185,6 +185,7 @@ fn wire_seq(s: &Server, tokens: &[u32], adv: Vec<f32>, phase: wire::Phase) -> wi
         group_id: 0,
         policy_version: 0,
         phase,
+        off_policy: false,
     }
 }
 

@@ -210,6 +210,7 @@ fn policy_loss_and_lora_gradients_match_pytorch() {
                 0.2,
                 1.1 - 0.7 * r as f32,
             ],
+            off_policy: false,
         });
     }
     let loss_cfg = PolicyLossConfig {
@@ -219,6 +220,7 @@ fn policy_loss_and_lora_gradients_match_pytorch() {
         tis_clamp: Some(2.0),
         aggregation: Aggregation::TokenMean,
         unlikelihood: 0.0,
+        shaping: 0.0,
     };
     // The batch as the reference script reads it (arrays shifted to target positions).
     let shifted = |f: &dyn Fn(&Sequence) -> Vec<f32>| {

@@ -61,6 +61,7 @@ fn seq(offset: i64, n: usize, adv: f32) -> Sequence {
         stages: vec![],
         behaviour_logprobs: vec![],
         advantages: vec![adv],
+        off_policy: false,
     }
 }
 

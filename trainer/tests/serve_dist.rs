@@ -105,6 +105,7 @@ fn batch(seed: usize) -> wire::Batch {
                 policy_version: 0,
                 phase: wire::Phase::Task,
                 tokens,
+                off_policy: false,
             }
         })
         .collect();

@@ -138,6 +138,7 @@ fn sft_overfits_and_masked_tokens_get_no_gradient() {
             behaviour_logprobs: vec![],
             advantages: vec![],
             tokens,
+            off_policy: false,
         }
     };
     let data = vec![
@@ -269,6 +270,7 @@ fn the_head_on_masked_positions_only_gives_the_full_heads_loss_and_gradients() {
         behaviour_logprobs: vec![],
         advantages: vec![],
         tokens,
+        off_policy: false,
     };
     // Rows of 23 and 15 tokens share a micro-batch (the shorter padded); chunks of 7 positions
     // cut across kept and dropped positions.
@@ -402,6 +404,80 @@ fn the_unlikelihood_term_alone_lowers_the_marked_tokens_and_leaves_a_zero_advant
             "{name} moved without the term"
         );
     }
+}
+
+#[test]
+fn off_policy_shaping_takes_minus_a_p_over_p_plus_gamma_on_a_demonstrations_tokens_alone() {
+    let gamma = 0.1;
+    // An off-policy row of 19 tokens (a demonstration, advantage 1.5) beside a policy row of 14
+    // (advantage -0.5), 3 prompt tokens each; chunks of 7 positions cut across both.
+    let mut demo = marked((0..19).map(|t| (t * 7 + 1) % 64).collect(), 1.5, 0..0);
+    demo.off_policy = true;
+    let data = vec![
+        demo,
+        marked((0..14).map(|t| (t * 17 + 9) % 64).collect(), -0.5, 0..0),
+    ];
+    let run = |g: f64| {
+        let mut tr = trainer(fresh_full(31), 0.0, 0.0);
+        tr.cfg.loss.shaping = g;
+        let m = tr.rl_step(&data).unwrap();
+        (m, trained_grads(&tr))
+    };
+    let (m, ours) = run(gamma);
+
+    // The reference, through autograd with the full head: token-mean over counted tokens of
+    // −A·π/(π + γ) on the demonstration's tokens and −A·ρ (ρ = 1) on the policy's.
+    let reference = fresh_full(31);
+    let mut total = Tensor::zeros([], (Kind::Float, Device::Cpu));
+    for s in &data {
+        let logp = full_head_logp(&reference, &s.tokens);
+        let a = -f64::from(s.advantages[0]);
+        let per_token = if s.off_policy {
+            let p = logp.exp();
+            &p / (&p + gamma)
+        } else {
+            (&logp - logp.detach()).exp()
+        };
+        total += (per_token * shifted(&s.loss_mask)).sum(Kind::Float) * a;
+    }
+    let total = total / counted(&data) as f64;
+    total.backward();
+    let want = total.double_value(&[]);
+    assert!(
+        (m.loss - want).abs() < 1e-5 * want.abs(),
+        "loss {} vs {want}",
+        m.loss
+    );
+    assert_eq!(m.shaped_tokens, 16);
+    assert_eq!(m.clip_fraction, 0.0);
+    assert_grads_match(&ours, &reference);
+
+    // Off (γ = 0) the flag changes nothing: the demonstration takes the ratio like the policy's
+    // rows, and no token is counted as shaped.
+    let (m0, plain) = run(0.0);
+    assert_eq!(m0.shaped_tokens, 0);
+    let mut flat = data.clone();
+    flat[0].off_policy = false;
+    let mut tr = trainer(fresh_full(31), 0.0, 0.0);
+    tr.cfg.loss.shaping = gamma;
+    let m_flat = tr.rl_step(&flat).unwrap();
+    assert_eq!((m_flat.shaped_tokens, m_flat.loss), (0, m0.loss));
+    for ((name, a), (_, b)) in trained_grads(&tr).iter().zip(&plain) {
+        assert_eq!(
+            (a - b).abs().max().double_value(&[]),
+            0.0,
+            "{name}: γ moved a batch without off-policy rows"
+        );
+    }
+    let moved = ours
+        .iter()
+        .zip(&plain)
+        .map(|((_, a), (_, b))| (a - b).abs().max().double_value(&[]))
+        .fold(0.0, f64::max);
+    assert!(
+        moved > 1e-6,
+        "shaping did not change the gradient ({moved})"
+    );
 }
 
 #[test]

@@ -346,6 +346,7 @@ async fn trainer_serve_publishes_each_version_over_the_nccl_route() {
             group_id: 0,
             policy_version: 0,
             phase: wire::Phase::Task,
+            off_policy: false,
         }],
     };
     let bytes_of = |t: &Tensor| -> Vec<u8> {

@@ -38,6 +38,10 @@ pub struct StepMetrics {
     pub unlikelihood: f64,
     #[serde(default)]
     pub unlikelihood_tokens: i64,
+    /// Counted tokens of off-policy sequences that took LUFFY's shaped objective
+    /// (`trainer.off_policy_shaping`; 0 when it is off).
+    #[serde(default)]
+    pub shaped_tokens: i64,
     /// Sequences left out of forward and backward because their loss was zero at every token
     /// (the trainer's `skip_null_rows`; they still count in the aggregation's totals, while
     /// `tokens` and the per-token figures above are over the rows trained on). A rank of a

@@ -4,13 +4,15 @@
 //!
 //! ```text
 //! header   b"RBEMBAT1" | u32 n_seqs | i32 policy_version | u32 flags (bit 0: RL, else SFT)
-//! n_seqs x u32 len | u32 group_id | i32 policy_version | u16 n_adv | u16 phase (0 task, 1 reflection)
+//! n_seqs x u32 len | u32 group_id | i32 policy_version | u16 n_adv
+//!          | u16 phase (low byte: 0 task, 1 reflection; bit 8: off-policy)
 //! n_seqs x tokens u32[len] | stages i8[len] | loss_mask u8[len] (0/1/2)
 //!          | behaviour_logprobs f32[len] | advantages f32[n_adv]
 //! ```
 //!
 //! 10 bytes per token: a 256 x 16k batch is 42 MB. A loss-mask byte 2 is a counted token that
-//! the unlikelihood term also pushes down (a repeated copy of a loop; `unlikelihood`).
+//! the unlikelihood term also pushes down (a repeated copy of a loop; `unlikelihood`). Bit 8 of
+//! a sequence's phase word marks a sequence no policy server sampled (`off_policy`).
 //!
 //! A train step applies the reflection sequences (phase 1, the meta-policy's deferred batch,
 //! method.md A.6.3) as their own optimizer step first (Phase A), then the task sequences
@@ -47,6 +49,9 @@ pub enum Phase {
     Reflection,
 }
 
+/// Bit of a sequence header's phase word that marks an off-policy sequence.
+const OFF_POLICY_BIT: u16 = 0x100;
+
 impl Phase {
     fn code(self) -> u16 {
         match self {
@@ -77,6 +82,11 @@ pub struct WireSequence {
     /// Policy version that sampled it (staleness accounting).
     pub policy_version: i32,
     pub phase: Phase,
+    /// No policy server sampled it: a demonstration replayed into its group
+    /// (`credit.guidance_demos`), whose tokens carry behaviour log-prob 0. With
+    /// `trainer.off_policy_shaping` its tokens take the shaped objective instead of the ratio.
+    /// On the wire, bit 8 of the phase word.
+    pub off_policy: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -166,7 +176,8 @@ impl Batch {
             out.extend_from_slice(&s.group_id.to_le_bytes());
             out.extend_from_slice(&s.policy_version.to_le_bytes());
             out.extend_from_slice(&(s.advantages.len() as u16).to_le_bytes());
-            out.extend_from_slice(&s.phase.code().to_le_bytes());
+            let word = s.phase.code() | if s.off_policy { OFF_POLICY_BIT } else { 0 };
+            out.extend_from_slice(&word.to_le_bytes());
         }
         for s in &self.seqs {
             for t in &s.tokens {
@@ -226,17 +237,29 @@ impl Batch {
             let p = HEADER + i * SEQ_HEADER;
             let len = u32_at(p) as usize;
             let n_adv = u16::from_le_bytes([body[p + 12], body[p + 13]]) as usize;
-            let phase = match u16::from_le_bytes([body[p + 14], body[p + 15]]) {
+            let word = u16::from_le_bytes([body[p + 14], body[p + 15]]);
+            let phase = match word & !OFF_POLICY_BIT {
                 0 => Phase::Task,
                 1 => Phase::Reflection,
-                x => {
+                _ => {
                     return Err(WireError::Seq {
                         seq: i,
-                        what: format!("phase {x}; allowed: 0 (task), 1 (reflection)"),
+                        what: format!(
+                            "phase word {word:#x}; allowed: 0 (task) or 1 (reflection), with \
+                             bit 8 (0x100, off-policy) set or not"
+                        ),
                     });
                 }
             };
-            heads.push((len, u32_at(p + 4), u32_at(p + 8) as i32, n_adv, phase));
+            let off_policy = word & OFF_POLICY_BIT != 0;
+            heads.push((
+                len,
+                u32_at(p + 4),
+                u32_at(p + 8) as i32,
+                n_adv,
+                phase,
+                off_policy,
+            ));
             expected = expected
                 .saturating_add(len.saturating_mul(10))
                 .saturating_add(n_adv.saturating_mul(4));
@@ -254,7 +277,7 @@ impl Batch {
         };
         let mut p = heads_end;
         let mut seqs = Vec::with_capacity(n);
-        for (i, (len, group_id, pv, n_adv, phase)) in heads.into_iter().enumerate() {
+        for (i, (len, group_id, pv, n_adv, phase, off_policy)) in heads.into_iter().enumerate() {
             let bad = |what: String| WireError::Seq { seq: i, what };
             let tokens: Vec<u32> = body[p..p + 4 * len]
                 .chunks_exact(4)
@@ -312,6 +335,7 @@ impl Batch {
                 group_id,
                 policy_version: pv,
                 phase,
+                off_policy,
             });
         }
         Ok(Batch {
@@ -342,6 +366,7 @@ mod tests {
                     group_id: 3,
                     policy_version: 6,
                     phase: Phase::Task,
+                    off_policy: true,
                 },
                 WireSequence {
                     tokens: vec![9, 8],
@@ -353,6 +378,7 @@ mod tests {
                     group_id: 4,
                     policy_version: 7,
                     phase: Phase::Reflection,
+                    off_policy: false,
                 },
             ],
         }
@@ -397,10 +423,26 @@ mod tests {
         assert_eq!(d.seqs[0].loss_mask, vec![false, true, true, false]);
         assert_eq!(d.seqs[0].unlikelihood, vec![false, true, true, false]);
         // The second sequence's phase field (last 2 bytes of its header).
-        let mut ph = bytes;
+        let mut ph = bytes.clone();
         ph[HEADER + 2 * SEQ_HEADER - 2] = 5;
         let e = Batch::decode(&ph).unwrap_err().to_string();
-        assert!(e.contains("sequence 1") && e.contains("phase 5"), "{e}");
+        assert!(
+            e.contains("sequence 1") && e.contains("phase word 0x5"),
+            "{e}"
+        );
+        // Bit 8 of the phase word is the off-policy mark (the first sequence carries it); any
+        // other high bit is refused.
+        assert_eq!(bytes[HEADER + SEQ_HEADER - 1], 1);
+        let mut off = bytes.clone();
+        off[HEADER + 2 * SEQ_HEADER - 1] = 1;
+        let d = Batch::decode(&off).unwrap();
+        assert!(d.seqs[1].off_policy && d.seqs[1].phase == Phase::Reflection);
+        off[HEADER + 2 * SEQ_HEADER - 1] = 3;
+        let e = Batch::decode(&off).unwrap_err().to_string();
+        assert!(
+            e.contains("sequence 1") && e.contains("phase word 0x301"),
+            "{e}"
+        );
         let mut off = sample();
         off.seqs[0].unlikelihood[0] = true;
         let e = off.encode().unwrap_err().to_string();

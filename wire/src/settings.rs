@@ -140,6 +140,17 @@ pub struct TrainSettings {
     /// when 0, so every earlier run's hash stands.
     #[serde(skip_serializing_if = "is_zero")]
     pub loop_unlikelihood: f64,
+    /// γ of LUFFY's policy shaping (Yan et al. 2025, "Learning to Reason under Off-Policy
+    /// Guidance", their f(x) = x / (x + γ), γ = 0.1) on the tokens of off-policy sequences (the
+    /// demonstrations of `credit.guidance_demos`); 0 = off, their tokens then take the clipped
+    /// ratio against the step's own policy like the policy's. On: a demonstration token's loss is
+    /// −A · π / (π + γ), π its probability under the current policy, unclipped, so its gradient
+    /// in log π is A · γπ / (π + γ)², largest at π = γ: the demonstration's tokens the policy
+    /// finds unlikely are learned ahead of those it already predicts, which LUFFY found keeps
+    /// the policy's entropy from collapsing onto the demonstrations. Left out of the serialised
+    /// settings (and the hash) when 0, so every earlier run's hash stands.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub off_policy_shaping: f64,
     pub loss_aggregation: LossAggregation,
     /// Divisor when `loss_aggregation = "constant"`.
     pub aggregation_constant: f64,
@@ -195,6 +206,7 @@ impl Default for TrainSettings {
             clip_high: 0.2,
             tis_cap: 2.0,
             loop_unlikelihood: 0.0,
+            off_policy_shaping: 0.0,
             loss_aggregation: LossAggregation::TokenMean,
             aggregation_constant: 1.0,
             finetune: Finetune::Full,
@@ -334,6 +346,12 @@ impl TrainSettings {
             "[0, 10] (0: off)",
         )?;
         check(
+            (0.0..=10.0).contains(&s.off_policy_shaping),
+            "off_policy_shaping",
+            s.off_policy_shaping,
+            "[0, 10] (0: off; LUFFY's γ is 0.1)",
+        )?;
+        check(
             (0.0..=1.0).contains(&s.reflection_lr_scale),
             "reflection_lr_scale",
             s.reflection_lr_scale,
@@ -469,6 +487,14 @@ mod tests {
                 ..a.clone()
             },
         );
+        // LUFFY's policy shaping, off by default.
+        optional(
+            "off_policy_shaping",
+            TrainSettings {
+                off_policy_shaping: 0.1,
+                ..a.clone()
+            },
+        );
         // Skipping the null rows, on by default.
         optional(
             "skip_null_rows",
@@ -523,6 +549,17 @@ mod tests {
             e.contains("trainer.loop_unlikelihood = 11") && e.contains("[0, 10]"),
             "{e}"
         );
+        for bad in [-0.1, 10.5, f64::NAN] {
+            let s = TrainSettings {
+                off_policy_shaping: bad,
+                ..TrainSettings::default()
+            };
+            let e = s.validate().unwrap_err().to_string();
+            assert!(
+                e.contains("trainer.off_policy_shaping") && e.contains("[0, 10]"),
+                "{e}"
+            );
+        }
         for bad in [1.5, -0.1, f64::NAN] {
             let s = TrainSettings {
                 reflection_lr_scale: bad,

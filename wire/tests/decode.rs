@@ -39,10 +39,19 @@ fn sequence() -> impl Strategy<Value = WireSequence> {
             prop::collection::vec(finite(), 0..5),
             any::<u32>(),
             any::<i32>(),
-            any::<bool>(),
+            any::<(bool, bool)>(),
         )
             .prop_map(
-                |(tokens, marks, stages, behaviour_logprobs, advantages, group_id, pv, r)| {
+                |(
+                    tokens,
+                    marks,
+                    stages,
+                    behaviour_logprobs,
+                    advantages,
+                    group_id,
+                    pv,
+                    (r, off),
+                )| {
                     let loss_mask: Vec<bool> = marks.iter().map(|&(m, _)| m).collect();
                     // Unlikelihood on counted tokens only, and empty when no token has it (the
                     // one form a decode gives back).
@@ -60,6 +69,7 @@ fn sequence() -> impl Strategy<Value = WireSequence> {
                         group_id,
                         policy_version: pv,
                         phase: if r { Phase::Reflection } else { Phase::Task },
+                        off_policy: off,
                     }
                 },
             )

@@ -144,6 +144,8 @@ pub fn sequence(t: &Trajectory, adv: &[f64; 4], group: u32) -> wire::WireSequenc
         group_id: group,
         policy_version: t.policy_version,
         phase: wire::Phase::Task,
+        // A demonstration (`credit.guidance_demos`): no policy server sampled it.
+        off_policy: t.server == crate::domain::trajectory::TEACHER,
     }
 }
 
@@ -406,8 +408,11 @@ mod tests {
         let (batch, stats) = assemble(&all, &adv, &HashSet::new(), 3, CutCredit::Whole);
         assert_eq!(batch.seqs.len(), 3);
         assert!(batch.seqs.iter().all(|s| s.group_id == 0));
-        // The demonstration's tokens go out with behaviour log-prob 0 ("not recorded").
+        // The demonstration's tokens go out with behaviour log-prob 0 ("not recorded"), marked
+        // off-policy; the policy's own samples are not.
         assert_eq!(batch.seqs[2].behaviour_logprobs, vec![0.0; 5]);
+        let off: Vec<bool> = batch.seqs.iter().map(|s| s.off_policy).collect();
+        assert_eq!(off, vec![false, false, true]);
         assert_eq!(batch.seqs[2].advantages, vec![1.5, 1.0, 1.5, 2.0]);
         assert_eq!((stats.guidance, stats.groups_dropped), (1, 1));
         assert!((stats.guidance_advantage - 1.5).abs() < 1e-12);

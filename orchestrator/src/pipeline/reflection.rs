@@ -322,6 +322,7 @@ pub fn sequences(rows: &[ReflectionRow], first_group: u32) -> Vec<wire::WireSequ
             group_id: first_group + g as u32,
             policy_version: r.policy_version,
             phase: wire::Phase::Reflection,
+            off_policy: false,
         });
     }
     out
@@ -404,6 +405,7 @@ mod tests {
             group_id: group,
             policy_version: 1,
             phase: wire::Phase::Reflection,
+            off_policy: false,
         };
         // Group 0 has signal (one valid candidate above three invalid ones), group 1 none.
         let batch = || {

@@ -606,8 +606,8 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
         format!("  judge: {judge}"),
         format!(
             "  trainer {}: {finetune}; lr {:e} {} (warm-up {}); AdamW ({}, {}) eps {:e} wd {}; \
-             grad clip {}; KL3 beta {} vs {:?}; clip {}/{}; TIS cap {}; loop unlikelihood {}; {:?}; \
-             {} minibatch(es) per step; settings hash {}",
+             grad clip {}; KL3 beta {} vs {:?}; clip {}/{}; TIS cap {}; loop unlikelihood {}; \
+             off-policy shaping γ {}; {:?}; {} minibatch(es) per step; settings hash {}",
             cfg.trainer.url,
             t.lr,
             lr_schedule(cfg, recipes),
@@ -623,6 +623,7 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
             t.clip_high,
             t.tis_cap,
             t.loop_unlikelihood,
+            t.off_policy_shaping,
             t.loss_aggregation,
             t.minibatches_per_step,
             t.hash()

@@ -213,6 +213,12 @@ fn check_batch(batch: wire::Batch, limits: SeqLimits) -> Result<CheckedBatch> {
                 "sequence {i}: reflection (phase 1) sequences need an RL batch (flags bit 0)"
             )));
         }
+        if s.off_policy && !(rl && s.phase == wire::Phase::Task) {
+            return Err(TrainerError::Batch(format!(
+                "sequence {i}: an off-policy sequence (phase word bit 8) must be a task (phase 0) \
+                 sequence of an RL batch (flags bit 0)"
+            )));
+        }
         let phase = s.phase;
         let seq = Sequence {
             tokens: s.tokens.into_iter().map(i64::from).collect(),
@@ -221,6 +227,7 @@ fn check_batch(batch: wire::Batch, limits: SeqLimits) -> Result<CheckedBatch> {
             stages: s.stages,
             behaviour_logprobs: s.behaviour_logprobs,
             advantages: s.advantages,
+            off_policy: s.off_policy,
         };
         seq.validate(i, limits, rl)?;
         match phase {
@@ -1196,6 +1203,7 @@ mod tests {
                 stages: vec![-1; 12],
                 behaviour_logprobs: vec![],
                 advantages: vec![if i == 0 { adv } else { -adv }],
+                off_policy: false,
             })
             .collect()
     }
@@ -1315,6 +1323,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("sequence 0: reflection"), "{e}");
+        // An off-policy sequence (a demonstration) is a task sequence of an RL batch.
+        let off = |phase| wire::WireSequence {
+            off_policy: true,
+            ..seq(3, phase)
+        };
+        let ok = check_batch(b(true, vec![off(wire::Phase::Task)]), limits).unwrap();
+        assert!(ok.task[0].off_policy);
+        for (rl, phase) in [(true, wire::Phase::Reflection), (false, wire::Phase::Task)] {
+            let e = check_batch(b(rl, vec![seq(3, wire::Phase::Task), off(phase)]), limits)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("sequence 1: an off-policy sequence") && e.contains("task (phase 0)"),
+                "{e}"
+            );
+        }
         let e = check_batch(b(false, vec![]), limits)
             .unwrap_err()
             .to_string();

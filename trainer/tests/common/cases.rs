@@ -105,6 +105,7 @@ pub fn batch(n: usize) -> Vec<Sequence> {
                     vec![0.5 - i as f32 * 0.3, 0.2, -0.4 + i as f32 * 0.1, 0.9]
                 },
                 tokens,
+                off_policy: false,
             }
         })
         .collect()
@@ -344,6 +345,7 @@ pub fn sft_data() -> Vec<Sequence> {
         behaviour_logprobs: vec![],
         advantages: vec![],
         tokens,
+        off_policy: false,
     })
     .collect()
 }

@@ -127,6 +127,7 @@ pub fn seq(tokens: Vec<i64>, adv: Vec<f32>) -> trainer::train::Sequence {
         behaviour_logprobs: vec![-3.0; n],
         advantages: adv,
         tokens,
+        off_policy: false,
     }
 }
 

@@ -497,6 +497,7 @@ pub async fn batch(url: &str, seqs: &[Vec<u32>], adv: &[f32]) -> wire::Batch {
             group_id: i as u32,
             policy_version: 0,
             phase: wire::Phase::Task,
+            off_policy: false,
         });
     }
     wire::Batch {

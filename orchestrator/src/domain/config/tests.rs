@@ -744,6 +744,7 @@ fn loop_unlikelihood_is_off_in_every_preset_needs_the_loop_stop_and_excludes_the
     for (name, _) in PRESETS {
         let c = Config::load(name, &Overrides::default()).unwrap();
         assert_eq!(c.trainer.settings.loop_unlikelihood, 0.0, "{name}");
+        assert_eq!(c.trainer.settings.off_policy_shaping, 0.0, "{name}");
         assert_eq!(c.batch_credit().unlikelihood, None, "{name}");
     }
     let rule = "rollout.repetition_detection={max_pattern_size=32,min_count=16}";
@@ -888,6 +889,33 @@ fn guidance_is_off_in_every_preset_unserialised_there_and_checked() {
         assert!(!text.contains("guidance_demos"), "{name}: {text}");
     }
     let c = smoke_with(&["credit.guidance_demos=\"runs/demos.jsonl\""]).unwrap();
+    assert_eq!(c.trainer.settings.off_policy_shaping, 0.0);
+    // LUFFY's shaping of the demonstrations' tokens: off in every preset, and only with them.
+    let shaped = smoke_with(&[
+        "credit.guidance_demos=\"runs/demos.jsonl\"",
+        "trainer.off_policy_shaping=0.1",
+    ])
+    .unwrap();
+    assert_eq!(shaped.trainer.settings.off_policy_shaping, 0.1);
+    assert_ne!(shaped.trainer.settings.hash(), c.trainer.settings.hash());
+    let err = smoke_with(&["trainer.off_policy_shaping=0.1"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("trainer.off_policy_shaping")
+            && err.contains("0.1 without credit.guidance_demos"),
+        "{err}"
+    );
+    let err = smoke_with(&[
+        "credit.guidance_demos=\"runs/demos.jsonl\"",
+        "trainer.off_policy_shaping=-1",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("off_policy_shaping") && err.contains("[0, 10]"),
+        "{err}"
+    );
     assert_eq!(
         c.credit.guidance_demos.as_deref(),
         Some(std::path::Path::new("runs/demos.jsonl"))

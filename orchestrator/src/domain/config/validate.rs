@@ -348,6 +348,13 @@ impl Config {
                 "a demonstrations file (the rows `orchestrator sft-data` writes), or absent (off)",
             )?;
         }
+        let shaping = self.trainer.settings.off_policy_shaping;
+        check(
+            shaping == 0.0 || self.credit.guidance_demos.is_some(),
+            "trainer.off_policy_shaping",
+            format!("{shaping} without credit.guidance_demos"),
+            "0 unless credit.guidance_demos is set (it shapes the demonstrations' tokens alone)",
+        )?;
         let unlikelihood = self.trainer.settings.loop_unlikelihood > 0.0;
         check(
             !unlikelihood || ro.repetition_detection.is_some(),

@@ -200,7 +200,8 @@ pub fn per_token_advantages(
 /// Per-token policy-gradient terms: returns (loss per token, metrics per token).
 #[derive(Debug)]
 pub struct PolicyTerms {
-    /// tis · max(−A·ρ, −A·clip(ρ)) + β·kl3, per token.
+    /// tis · max(−A·ρ, −A·clip(ρ)) + β·kl3, per token; at a shaped off-policy token
+    /// tis · (−A·π/(π + γ)) + β·kl3 (tis is 1 there: no behaviour log-prob is recorded).
     pub loss: Tensor,
     /// 1 where the clipped branch was taken.
     pub clipped: Tensor,
@@ -222,9 +223,11 @@ pub const MAX_LOG_RATIO: f64 = 20.0;
 /// `credit.guidance_demos`) with `cfg.shaping` = γ > 0: those tokens take LUFFY's shaped
 /// objective instead (Yan et al. 2025, "Learning to Reason under Off-Policy Guidance": the
 /// importance ratio π_θ / π_φ with π_φ taken as 1, passed through f(x) = x / (x + γ), no clip),
-/// −A · π / (π + γ) with π = exp(`logp`), whose gradient in log π is A · γπ / (π + γ)²: at most
-/// A / 4, at π = γ, and A · γ / (1 + γ)² as π → 1, so the tokens the policy finds
-/// unlikely are learned ahead of those it already predicts.
+/// −A · π / (π + γ) with π = exp(`logp`), whose gradient in log π is A · γπ / (π + γ)², where the
+/// ratio's is A. For γ ≤ 1 the weight γπ / (π + γ)² peaks at 1/4 at π = γ and falls to
+/// γ / (1 + γ)² as π → 1 (0.083 at γ = 0.1) and towards 0 as π → 0 (0.083 again at π = 0.01):
+/// the tokens near π = γ are learned ahead of those the policy already predicts, and every
+/// demonstration token moves the policy at most a quarter as much as without the shaping.
 pub fn policy_terms(
     logp: &Tensor,
     old_logp: &Tensor,
@@ -362,6 +365,60 @@ mod tests {
         let v = u.double_value(&[0]);
         assert!((v + UNLIKELIHOOD_FLOOR.ln()).abs() < 1e-9, "{v}");
         assert_eq!(logp.grad().double_value(&[0]), 0.0);
+    }
+
+    #[test]
+    fn shaped_off_policy_tokens_are_never_clipped_and_take_minus_a_p_over_p_plus_gamma() {
+        // Four tokens whose ratio against `old` is e (far above 1 + clip_high, so the clip binds
+        // for A > 0); tokens 1 and 3 are off-policy.
+        let p = [0.05f64, 0.1, 0.5, 0.99];
+        let logp = Tensor::from_slice(&p.map(f64::ln))
+            .to_kind(Kind::Double)
+            .set_requires_grad(true);
+        let old = logp.detach() - 1.0;
+        let adv = Tensor::from_slice(&[1.0f64, 2.0, 1.0, -0.5]);
+        let off = Tensor::from_slice(&[0.0f64, 1.0, 0.0, 1.0]);
+        let gamma = 0.1;
+        let cfg = PolicyLossConfig {
+            kl_coef: 0.0,
+            tis_clamp: None,
+            shaping: gamma,
+            ..PolicyLossConfig::default()
+        };
+        let t = policy_terms(&logp, &old, &adv, None, None, Some(&off), &cfg);
+        t.loss.sum(Kind::Double).backward();
+        let loss = Vec::<f64>::try_from(&t.loss.detach()).unwrap();
+        let grad = Vec::<f64>::try_from(&logp.grad()).unwrap();
+        let clipped = Vec::<f64>::try_from(&t.clipped.to_kind(Kind::Double)).unwrap();
+        let a = [1.0, 2.0, 1.0, -0.5];
+        for k in [1, 3] {
+            let want = -a[k] * p[k] / (p[k] + gamma);
+            assert!(
+                (loss[k] - want).abs() < 1e-9,
+                "token {k}: {} vs {want}",
+                loss[k]
+            );
+            let g = -a[k] * gamma * p[k] / (p[k] + gamma).powi(2);
+            assert!((grad[k] - g).abs() < 1e-9, "token {k}: {} vs {g}", grad[k]);
+            assert_eq!(clipped[k], 0.0, "token {k}");
+        }
+        // The policy's tokens keep the clipped surrogate: −A·(1 + clip_high), no gradient.
+        for k in [0, 2] {
+            assert!(
+                (loss[k] + a[k] * 1.28).abs() < 1e-9,
+                "token {k}: {}",
+                loss[k]
+            );
+            assert_eq!((grad[k], clipped[k]), (0.0, 1.0), "token {k}");
+        }
+        // γ = 0: the flag changes nothing.
+        let plain = PolicyLossConfig {
+            shaping: 0.0,
+            ..cfg
+        };
+        let with = policy_terms(&logp.detach(), &old, &adv, None, None, Some(&off), &plain);
+        let without = policy_terms(&logp.detach(), &old, &adv, None, None, None, &plain);
+        assert!(with.loss.equal(&without.loss) && with.clipped.equal(&without.clipped));
     }
 
     #[test]

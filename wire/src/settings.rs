@@ -145,10 +145,11 @@ pub struct TrainSettings {
     /// demonstrations of `credit.guidance_demos`); 0 = off, their tokens then take the clipped
     /// ratio against the step's own policy like the policy's. On: a demonstration token's loss is
     /// −A · π / (π + γ), π its probability under the current policy, unclipped, so its gradient
-    /// in log π is A · γπ / (π + γ)², largest at π = γ: the demonstration's tokens the policy
-    /// finds unlikely are learned ahead of those it already predicts, which LUFFY found keeps
-    /// the policy's entropy from collapsing onto the demonstrations. Left out of the serialised
-    /// settings (and the hash) when 0, so every earlier run's hash stands.
+    /// in log π is A · γπ / (π + γ)² instead of A: for γ ≤ 1 at most A / 4 (at π = γ), about
+    /// A · γ for a token the policy already predicts. The demonstration's tokens near π = γ are
+    /// learned ahead of the confident ones, which LUFFY found keeps the policy's entropy from
+    /// collapsing onto the demonstrations, and all of them by less than without it. Left out of
+    /// the serialised settings (and the hash) when 0, so every earlier run's hash stands.
     #[serde(skip_serializing_if = "is_zero")]
     pub off_policy_shaping: f64,
     pub loss_aggregation: LossAggregation,

@@ -75,7 +75,8 @@ pub fn to_device(m: &Qwen3, device: Device) -> Qwen3 {
     out
 }
 
-/// Sequences of uneven lengths (7 to 40 tokens) and per-stage advantages (all 0 in row 4).
+/// Sequences of uneven lengths (7 to 40 tokens) and per-stage advantages (all 0 in row 4); row 2
+/// is off-policy (a demonstration: no behaviour log-probs recorded), shaped in the RL cases.
 pub fn batch(n: usize) -> Vec<Sequence> {
     let lens = [31usize, 9, 17, 40, 12, 7, 23];
     (0..n)
@@ -96,7 +97,9 @@ pub fn batch(n: usize) -> Vec<Sequence> {
                         }
                     })
                     .collect(),
-                behaviour_logprobs: (0..len).map(|t| -3.0 - 0.05 * t as f32).collect(),
+                behaviour_logprobs: (0..len)
+                    .map(|t| if i == 2 { 0.0 } else { -3.0 - 0.05 * t as f32 })
+                    .collect(),
                 // Row 4 has every advantage 0: an RL step without a KL term skips it
                 // (`skip_null_rows`), so the split and the totals are checked with it.
                 advantages: if i == 4 {
@@ -105,7 +108,7 @@ pub fn batch(n: usize) -> Vec<Sequence> {
                     vec![0.5 - i as f32 * 0.3, 0.2, -0.4 + i as f32 * 0.1, 0.9]
                 },
                 tokens,
-                off_policy: false,
+                off_policy: i == 2,
             }
         })
         .collect()
@@ -128,6 +131,8 @@ pub fn trainer_on(c: &Case, device: Device) -> Trainer {
             loss: PolicyLossConfig {
                 // The KL term needs a reference: LoRA's is the base with adapters off.
                 kl_coef: if c.lora { 0.01 } else { 0.0 },
+                // LUFFY's shaping on row 2 of [`batch`] (RL steps only).
+                shaping: 0.1,
                 ..PolicyLossConfig::default()
             },
             optim: AdamWConfig {
@@ -206,13 +211,15 @@ pub fn steps_agree(
             got.tokens,
             got.sequences,
             got.minibatches,
-            got.null_sequences
+            got.null_sequences,
+            got.shaped_tokens
         ),
         (
             want.tokens,
             want.sequences,
             want.minibatches,
-            want.null_sequences
+            want.null_sequences,
+            want.shaped_tokens
         ),
         "{case}"
     );
@@ -470,6 +477,8 @@ pub fn dp_cases_agree(
                 dp.follow_step(Duration::from_secs(60)).unwrap()
             };
             let case = format!("{zero:?} {c:?} step {k}");
+            // Row 2 is off-policy: every RL case shapes its counted tokens.
+            assert_eq!(want.shaped_tokens > 0, c.kind == "rl", "{case}");
             // ZeRO-2 keeps only this rank's shard of the gradients.
             let grads = zero != Some(ZeroStage::Two);
             steps_agree(&case, (&got, &dp), (&want, &one), grads, DP_TOLERANCE);

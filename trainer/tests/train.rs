@@ -362,11 +362,7 @@ fn the_unlikelihood_term_adds_minus_log_one_minus_p_on_marked_tokens_with_its_gr
     // Off (coefficient 0) the marks change nothing: the policy gradient alone, no tokens counted.
     let (m0, plain) = run(0.0);
     assert_eq!((m0.unlikelihood_tokens, m0.unlikelihood), (0, 0.0));
-    let moved = ours
-        .iter()
-        .zip(&plain)
-        .map(|((_, a), (_, b))| (a - b).abs().max().double_value(&[]))
-        .fold(0.0, f64::max);
+    let moved = max_diff(&ours, &plain);
     assert!(
         moved > 1e-6,
         "the term did not change the gradient ({moved})"
@@ -462,18 +458,12 @@ fn off_policy_shaping_takes_minus_a_p_over_p_plus_gamma_on_a_demonstrations_toke
     tr.cfg.loss.shaping = gamma;
     let m_flat = tr.rl_step(&flat).unwrap();
     assert_eq!((m_flat.shaped_tokens, m_flat.loss), (0, m0.loss));
-    for ((name, a), (_, b)) in trained_grads(&tr).iter().zip(&plain) {
-        assert_eq!(
-            (a - b).abs().max().double_value(&[]),
-            0.0,
-            "{name}: γ moved a batch without off-policy rows"
-        );
-    }
-    let moved = ours
-        .iter()
-        .zip(&plain)
-        .map(|((_, a), (_, b))| (a - b).abs().max().double_value(&[]))
-        .fold(0.0, f64::max);
+    assert_eq!(
+        max_diff(&trained_grads(&tr), &plain),
+        0.0,
+        "γ moved a batch without off-policy rows"
+    );
+    let moved = max_diff(&ours, &plain);
     assert!(
         moved > 1e-6,
         "shaping did not change the gradient ({moved})"

@@ -52,6 +52,10 @@ pub struct PolicyLossConfig {
     pub unlikelihood: f64,
     /// γ of LUFFY's policy shaping on off-policy tokens ([`policy_terms`]); 0 = off.
     pub shaping: f64,
+    /// Coefficient c of the entropy bonus −c · H(π(·|prefix)) of Phase B, at the counted tokens
+    /// whose advantage is not 0, with their aggregation weight (the trainer's head applies it
+    /// with its analytic gradient); 0 = off.
+    pub entropy: f64,
 }
 
 impl Default for PolicyLossConfig {
@@ -64,6 +68,7 @@ impl Default for PolicyLossConfig {
             aggregation: Aggregation::TokenMean,
             unlikelihood: 0.0,
             shaping: 0.0,
+            entropy: 0.0,
         }
     }
 }
@@ -90,6 +95,12 @@ impl PolicyLossConfig {
             return bad(format!(
                 "off_policy_shaping = {}; allowed: [0, 10] (0: off)",
                 self.shaping
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.entropy) {
+            return bad(format!(
+                "entropy_bonus = {}; allowed: [0, 1] (0: off)",
+                self.entropy
             ));
         }
         if let Some(c) = self.tis_clamp

@@ -66,6 +66,7 @@ pub fn resolve(s: &TrainSettings) -> Result<Resolved, SettingsError> {
         tis_clamp: (s.tis_cap > 0.0).then_some(s.tis_cap),
         unlikelihood: s.loop_unlikelihood,
         shaping: s.off_policy_shaping,
+        entropy: s.entropy_bonus,
         aggregation: match s.loss_aggregation {
             LossAggregation::TokenMean => Aggregation::TokenMean,
             LossAggregation::SequenceMean => Aggregation::SequenceMean,
@@ -186,6 +187,7 @@ pub fn from_config(train: &TrainConfig, lora: Option<&LoraConfig>) -> TrainSetti
         tis_cap: l.tis_clamp.unwrap_or(0.0),
         loop_unlikelihood: l.unlikelihood,
         off_policy_shaping: l.shaping,
+        entropy_bonus: l.entropy,
         loss_aggregation,
         aggregation_constant,
         finetune,

@@ -1331,7 +1331,8 @@ impl Trainer {
     /// and dℓ/dW = Σ g·h at the targets' rows − pᵀ·(g·h), so no [c, V] pass beyond the
     /// log-softmax and its exp, which reuses the logits' storage. No [T, V] tensor outlives its
     /// chunk and autograd never stores logits. Gradients reach x (and the norm and lm weights)
-    /// in one backward.
+    /// in one backward. With the entropy bonus on (Phase B), the dense part of the logits'
+    /// gradient also carries e·p⊙(log p + H) and is formed as one [c, V] buffer.
     fn head_backward(&self, x: &Tensor, m: &Micro, mode: Mode, sums: &mut Sums) {
         let h = crate::model::qwen3::rms_norm(x, &self.model.norm, self.model.cfg.rms_norm_eps);
         let w = self.model.lm_weight();
@@ -1350,6 +1351,12 @@ impl Trainer {
             None => (hd, m),
         };
         let chunk = self.cfg.logit_chunk.max(1);
+        // The entropy bonus's per-position coefficient (Phase B with it on): coef · the
+        // aggregation weight at the counted positions whose advantage is not 0, so a row the
+        // update skips as null (`null_row`) would have taken none.
+        let coef = self.cfg.loss.entropy;
+        let bonus = (mode == Mode::Rl && coef > 0.0)
+            .then(|| &m.weights * m.adv.ne(0.0).to_kind(Kind::Float) * coef);
         let mut grad_h = Vec::new();
         let mut grad_w: Option<Tensor> = None;
         let mut s = 0;
@@ -1376,6 +1383,38 @@ impl Trainer {
                 } else {
                     logp_all.exp()
                 };
+                if let Some(e) = bonus.as_ref().map(|b| b.narrow(0, s, c)) {
+                    // With the entropy bonus −e·H (e = coef · weight where the advantage is
+                    // not 0), dℓ/dlogits = g·onehot + dense, dense = e·p⊙(log p + H) − g·p:
+                    // one more [c, V] buffer and three in-place passes beyond the plain path,
+                    // and the same two matmuls.
+                    let mut dense = &p * &logp_all;
+                    let ent = -dense.sum_dim_intlist(-1, false, Kind::Float);
+                    let g = if gl.defined() {
+                        gl.shallow_clone()
+                    } else {
+                        ent.zeros_like()
+                    };
+                    dense *= &e.unsqueeze(1);
+                    p *= &(&e * &ent - &g).unsqueeze(1);
+                    dense += &p;
+                    let kind = hc.kind();
+                    let (gk, dk) = (g.unsqueeze(1).to_kind(kind), dense.to_kind(kind));
+                    grad_h.push(wd.index_select(0, &tc) * &gk + dk.mm(&wd));
+                    if w.requires_grad() {
+                        let mut gw = dk.tr().mm(&hc);
+                        let _ = gw.index_add_(0, &tc, &(&hc * &gk));
+                        grad_w = Some(match grad_w.take() {
+                            Some(acc) => acc + gw,
+                            None => gw,
+                        });
+                    }
+                    sums.loss -= (&e * &ent).sum(Kind::Float).double_value(&[]);
+                    sums.entropy += (ent * m.mask.narrow(0, s, c))
+                        .sum(Kind::Float)
+                        .double_value(&[]);
+                    return;
+                }
                 if gl.defined() {
                     let kind = hc.kind();
                     let g = gl.unsqueeze(1).to_kind(kind);

@@ -221,6 +221,7 @@ fn policy_loss_and_lora_gradients_match_pytorch() {
         aggregation: Aggregation::TokenMean,
         unlikelihood: 0.0,
         shaping: 0.0,
+        entropy: 0.0,
     };
     // The batch as the reference script reads it (arrays shifted to target positions).
     let shifted = |f: &dyn Fn(&Sequence) -> Vec<f32>| {

@@ -1,7 +1,8 @@
 //! Train-step behaviour on CPU with tiny random models: SS-GRPO with equal stage advantages is
 //! GRPO; positive advantages raise log-probs and negative lower them; SFT overfits and masked
 //! tokens get no gradient; the unlikelihood term on marked tokens is −log(1 − p) with its
-//! gradient, and alone lowers those tokens; copy sequences repeat a span at varying distances; micro-batches
+//! gradient, and alone lowers those tokens; the entropy bonus is −c·H where the advantage is not
+//! 0, with its gradient, and alone raises the entropy; copy sequences repeat a span at varying distances; micro-batches
 //! keep the budget without padding short rows to long ones; optimizer + adapter checkpoints
 //! continue exactly, and so does a stopped `trainer sft`; the tokenizer trainer and `init`
 //! write a directory transformers loads with the same logits.
@@ -468,6 +469,102 @@ fn off_policy_shaping_takes_minus_a_p_over_p_plus_gamma_on_a_demonstrations_toke
         moved > 1e-6,
         "shaping did not change the gradient ({moved})"
     );
+}
+
+/// H(π(·|prefix)) at the positions that predict tokens 1.. of `tokens` through `m`'s full head,
+/// with autograd.
+fn full_head_entropy(m: &Qwen3, tokens: &[i64]) -> Tensor {
+    let n = tokens.len() as i64;
+    let ids = Tensor::from_slice(tokens).view([1, n]);
+    let logp = m
+        .logits(&ids.narrow(1, 0, n - 1), Fwd::TRAIN)
+        .log_softmax(-1, Kind::Float)
+        .squeeze_dim(0);
+    -(logp.exp() * logp).sum_dim_intlist(-1, false, Kind::Float)
+}
+
+#[test]
+fn the_entropy_bonus_subtracts_c_times_the_entropy_where_the_advantage_is_not_zero() {
+    let coef = 0.3;
+    // Rows of 19, 14 and 11 tokens (3 prompt tokens each) with advantages 1.5, -0.5 and 0 (a
+    // null row); chunks of 7 positions cut across them.
+    let data = vec![
+        marked((0..19).map(|t| (t * 7 + 1) % 64).collect(), 1.5, 0..0),
+        marked((0..14).map(|t| (t * 17 + 9) % 64).collect(), -0.5, 0..0),
+        marked((0..11).map(|t| (t * 23 + 4) % 64).collect(), 0.0, 0..0),
+    ];
+    let run = |c: f64, skip: bool| {
+        let mut tr = trainer(fresh_full(37), 0.0, 0.0);
+        tr.cfg.loss.entropy = c;
+        tr.cfg.skip_null_rows = skip;
+        let m = tr.rl_step(&data).unwrap();
+        (m, trained_grads(&tr))
+    };
+    let (m, ours) = run(coef, true);
+    assert_eq!(m.null_sequences, 1);
+
+    // The reference, through autograd with the full head: token-mean over all counted tokens of
+    // −A·ρ (ρ = 1) minus coef · H at the tokens of the rows with an advantage.
+    let reference = fresh_full(37);
+    let mut total = Tensor::zeros([], (Kind::Float, Device::Cpu));
+    for s in &data {
+        let logp = full_head_logp(&reference, &s.tokens);
+        let a = f64::from(s.advantages[0]);
+        let mask = shifted(&s.loss_mask);
+        total += ((&logp - logp.detach()).exp() * &mask).sum(Kind::Float) * -a;
+        if a != 0.0 {
+            total -= (full_head_entropy(&reference, &s.tokens) * &mask).sum(Kind::Float) * coef;
+        }
+    }
+    let total = total / counted(&data) as f64;
+    total.backward();
+    let want = total.double_value(&[]);
+    assert!(
+        (m.loss - want).abs() < 1e-5 * want.abs(),
+        "loss {} vs {want}",
+        m.loss
+    );
+    assert_grads_match(&ours, &reference);
+
+    // The null row takes no bonus, so training it gives the same update as skipping it.
+    let (m_all, all) = run(coef, false);
+    assert_eq!(m_all.null_sequences, 0);
+    assert!(
+        (m_all.loss - m.loss).abs() < 1e-6,
+        "{} vs {}",
+        m_all.loss,
+        m.loss
+    );
+    let d = max_diff(&all, &ours);
+    assert!(d < 1e-6, "the null row moved the update by {d}");
+    // Off, the gradient is the policy gradient's alone; the entropy metric is the same either way.
+    let (m0, plain) = run(0.0, true);
+    assert!((m0.entropy - m.entropy).abs() < 1e-9);
+    let moved = max_diff(&ours, &plain);
+    assert!(
+        moved > 1e-6,
+        "the bonus did not change the gradient ({moved})"
+    );
+}
+
+#[test]
+fn the_entropy_bonus_alone_raises_the_entropy_of_the_rows_with_an_advantage() {
+    // A tiny advantage: the policy gradient is negligible beside the bonus.
+    let s = marked((0..20).map(|t| (t * 11 + 2) % 64).collect(), 1e-6, 0..0);
+    let entropy = |tr: &Trainer| {
+        let h = full_head_entropy(&tr.model, &s.tokens);
+        (h * shifted(&s.loss_mask))
+            .sum(Kind::Float)
+            .double_value(&[])
+    };
+    let mut tr = trainer(fresh_full(5), 1e-2, 0.0);
+    tr.cfg.loss.entropy = 1.0;
+    let before = entropy(&tr);
+    for _ in 0..3 {
+        tr.rl_step(std::slice::from_ref(&s)).unwrap();
+    }
+    let after = entropy(&tr);
+    assert!(after > before + 1e-3, "summed entropy {before} -> {after}");
 }
 
 #[test]

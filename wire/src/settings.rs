@@ -152,6 +152,15 @@ pub struct TrainSettings {
     /// the serialised settings (and the hash) when 0, so every earlier run's hash stands.
     #[serde(skip_serializing_if = "is_zero")]
     pub off_policy_shaping: f64,
+    /// Coefficient c of an entropy bonus on the task update (Phase B): the loss takes
+    /// −c · H(π(·|prefix)) at every counted token whose advantage is not 0, H over the whole
+    /// vocabulary at temperature 1, with the token's aggregation weight (the regulariser of
+    /// Williams & Peng 1991 and Mnih et al. 2016's A3C; verl's `entropy_coeff`). Limited to the
+    /// tokens the policy gradient acts on, so the rows an update skips as null would have taken
+    /// none and skipping them stays exact. 0 = off. Left out of the serialised settings (and the
+    /// hash) when 0, so every earlier run's hash stands.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub entropy_bonus: f64,
     pub loss_aggregation: LossAggregation,
     /// Divisor when `loss_aggregation = "constant"`.
     pub aggregation_constant: f64,
@@ -208,6 +217,7 @@ impl Default for TrainSettings {
             tis_cap: 2.0,
             loop_unlikelihood: 0.0,
             off_policy_shaping: 0.0,
+            entropy_bonus: 0.0,
             loss_aggregation: LossAggregation::TokenMean,
             aggregation_constant: 1.0,
             finetune: Finetune::Full,
@@ -353,6 +363,12 @@ impl TrainSettings {
             "[0, 10] (0: off; LUFFY's γ is 0.1)",
         )?;
         check(
+            (0.0..=1.0).contains(&s.entropy_bonus),
+            "entropy_bonus",
+            s.entropy_bonus,
+            "[0, 1] (0: off)",
+        )?;
+        check(
             (0.0..=1.0).contains(&s.reflection_lr_scale),
             "reflection_lr_scale",
             s.reflection_lr_scale,
@@ -496,6 +512,14 @@ mod tests {
                 ..a.clone()
             },
         );
+        // The entropy bonus, off by default.
+        optional(
+            "entropy_bonus",
+            TrainSettings {
+                entropy_bonus: 0.01,
+                ..a.clone()
+            },
+        );
         // Skipping the null rows, on by default.
         optional(
             "skip_null_rows",
@@ -558,6 +582,17 @@ mod tests {
             let e = s.validate().unwrap_err().to_string();
             assert!(
                 e.contains("trainer.off_policy_shaping") && e.contains("[0, 10]"),
+                "{e}"
+            );
+        }
+        for bad in [-0.1, 1.5, f64::NAN] {
+            let s = TrainSettings {
+                entropy_bonus: bad,
+                ..TrainSettings::default()
+            };
+            let e = s.validate().unwrap_err().to_string();
+            assert!(
+                e.contains("trainer.entropy_bonus") && e.contains("[0, 1]"),
                 "{e}"
             );
         }

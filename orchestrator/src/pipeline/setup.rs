@@ -607,7 +607,8 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
         format!(
             "  trainer {}: {finetune}; lr {:e} {} (warm-up {}); AdamW ({}, {}) eps {:e} wd {}; \
              grad clip {}; KL3 beta {} vs {:?}; clip {}/{}; TIS cap {}; loop unlikelihood {}; \
-             off-policy shaping γ {}; {:?}; {} minibatch(es) per step; settings hash {}",
+             off-policy shaping γ {}; entropy bonus {}; {:?}; {} minibatch(es) per step; \
+             settings hash {}",
             cfg.trainer.url,
             t.lr,
             lr_schedule(cfg, recipes),
@@ -624,6 +625,7 @@ pub fn summary(cfg: &Config, recipes: &[Recipe]) -> String {
             t.tis_cap,
             t.loop_unlikelihood,
             t.off_policy_shaping,
+            t.entropy_bonus,
             t.loss_aggregation,
             t.minibatches_per_step,
             t.hash()

@@ -133,6 +133,8 @@ pub fn trainer_on(c: &Case, device: Device) -> Trainer {
                 kl_coef: if c.lora { 0.01 } else { 0.0 },
                 // LUFFY's shaping on row 2 of [`batch`] (RL steps only).
                 shaping: 0.1,
+                // The entropy bonus at the tokens with an advantage (RL steps only).
+                entropy: 0.05,
                 ..PolicyLossConfig::default()
             },
             optim: AdamWConfig {

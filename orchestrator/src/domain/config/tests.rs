@@ -745,6 +745,7 @@ fn loop_unlikelihood_is_off_in_every_preset_needs_the_loop_stop_and_excludes_the
         let c = Config::load(name, &Overrides::default()).unwrap();
         assert_eq!(c.trainer.settings.loop_unlikelihood, 0.0, "{name}");
         assert_eq!(c.trainer.settings.off_policy_shaping, 0.0, "{name}");
+        assert_eq!(c.trainer.settings.entropy_bonus, 0.0, "{name}");
         assert_eq!(c.batch_credit().unlikelihood, None, "{name}");
     }
     let rule = "rollout.repetition_detection={max_pattern_size=32,min_count=16}";
@@ -1020,4 +1021,24 @@ fn the_loop_negative_advantage_scale_is_absent_in_every_preset_and_checked() {
             && err.contains("rollout.repetition_detection"),
         "{err}"
     );
+}
+
+#[test]
+fn the_entropy_bonus_is_off_in_every_preset_set_by_override_and_bounded() {
+    let plain = smoke_with(&[]).unwrap();
+    let on = smoke_with(&["trainer.entropy_bonus=0.1"]).unwrap();
+    assert_eq!(on.trainer.settings.entropy_bonus, 0.1);
+    // Off, it is not serialised, so every earlier run's settings hash stands.
+    assert_ne!(on.trainer.settings.hash(), plain.trainer.settings.hash());
+    let text = serde_json::to_string(&plain.trainer.settings).unwrap();
+    assert!(!text.contains("entropy_bonus"), "{text}");
+    for bad in ["-0.1", "1.5"] {
+        let err = smoke_with(&[&format!("trainer.entropy_bonus={bad}")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("trainer.entropy_bonus") && err.contains("[0, 1]"),
+            "{err}"
+        );
+    }
 }

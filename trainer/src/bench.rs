@@ -24,6 +24,8 @@ pub struct BenchSpec {
     pub kind: Kind,
     /// Peak FLOP/s of the device for MFU (None: not reported).
     pub peak_flops: Option<f64>,
+    /// `PolicyLossConfig::entropy` of the timed step (0 = off).
+    pub entropy_bonus: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -66,6 +68,7 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
     let cfg = TrainConfig {
         loss: PolicyLossConfig {
             kl_coef: 0.0,
+            entropy: spec.entropy_bonus,
             ..PolicyLossConfig::default()
         },
         optim: AdamWConfig {

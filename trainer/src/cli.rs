@@ -165,6 +165,10 @@ pub enum Command {
         /// Peak FLOP/s for MFU, e.g. 989e12 for H100 bf16 dense.
         #[arg(long)]
         peak_flops: Option<f64>,
+        /// The entropy bonus's coefficient in the timed step (`trainer.entropy_bonus`; 0 = off),
+        /// to time its head path.
+        #[arg(long, default_value_t = 0.0)]
+        entropy_bonus: f64,
     },
 }
 

@@ -163,6 +163,7 @@ impl Task {
                 grad_checkpoint,
                 device,
                 peak_flops,
+                entropy_bonus,
             } => {
                 let device = parse_device(&device)?;
                 Task::Bench(Box::new(BenchSpec {
@@ -176,6 +177,7 @@ impl Task {
                     device,
                     kind: crate::default_kind(device),
                     peak_flops,
+                    entropy_bonus,
                 }))
             }
             Command::Sft {

@@ -1383,58 +1383,62 @@ impl Trainer {
                 } else {
                     logp_all.exp()
                 };
-                if let Some(e) = bonus.as_ref().map(|b| b.narrow(0, s, c)) {
-                    // With the entropy bonus −e·H (e = coef · weight where the advantage is
-                    // not 0), dℓ/dlogits = g·onehot + dense, dense = e·p⊙(log p + H) − g·p:
-                    // one more [c, V] buffer and three in-place passes beyond the plain path,
-                    // and the same two matmuls.
-                    let mut dense = &p * &logp_all;
-                    let ent = -dense.sum_dim_intlist(-1, false, Kind::Float);
-                    let g = if gl.defined() {
-                        gl.shallow_clone()
-                    } else {
-                        ent.zeros_like()
-                    };
-                    dense *= &e.unsqueeze(1);
-                    p *= &(&e * &ent - &g).unsqueeze(1);
-                    dense += &p;
-                    let kind = hc.kind();
-                    let (gk, dk) = (g.unsqueeze(1).to_kind(kind), dense.to_kind(kind));
-                    grad_h.push(wd.index_select(0, &tc) * &gk + dk.mm(&wd));
-                    if w.requires_grad() {
-                        let mut gw = dk.tr().mm(&hc);
-                        let _ = gw.index_add_(0, &tc, &(&hc * &gk));
-                        grad_w = Some(match grad_w.take() {
-                            Some(acc) => acc + gw,
-                            None => gw,
+                let kind = hc.kind();
+                // This chunk's rows of dℓ/dh, its dℓ/dW (when the head's weight trains), and
+                // its entropy −Σ p·log p per position.
+                let (rows, gw, ent) = match bonus.as_ref().map(|b| b.narrow(0, s, c)) {
+                    Some(e) => {
+                        // With the entropy bonus −e·H (e = coef · weight where the advantage
+                        // is not 0), dℓ/dlogits = g·onehot + dense, dense = e·p⊙(log p + H)
+                        // − g·p: one more [c, V] buffer and three in-place passes beyond the
+                        // plain path, and the same two matmuls.
+                        let mut dense = &p * &logp_all;
+                        let ent = -dense.sum_dim_intlist(-1, false, Kind::Float);
+                        let g = if gl.defined() {
+                            gl.shallow_clone()
+                        } else {
+                            ent.zeros_like()
+                        };
+                        dense *= &e.unsqueeze(1);
+                        p *= &(&e * &ent - &g).unsqueeze(1);
+                        dense += &p;
+                        let (gk, dk) = (g.unsqueeze(1).to_kind(kind), dense.to_kind(kind));
+                        let rows = wd.index_select(0, &tc) * &gk + dk.mm(&wd);
+                        let gw = w.requires_grad().then(|| {
+                            let mut gw = dk.tr().mm(&hc);
+                            let _ = gw.index_add_(0, &tc, &(&hc * &gk));
+                            gw
                         });
+                        sums.loss -= (&e * &ent).sum(Kind::Float).double_value(&[]);
+                        (rows, gw, ent)
                     }
-                    sums.loss -= (&e * &ent).sum(Kind::Float).double_value(&[]);
-                    sums.entropy += (ent * m.mask.narrow(0, s, c))
-                        .sum(Kind::Float)
-                        .double_value(&[]);
-                    return;
-                }
-                if gl.defined() {
-                    let kind = hc.kind();
-                    let g = gl.unsqueeze(1).to_kind(kind);
-                    let pk = p.to_kind(kind);
-                    grad_h.push((wd.index_select(0, &tc) - pk.mm(&wd)) * &g);
-                    if w.requires_grad() {
-                        let gh = &hc * &g;
-                        let mut gw = pk.tr().mm(&(-&gh));
-                        let _ = gw.index_add_(0, &tc, &gh);
-                        grad_w = Some(match grad_w.take() {
-                            Some(acc) => acc + gw,
-                            None => gw,
-                        });
+                    None => {
+                        let (rows, gw) = if gl.defined() {
+                            let g = gl.unsqueeze(1).to_kind(kind);
+                            let pk = p.to_kind(kind);
+                            let rows = (wd.index_select(0, &tc) - pk.mm(&wd)) * &g;
+                            let gw = w.requires_grad().then(|| {
+                                let gh = &hc * &g;
+                                let mut gw = pk.tr().mm(&(-&gh));
+                                let _ = gw.index_add_(0, &tc, &gh);
+                                gw
+                            });
+                            (rows, gw)
+                        } else {
+                            (hc.zeros_like(), None)
+                        };
+                        // The product written over p.
+                        let _ = p.f_mul_(&logp_all);
+                        (rows, gw, -p.sum_dim_intlist(-1, false, Kind::Float))
                     }
-                } else {
-                    grad_h.push(hc.zeros_like());
+                };
+                grad_h.push(rows);
+                if let Some(gw) = gw {
+                    grad_w = Some(match grad_w.take() {
+                        Some(acc) => acc + gw,
+                        None => gw,
+                    });
                 }
-                // Entropy −Σ p·log p, the product written over p.
-                let _ = p.f_mul_(&logp_all);
-                let ent = -p.sum_dim_intlist(-1, false, Kind::Float);
                 sums.entropy += (ent * m.mask.narrow(0, s, c))
                     .sum(Kind::Float)
                     .double_value(&[]);

@@ -228,11 +228,19 @@ fn rl_rows(rows: &[(i64, f32)], mul: i64, row_mul: i64, add: i64) -> Vec<Sequenc
 fn full_head_logp(m: &Qwen3, tokens: &[i64]) -> Tensor {
     let n = tokens.len() as i64;
     let ids = Tensor::from_slice(tokens).view([1, n]);
+    full_head_log_softmax(m, tokens)
+        .gather(1, &ids.narrow(1, 1, n - 1).view([-1, 1]), false)
+        .squeeze_dim(1)
+}
+
+/// log π(·|prefix) [n − 1, V] at the positions that predict tokens 1.. of `tokens`, through `m`'s
+/// full head with autograd.
+fn full_head_log_softmax(m: &Qwen3, tokens: &[i64]) -> Tensor {
+    let n = tokens.len() as i64;
+    let ids = Tensor::from_slice(tokens).view([1, n]);
     m.logits(&ids.narrow(1, 0, n - 1), Fwd::TRAIN)
         .log_softmax(-1, Kind::Float)
         .squeeze_dim(0)
-        .gather(1, &ids.narrow(1, 1, n - 1).view([-1, 1]), false)
-        .squeeze_dim(1)
 }
 
 /// A per-token flag as the f32 weights of the positions that predict tokens 1.. (shifted).
@@ -246,6 +254,18 @@ fn counted(data: &[Sequence]) -> usize {
     data.iter()
         .map(|s| s.loss_mask[1..].iter().filter(|&&m| m).count())
         .sum()
+}
+
+/// The reference's `total` as a token mean over `data`'s counted tokens, back-propagated (so the
+/// reference model holds its gradients); the step's `loss` must equal it to 1e-5 of its size.
+fn token_mean_backward(total: Tensor, data: &[Sequence], loss: f64) {
+    let total = total / counted(data) as f64;
+    total.backward();
+    let want = total.double_value(&[]);
+    assert!(
+        (loss - want).abs() < 1e-5 * want.abs(),
+        "loss {loss} vs {want}"
+    );
 }
 
 /// Every trainable weight's gradient in `ours` equals `reference`'s (after its backward) to
@@ -288,13 +308,7 @@ fn the_head_on_masked_positions_only_gives_the_full_heads_loss_and_gradients() {
     for s in &data {
         total -= (full_head_logp(&reference, &s.tokens) * shifted(&s.loss_mask)).sum(Kind::Float);
     }
-    let total = total / counted(&data) as f64;
-    total.backward();
-    let want = total.double_value(&[]);
-    assert!(
-        (loss - want).abs() < 1e-5 * want.abs(),
-        "loss {loss} vs {want}"
-    );
+    token_mean_backward(total, &data, loss);
     assert_grads_match(&ours, &reference);
 }
 
@@ -343,14 +357,7 @@ fn the_unlikelihood_term_adds_minus_log_one_minus_p_on_marked_tokens_with_its_gr
             total += (u * marks).sum(Kind::Float) * coef;
         }
     }
-    let total = total / counted(&data) as f64;
-    total.backward();
-    let want = total.double_value(&[]);
-    assert!(
-        (m.loss - want).abs() < 1e-5 * want.abs(),
-        "loss {} vs {want}",
-        m.loss
-    );
+    token_mean_backward(total, &data, m.loss);
     assert_eq!((m.unlikelihood_tokens, ul_n), (6, 6.0));
     assert!(
         (m.unlikelihood - ul_sum / ul_n).abs() < 1e-5,
@@ -437,14 +444,7 @@ fn off_policy_shaping_takes_minus_a_p_over_p_plus_gamma_on_a_demonstrations_toke
         };
         total += (per_token * shifted(&s.loss_mask)).sum(Kind::Float) * a;
     }
-    let total = total / counted(&data) as f64;
-    total.backward();
-    let want = total.double_value(&[]);
-    assert!(
-        (m.loss - want).abs() < 1e-5 * want.abs(),
-        "loss {} vs {want}",
-        m.loss
-    );
+    token_mean_backward(total, &data, m.loss);
     assert_eq!(m.shaped_tokens, 16);
     assert_eq!(m.clip_fraction, 0.0);
     assert_grads_match(&ours, &reference);
@@ -474,12 +474,7 @@ fn off_policy_shaping_takes_minus_a_p_over_p_plus_gamma_on_a_demonstrations_toke
 /// H(π(·|prefix)) at the positions that predict tokens 1.. of `tokens` through `m`'s full head,
 /// with autograd.
 fn full_head_entropy(m: &Qwen3, tokens: &[i64]) -> Tensor {
-    let n = tokens.len() as i64;
-    let ids = Tensor::from_slice(tokens).view([1, n]);
-    let logp = m
-        .logits(&ids.narrow(1, 0, n - 1), Fwd::TRAIN)
-        .log_softmax(-1, Kind::Float)
-        .squeeze_dim(0);
+    let logp = full_head_log_softmax(m, tokens);
     -(logp.exp() * logp).sum_dim_intlist(-1, false, Kind::Float)
 }
 
@@ -516,14 +511,7 @@ fn the_entropy_bonus_subtracts_c_times_the_entropy_where_the_advantage_is_not_ze
             total -= (full_head_entropy(&reference, &s.tokens) * &mask).sum(Kind::Float) * coef;
         }
     }
-    let total = total / counted(&data) as f64;
-    total.backward();
-    let want = total.double_value(&[]);
-    assert!(
-        (m.loss - want).abs() < 1e-5 * want.abs(),
-        "loss {} vs {want}",
-        m.loss
-    );
+    token_mean_backward(total, &data, m.loss);
     assert_grads_match(&ours, &reference);
 
     // The null row takes no bonus, so training it gives the same update as skipping it.

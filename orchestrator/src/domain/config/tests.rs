@@ -88,7 +88,7 @@ fn guided_is_ablation_mini_with_its_stated_departures() {
         min_pattern_size: 1,
         min_count: 16,
     });
-    want.credit.negative_scale = 0.0;
+    want.credit.negative_scale = 0.1;
     want.credit.guidance_demos = Some("runs/guided/rl-demos.jsonl".into());
     want.data.tasks = "runs/guided/world/tasks-rl6.jsonl".into();
     want.data.index = "runs/guided/index".into();
@@ -110,7 +110,7 @@ fn guided_is_ablation_mini_with_its_stated_departures() {
     ];
     assert_eq!(g, want);
     assert_eq!(g.experiment.run_seeds(), vec![17, 18]);
-    assert_eq!(g.batch_credit().negative_scale, 0.0);
+    assert_eq!(g.batch_credit().negative_scale, 0.1);
     // The departures are in the stored settings (and so in the run's settings hash).
     let text = toml::to_string(&g).unwrap();
     for key in [

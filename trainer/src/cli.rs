@@ -162,6 +162,9 @@ pub enum Command {
         /// cpu or cuda.
         #[arg(long, default_value = "auto")]
         device: String,
+        /// Parameter dtype: auto (bf16 on CUDA, f32 on CPU), f32 or bf16.
+        #[arg(long, default_value = "auto")]
+        dtype: String,
         /// Peak FLOP/s for MFU, e.g. 989e12 for H100 bf16 dense.
         #[arg(long)]
         peak_flops: Option<f64>,
@@ -261,6 +264,11 @@ pub struct ServeArgs {
     /// cpu, cuda or auto.
     #[arg(long, env = "TRAINER_DEVICE", default_value = "auto")]
     pub device: String,
+    /// Parameter dtype until a client's settings say otherwise (`trainer.param_dtype`): auto
+    /// (bf16 on CUDA, f32 on CPU), f32 or bf16 (fp32 master weights). A policy server that only
+    /// generates serves in it.
+    #[arg(long, env = "TRAINER_DTYPE", default_value = "auto")]
+    pub dtype: String,
     /// libtorch intra-op threads on CPU (0: libtorch's default, one per core). Two processes
     /// sharing a machine (a policy server and a trainer) each get a share this way.
     #[arg(long, env = "TRAINER_THREADS", default_value_t = 0)]

@@ -162,10 +162,12 @@ impl Task {
                 lora_r,
                 grad_checkpoint,
                 device,
+                dtype,
                 peak_flops,
                 entropy_bonus,
             } => {
                 let device = parse_device(&device)?;
+                let kind = parse_dtype(&dtype)?.unwrap_or_else(|| crate::default_kind(device));
                 Task::Bench(Box::new(BenchSpec {
                     config: Qwen3Config::from_file(&config)?,
                     lora: lora_config(lora_r, None),
@@ -175,7 +177,7 @@ impl Task {
                     warmup,
                     grad_checkpoint,
                     device,
-                    kind: crate::default_kind(device),
+                    kind,
                     peak_flops,
                     entropy_bonus,
                 }))
@@ -218,12 +220,7 @@ impl Task {
                         "--weight-decay = {weight_decay}; allowed: 0 <= it < 1 (and lr x it < 1)"
                     );
                 }
-                let kind = match dtype.as_str() {
-                    "auto" => None,
-                    "f32" => Some(tch::Kind::Float),
-                    "bf16" => Some(tch::Kind::BFloat16),
-                    other => bail!("--dtype = {other:?}; allowed: auto, f32, bf16"),
-                };
+                let kind = parse_dtype(&dtype)?;
                 let mut train = TrainConfig::default();
                 train.optim.lr = lr;
                 train.optim.weight_decay = weight_decay;
@@ -334,7 +331,12 @@ impl ServeSettings {
         train.loss.kl_coef = a.kl_coef;
         train.optim.max_grad_norm = a.max_grad_norm;
         train.micro_batch_tokens = a.micro_batch_tokens;
-        let settings = crate::settings::from_config(&train, lora.as_ref());
+        let mut settings = crate::settings::from_config(&train, lora.as_ref());
+        settings.param_dtype = match parse_dtype(&a.dtype)? {
+            None => wire::settings::ParamDtype::Auto,
+            Some(tch::Kind::BFloat16) => wire::settings::ParamDtype::Bf16,
+            Some(_) => wire::settings::ParamDtype::F32,
+        };
         crate::settings::resolve(&settings).map_err(|e| {
             anyhow::anyhow!(
                 "{e} (from --lr, --kl-coef, --max-grad-norm, --micro-batch-tokens, --lora-r, \
@@ -411,6 +413,17 @@ pub fn parse_device(s: &str) -> anyhow::Result<tch::Device> {
         "cuda" => tch::Device::Cuda(0),
         "auto" => crate::default_device(),
         other => bail!("--device = {other:?}; allowed: cpu, cuda, auto"),
+    })
+}
+
+/// `--dtype`: auto (`None`: [`crate::default_kind`] of the device), f32 or bf16 (parameters in
+/// bf16; the optimizer keeps fp32 master weights and moments).
+pub fn parse_dtype(s: &str) -> anyhow::Result<Option<tch::Kind>> {
+    Ok(match s {
+        "auto" => None,
+        "f32" => Some(tch::Kind::Float),
+        "bf16" => Some(tch::Kind::BFloat16),
+        other => bail!("--dtype = {other:?}; allowed: auto, f32, bf16"),
     })
 }
 
@@ -641,6 +654,23 @@ mod tests {
         want.loss.kl_coef = 0.0;
         assert_eq!(r.train, want);
         assert!(r.lora.is_none() && !r.reference_copy);
+        assert_eq!(r.kind, None, "the device's dtype unless asked");
+        let s = serve(&["--device", "cpu", "--dtype", "bf16"]).unwrap();
+        assert_eq!(
+            s.load.settings.param_dtype,
+            wire::settings::ParamDtype::Bf16
+        );
+        assert_eq!(
+            crate::settings::resolve(&s.load.settings).unwrap().kind,
+            Some(tch::Kind::BFloat16)
+        );
+        let e = serve(&["--device", "cpu", "--dtype", "fp8"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--dtype = \"fp8\"") && e.contains("auto, f32, bf16"),
+            "{e}"
+        );
 
         let s = serve(&["--device", "cpu", "--lora-r", "8", "--threads", "2"]).unwrap();
         let l = crate::settings::resolve(&s.load.settings)

@@ -6,8 +6,8 @@
 //! ([`from_config`]): the settings a trainer started ad hoc holds until a client sends its own.
 
 use wire::settings::{
-    Finetune, LoraSettings, LossAggregation, LrSchedule, ReferencePolicy, SettingsError,
-    TrainSettings,
+    Finetune, LoraSettings, LossAggregation, LrSchedule, ParamDtype, ReferencePolicy,
+    SettingsError, TrainSettings,
 };
 
 use crate::loss::{Aggregation, PolicyLossConfig};
@@ -25,6 +25,8 @@ pub struct Resolved {
     /// `kl_beta > 0` against the initial policy; LoRA's reference is the base with the adapters
     /// off).
     pub reference_copy: bool,
+    /// The parameters' dtype; `None`: [`crate::default_kind`] of the device.
+    pub kind: Option<tch::Kind>,
 }
 
 /// Check `s` completely (the wire rules, then what the trainer itself needs) and build the
@@ -123,10 +125,16 @@ pub fn resolve(s: &TrainSettings) -> Result<Resolved, SettingsError> {
     };
     let reference_copy =
         lora.is_none() && s.kl_beta > 0.0 && s.reference == ReferencePolicy::Initial;
+    let kind = match s.param_dtype {
+        ParamDtype::Auto => None,
+        ParamDtype::F32 => Some(tch::Kind::Float),
+        ParamDtype::Bf16 => Some(tch::Kind::BFloat16),
+    };
     Ok(Resolved {
         train,
         lora,
         reference_copy,
+        kind,
     })
 }
 
@@ -197,6 +205,7 @@ pub fn from_config(train: &TrainConfig, lora: Option<&LoraConfig>) -> TrainSetti
         minibatches_per_step: u32::try_from(train.minibatches_per_step).unwrap_or(u32::MAX),
         skip_null_rows: train.skip_null_rows,
         reflection_lr_scale: train.reflection_lr_scale,
+        param_dtype: ParamDtype::Auto,
     }
 }
 

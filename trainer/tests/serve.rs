@@ -310,3 +310,65 @@ async fn sglang_and_full_weight_publishing_speak_each_servers_api() {
         ]
     );
 }
+
+/// `trainer.param_dtype = "bf16"` is a structural setting: posted at version 0 it rebuilds the
+/// policy in bf16 (fp32 master weights), `/v1/state` says so, a train step under its hash moves
+/// the served policy the advantage's way, and the served log-probs stay near the f32 model's
+/// (bf16 rounding of the weights, not another model). `trainer serve --dtype bf16` starts in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bf16_parameters_are_a_structural_setting_that_trains() {
+    use wire::settings::{ParamDtype, TrainSettings};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path());
+    let s = serve_suite::start(Launch::InProcess, &dir, serve_suite::Opts::default()).await;
+    let url = &s.url;
+    let state = common_state(url).await;
+    assert_eq!(state["dtype"], "f32");
+    let xs = serve_suite::seqs(1, 24);
+    let before = serve_suite::forward_logprobs(url, &xs[0]).await;
+
+    let held: wire::SettingsReply =
+        serde_json::from_value(serve_suite::get_json(&format!("{url}/v1/settings")).await).unwrap();
+    let want = TrainSettings {
+        param_dtype: ParamDtype::Bf16,
+        ..held.settings.clone()
+    };
+    let (code, r) = common::post_json(
+        &format!("{url}/v1/settings"),
+        serde_json::to_value(&want).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{r}");
+    let r: wire::SettingsReply = serde_json::from_value(r).unwrap();
+    assert!(r.rebuilt, "the dtype is structural: rebuilt at version 0");
+    assert_ne!(r.hash, held.hash);
+    assert_eq!(common_state(url).await["dtype"], "bf16");
+
+    // The same model, rounded: log-probs within bf16's precision of the f32 ones.
+    let low = serve_suite::forward_logprobs(url, &xs[0]).await;
+    let gap = before
+        .iter()
+        .zip(&low)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(gap > 0.0 && gap < 0.05, "bf16 against f32 log-probs: {gap}");
+
+    // A positive advantage raises the trained tokens' log-probs.
+    let b = serve_suite::batch(url, &xs, &[1.0]).await;
+    let (code, e) =
+        serve_suite::post_batch_query(url, &format!("settings_hash={}", r.hash), &b).await;
+    assert_eq!(code, 200, "{e}");
+    let after = serve_suite::forward_logprobs(url, &xs[0]).await;
+    let mean = |lp: &[f32]| lp[lp.len() - 8..].iter().sum::<f32>() / 8.0;
+    assert!(
+        mean(&after) > mean(&low) + 0.01,
+        "{} -> {}",
+        mean(&low),
+        mean(&after)
+    );
+    assert_eq!(common_state(url).await["dtype"], "bf16");
+}
+
+async fn common_state(url: &str) -> serde_json::Value {
+    serve_suite::get_json(&format!("{url}/v1/state")).await
+}

@@ -192,6 +192,9 @@ pub struct StateReply<L = serde_json::Value, C = serde_json::Value> {
     #[serde(default)]
     pub session: Option<String>,
     pub device: String,
+    /// The parameters' dtype (`f32`, `bf16`; `trainer.param_dtype`).
+    #[serde(default)]
+    pub dtype: String,
     pub train_config: C,
 }
 
@@ -372,12 +375,13 @@ mod tests {
             served_names: vec!["policy".into()],
             session: None,
             device: "Cpu".into(),
+            dtype: "f32".into(),
             train_config: json!({"micro_batch_tokens": 16384}),
         };
         let text = serde_json::to_string(&s).unwrap();
         assert_eq!(
             text,
-            r#"{"policy_version":4,"optimizer_step":4,"mode":"lora","lora":{"r":8},"base":"/m","training":false,"served_names":["policy"],"session":null,"device":"Cpu","train_config":{"micro_batch_tokens":16384}}"#
+            r#"{"policy_version":4,"optimizer_step":4,"mode":"lora","lora":{"r":8},"base":"/m","training":false,"served_names":["policy"],"session":null,"device":"Cpu","dtype":"f32","train_config":{"micro_batch_tokens":16384}}"#
         );
         let back: StateReply = serde_json::from_str(&text).unwrap();
         assert_eq!(back, s);

@@ -68,6 +68,26 @@ pub enum Finetune {
     Lora,
 }
 
+/// The dtype the trainer holds the model's parameters in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamDtype {
+    /// bf16 on a GPU, f32 on a CPU.
+    #[default]
+    Auto,
+    F32,
+    /// bf16 parameters with fp32 master weights and AdamW moments (the usual mixed-precision
+    /// recipe). On a CPU it pays only where the cores multiply bf16 natively (AMX-BF16 or
+    /// AVX512-BF16, which libtorch's oneDNN kernels use); elsewhere it is slower than f32.
+    Bf16,
+}
+
+impl ParamDtype {
+    fn is_auto(&self) -> bool {
+        *self == ParamDtype::Auto
+    }
+}
+
 /// LoRA shape (used when `finetune = "lora"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -194,6 +214,11 @@ pub struct TrainSettings {
     /// stands.
     #[serde(skip_serializing_if = "is_one")]
     pub reflection_lr_scale: f64,
+    /// The parameters' dtype (a structural setting: the policy is rebuilt in it at version 0).
+    /// Left out of the serialised settings (and the hash) when `auto`, so every earlier run's
+    /// hash stands.
+    #[serde(skip_serializing_if = "ParamDtype::is_auto")]
+    pub param_dtype: ParamDtype,
 }
 
 impl Default for TrainSettings {
@@ -227,6 +252,7 @@ impl Default for TrainSettings {
             minibatches_per_step: 1,
             skip_null_rows: true,
             reflection_lr_scale: 1.0,
+            param_dtype: ParamDtype::Auto,
         }
     }
 }
@@ -440,6 +466,7 @@ impl TrainSettings {
             || (self.finetune == Finetune::Lora && self.lora != other.lora)
             || (self.reference != other.reference)
             || (self.kl_beta == 0.0) != (other.kl_beta == 0.0)
+            || self.param_dtype != other.param_dtype
     }
 }
 
@@ -536,6 +563,20 @@ mod tests {
                 ..a.clone()
             },
         );
+        // The parameters' dtype, auto by default.
+        optional(
+            "param_dtype",
+            TrainSettings {
+                param_dtype: ParamDtype::Bf16,
+                ..a.clone()
+            },
+        );
+        let json = serde_json::to_value(TrainSettings {
+            param_dtype: ParamDtype::Bf16,
+            ..a.clone()
+        })
+        .unwrap();
+        assert_eq!(json["param_dtype"], "bf16");
     }
 
     #[test]
@@ -627,5 +668,11 @@ mod tests {
         assert!(!a.structural_change(&b));
         b.finetune = Finetune::Lora;
         assert!(a.structural_change(&b));
+        let mut c = a.clone();
+        c.param_dtype = ParamDtype::Bf16;
+        assert!(
+            a.structural_change(&c),
+            "the parameters' dtype rebuilds the policy"
+        );
     }
 }

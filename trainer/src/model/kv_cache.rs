@@ -184,10 +184,12 @@ impl BatchKv {
     }
 
     /// Room for `rows` rows of `positions` positions, allocated like `like` ([1, kv_heads, T,
-    /// d]) for `layers` layers; existing rows are copied into a grown allocation.
+    /// d]) for `layers` layers; existing rows are copied into a grown allocation, and converted
+    /// when `like` has another dtype (weights rebuilt in another dtype while rows are held).
     fn reserve_like(&mut self, like: &Tensor, layers: usize, rows: i64, positions: i64) {
         let (have_rows, have_pos) = self.allocated();
-        if self.k.len() == layers && rows <= have_rows && positions <= have_pos {
+        let same_kind = self.k.first().is_none_or(|t| t.kind() == like.kind());
+        if self.k.len() == layers && rows <= have_rows && positions <= have_pos && same_kind {
             return;
         }
         let grow = |need: i64, have: i64, floor: i64| {
@@ -239,10 +241,11 @@ impl BatchKv {
         (lens.sum(), span.saturating_mul(self.lens.len()))
     }
 
-    /// Before a decode step: room for one more position in every row, and where the step
-    /// writes and reads (built once for all layers).
-    pub(crate) fn begin_step(&mut self, device: tch::Device) -> StepSlots {
-        if let Some(like) = self.k.first().map(|t| t.narrow(0, 0, 1)) {
+    /// Before a decode step of a model holding `kind` weights: room for one more position in
+    /// every row, in `kind` (rows cached under weights of another dtype are converted), and
+    /// where the step writes and reads (built once for all layers).
+    pub(crate) fn begin_step(&mut self, device: tch::Device, kind: Kind) -> StepSlots {
+        if let Some(like) = self.k.first().map(|t| t.narrow(0, 0, 1).to_kind(kind)) {
             let need = self.lens.iter().copied().max().unwrap_or(0) + 1;
             let layers = self.k.len();
             self.reserve_like(&like, layers, self.lens.len() as i64, need);
@@ -290,5 +293,65 @@ impl BatchKv {
         for n in &mut self.lens {
             *n += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_row(kind: Kind, len: i64, seed: f64) -> KvCache {
+        let t = |s: f64| {
+            (Tensor::arange(2 * len * 4, (Kind::Float, tch::Device::Cpu)) * s)
+                .view([1, 2, len, 4])
+                .to_kind(kind)
+        };
+        KvCache {
+            layers: vec![LayerKv {
+                k: Some(t(seed)),
+                v: Some(t(-seed)),
+            }],
+        }
+    }
+
+    /// Rows cached under f32 weights are converted, not refused, when weights of another dtype
+    /// arrive (a policy rebuilt in bf16 while sequences run): the held rows keep their values
+    /// (rounded), and a decode step of the new dtype reserves in it.
+    #[test]
+    fn rows_follow_the_weights_dtype() {
+        let mut kv = BatchKv::default();
+        kv.push(&one_row(Kind::Float, 3, 0.5)).unwrap();
+        assert_eq!(kv.k[0].kind(), Kind::Float);
+        kv.push(&one_row(Kind::BFloat16, 5, 0.25)).unwrap();
+        assert!(kv.k.iter().chain(&kv.v).all(|t| t.kind() == Kind::BFloat16));
+        assert_eq!(kv.lens(), &[3, 5]);
+        let row0 = kv.row_cache(0).layers[0]
+            .k
+            .as_ref()
+            .unwrap()
+            .to_kind(Kind::Float);
+        let want = one_row(Kind::Float, 3, 0.5).layers[0]
+            .k
+            .as_ref()
+            .unwrap()
+            .shallow_clone();
+        assert!(row0.allclose(&want, 1e-2, 1e-2, false));
+
+        let mut kv = BatchKv::default();
+        kv.push(&one_row(Kind::Float, 3, 0.5)).unwrap();
+        let at = kv.begin_step(tch::Device::Cpu, Kind::BFloat16);
+        assert_eq!(at.span, 4);
+        assert!(kv.k.iter().chain(&kv.v).all(|t| t.kind() == Kind::BFloat16));
+        let row0 = kv.row_cache(0).layers[0]
+            .v
+            .as_ref()
+            .unwrap()
+            .to_kind(Kind::Float);
+        let want = one_row(Kind::Float, 3, 0.5).layers[0]
+            .v
+            .as_ref()
+            .unwrap()
+            .shallow_clone();
+        assert!(row0.allclose(&want, 1e-2, 1e-2, false));
     }
 }

@@ -582,7 +582,7 @@ impl Qwen3 {
             kv.rows()
         );
         let b = ids.len() as i64;
-        let at = kv.begin_step(self.device);
+        let at = kv.begin_step(self.device, self.kind);
         // Built by the first layer that uses libtorch's kernel (none when every layer takes the
         // row kernel).
         let mask = std::cell::OnceCell::new();

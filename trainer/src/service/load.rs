@@ -125,9 +125,11 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
 /// always comes from the model directory, never from the checkpoint.
 pub fn build_policy(opts: &LoadOptions, checkpoint: Option<&Path>) -> Result<Policy> {
     let dir = &opts.model_dir;
-    let kind = crate::default_kind(opts.device);
     let resolved = crate::settings::resolve(&opts.settings)
         .map_err(|e| TrainerError::Config(e.to_string()))?;
+    let kind = resolved
+        .kind
+        .unwrap_or_else(|| crate::default_kind(opts.device));
     let (model, lora_cfg, version) = match checkpoint {
         Some(ck) => {
             let st = checkpoint::read_state(ck)?;

@@ -1050,6 +1050,13 @@ async fn get_state(
         served_names: s.served_names(),
         session: s.session(),
         device: format!("{:?}", p.trainer.model.device),
+        dtype: match p.trainer.model.kind {
+            tch::Kind::BFloat16 => "bf16",
+            tch::Kind::Half => "f16",
+            tch::Kind::Float => "f32",
+            _ => "other",
+        }
+        .into(),
         train_config: p.trainer.cfg.clone(),
     }))
 }

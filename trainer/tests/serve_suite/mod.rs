@@ -312,7 +312,7 @@ async fn wait_healthy(r: &Running) {
     }
 }
 
-async fn get_json(url: &str) -> serde_json::Value {
+pub async fn get_json(url: &str) -> serde_json::Value {
     trainer::publish::http_client()
         .get(url)
         .send()

@@ -369,6 +369,57 @@ async fn bf16_parameters_are_a_structural_setting_that_trains() {
     assert_eq!(common_state(url).await["dtype"], "bf16");
 }
 
+/// A bf16 full fine-tune checkpointed after two steps and restarted (`--dtype bf16 --resume`)
+/// continues exactly: its fp32 master weights and moments come back with it, so the third and
+/// fourth steps serve the same log-probs, to the bit, as a run that never stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bf16_checkpoint_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path());
+    let xs = serve_suite::seqs(3, 20);
+    let adv = [1.0, -0.5, 0.25];
+    let opts = |ck: &str, resume: bool| serve_suite::Opts {
+        checkpoint_dir: Some(tmp.path().join(ck)),
+        resume,
+        bf16: true,
+        ..serve_suite::Opts::default()
+    };
+    let probe = &xs[0];
+
+    let straight = serve_suite::start(Launch::InProcess, &dir, opts("straight", false)).await;
+    assert_eq!(common_state(&straight.url).await["dtype"], "bf16");
+    let b = serve_suite::batch(&straight.url, &xs, &adv).await;
+    let mut want = Vec::new();
+    for k in 0..4 {
+        assert_eq!(
+            serve_suite::post_batch(&straight.url, &b).await.status(),
+            200
+        );
+        if k >= 2 {
+            want.push(serve_suite::forward_logprobs(&straight.url, probe).await);
+        }
+    }
+    drop(straight);
+
+    let first = serve_suite::start(Launch::InProcess, &dir, opts("ckpt", false)).await;
+    for _ in 0..2 {
+        assert_eq!(serve_suite::post_batch(&first.url, &b).await.status(), 200);
+    }
+    serve_suite::checkpoint(&first.url).await;
+    drop(first);
+    let second = serve_suite::start(Launch::InProcess, &dir, opts("ckpt", true)).await;
+    let st = common_state(&second.url).await;
+    assert_eq!(
+        (st["policy_version"].as_i64(), st["dtype"].as_str()),
+        (Some(2), Some("bf16"))
+    );
+    for (k, want) in want.iter().enumerate() {
+        assert_eq!(serve_suite::post_batch(&second.url, &b).await.status(), 200);
+        let got = serve_suite::forward_logprobs(&second.url, probe).await;
+        assert_eq!(&got, want, "step {} after the restart", k + 3);
+    }
+}
+
 async fn common_state(url: &str) -> serde_json::Value {
     serve_suite::get_json(&format!("{url}/v1/state")).await
 }

@@ -88,6 +88,8 @@ pub struct Opts {
     pub checkpoint_dir: Option<PathBuf>,
     pub resume: bool,
     pub publish: Option<Publish>,
+    /// Parameters in bf16 from the start (`trainer serve --dtype bf16`; in-process only).
+    pub bf16: bool,
 }
 
 /// A running server; dropping it stops a launched one (SIGTERM to the launcher, which stops
@@ -151,7 +153,7 @@ pub async fn start(launch: Launch, dir: &Path, o: Opts) -> Running {
             train.optim.max_grad_norm = 0.0;
             train.loss.kl_coef = 0.0;
             let lora = o.lora.then(lora);
-            let opts = load::LoadOptions {
+            let mut opts = load::LoadOptions {
                 resume_from: if o.resume {
                     o.checkpoint_dir.clone()
                 } else {
@@ -165,6 +167,9 @@ pub async fn start(launch: Launch, dir: &Path, o: Opts) -> Running {
                     11,
                 )
             };
+            if o.bf16 {
+                opts.settings.param_dtype = wire::settings::ParamDtype::Bf16;
+            }
             let publisher = o.publish.map(|p| {
                 Publisher::new(PublishConfig {
                     root: p.root,

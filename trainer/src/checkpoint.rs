@@ -24,6 +24,11 @@ pub struct CheckpointState {
     pub mode: String,
     /// Base model directory or id the adapter belongs to.
     pub base: String,
+    /// The parameters' dtype (`f32`, `bf16`); empty in checkpoints written before it was
+    /// recorded. A restore in another dtype is refused: the fp32 master weights of a bf16 run
+    /// would be dropped, or an f32 run's weights rounded.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dtype: String,
 }
 
 /// Write `src` into `dst` by renaming a fully written sibling into place. An existing `dst` is

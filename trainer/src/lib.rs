@@ -36,6 +36,16 @@ pub fn default_device() -> tch::Device {
     tch::Device::cuda_if_available()
 }
 
+/// A parameter dtype's name as `trainer.param_dtype` and `/v1/state` write it.
+pub fn dtype_name(kind: tch::Kind) -> &'static str {
+    match kind {
+        tch::Kind::BFloat16 => "bf16",
+        tch::Kind::Half => "f16",
+        tch::Kind::Float => "f32",
+        _ => "other",
+    }
+}
+
 /// The parameter dtype for a device: bf16 on CUDA, f32 on CPU.
 pub fn default_kind(device: tch::Device) -> tch::Kind {
     if device.is_cuda() {

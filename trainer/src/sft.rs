@@ -329,6 +329,7 @@ fn save_resume(root: &Path, trainer: &Trainer, key: &RunKey, step: usize) -> Res
         seed: key.seed as i64,
         mode: "full".into(),
         base: key.model.clone(),
+        dtype: crate::dtype_name(trainer.model.kind).into(),
     };
     let dir = crate::checkpoint::save_with(root, trainer, None, &state, |tmp| {
         trainer.opt.save(tmp)?;

@@ -234,6 +234,7 @@ fn full_fine_tune_exports_load_in_transformers_with_our_logits() {
         seed: 17,
         mode: "full".into(),
         base: base.display().to_string(),
+        dtype: String::new(),
     };
     let ck = checkpoint::save(&ck_root, &tr, None, &state).unwrap();
     let extra = t.join("eval.md");
@@ -453,6 +454,7 @@ fn lora_exports_load_in_peft_and_the_merge_equals_the_adapter() {
         seed: 17,
         mode: "lora".into(),
         base: base.display().to_string(),
+        dtype: String::new(),
     };
     checkpoint::save(&ck_root, &tr, Some(&lcfg), &state).unwrap();
 

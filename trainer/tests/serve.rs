@@ -329,6 +329,18 @@ async fn bf16_parameters_are_a_structural_setting_that_trains() {
 
     let held: wire::SettingsReply =
         serde_json::from_value(serve_suite::get_json(&format!("{url}/v1/settings")).await).unwrap();
+    // f32 named where the trainer holds f32 (`auto` on a CPU): another hash, no rebuild.
+    let named = TrainSettings {
+        param_dtype: ParamDtype::F32,
+        ..held.settings.clone()
+    };
+    let (code, r) = common::post_json(
+        &format!("{url}/v1/settings"),
+        serde_json::to_value(&named).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["rebuilt"], false, "{r}");
     let want = TrainSettings {
         param_dtype: ParamDtype::Bf16,
         ..held.settings.clone()
@@ -405,8 +417,26 @@ async fn a_bf16_checkpoint_resumes_exactly() {
     for _ in 0..2 {
         assert_eq!(serve_suite::post_batch(&first.url, &b).await.status(), 200);
     }
-    serve_suite::checkpoint(&first.url).await;
+    let ck = serve_suite::checkpoint(&first.url).await;
     drop(first);
+    // The checkpoint records its dtype; loading it in another is refused, naming both.
+    let mut train = trainer::train::TrainConfig::default();
+    train.optim.lr = 0.05;
+    let f32_opts = trainer::service::load::LoadOptions::from_config(
+        dir.clone(),
+        &train,
+        None,
+        tch::Device::Cpu,
+        11,
+    );
+    let e = trainer::service::load::build_policy(&f32_opts, Some(&ck))
+        .err()
+        .expect("a bf16 checkpoint loaded in f32")
+        .to_string();
+    assert!(
+        e.contains("holds bf16 parameters") && e.contains("give f32") && e.contains("--dtype bf16"),
+        "{e}"
+    );
     let second = serve_suite::start(Launch::InProcess, &dir, opts("ckpt", true)).await;
     let st = common_state(&second.url).await;
     assert_eq!(

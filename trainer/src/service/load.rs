@@ -133,6 +133,18 @@ pub fn build_policy(opts: &LoadOptions, checkpoint: Option<&Path>) -> Result<Pol
     let (model, lora_cfg, version) = match checkpoint {
         Some(ck) => {
             let st = checkpoint::read_state(ck)?;
+            if !st.dtype.is_empty() && st.dtype != crate::dtype_name(kind) {
+                return Err(TrainerError::Mismatch(format!(
+                    "checkpoint {} holds {} parameters; the settings (hash {}) give {}: set \
+                     trainer.param_dtype = \"{}\" (trainer serve --dtype {})",
+                    ck.display(),
+                    st.dtype,
+                    opts.settings.hash(),
+                    crate::dtype_name(kind),
+                    st.dtype,
+                    st.dtype
+                )));
+            }
             let want = if resolved.lora.is_some() {
                 "lora"
             } else {

@@ -462,6 +462,7 @@ impl AppState {
             seed: p.seed,
             mode: if p.lora.is_some() { "lora" } else { "full" }.into(),
             base: p.base.clone(),
+            dtype: crate::dtype_name(p.trainer.model.kind).into(),
         };
         if p.trainer.zero_shard().is_none() {
             return checkpoint::save(root, &p.trainer, p.lora.as_ref(), &state).map(Some);
@@ -924,7 +925,8 @@ async fn get_settings(State(s): State<Arc<AppState>>) -> ApiResult<Json<Settings
 
 /// `POST /v1/settings`: train with these settings from the next step. Checked completely first
 /// (400 naming the field). A change of the model's structure (`TrainSettings::structural_change`:
-/// fine-tune mode, LoRA shape, reference, KL on or off) rebuilds the policy from its model
+/// fine-tune mode, LoRA shape, reference, KL on or off; or `param_dtype` resolving to another
+/// dtype than the policy's) rebuilds the policy from its model
 /// directory, only at policy version 0 (else 409: restore without a checkpoint, or restart,
 /// first); any other change applies to the live trainer, AdamW moments kept. Either way a later
 /// `POST /v1/restore` rebuilds with these settings. A refused request changes nothing.
@@ -958,19 +960,26 @@ async fn post_settings(
     let Ok(_guard) = s.training.try_lock() else {
         return Err(ApiError::conflict("a train step is running"));
     };
-    let (current, version) = {
+    let (current, version, held_kind, device) = {
         let p = s.policy.lock().map_err(|_| ApiError::poisoned())?;
-        (p.settings.clone(), p.version)
+        (
+            p.settings.clone(),
+            p.version,
+            p.trainer.model.kind,
+            p.trainer.model.device,
+        )
     };
     let hash = new.hash();
-    let structural = current.structural_change(&new);
+    // The dtype counts by what it resolves to here (`auto`: bf16 on CUDA, f32 on a CPU).
+    let new_kind = resolved.kind.unwrap_or_else(|| crate::default_kind(device));
+    let structural = current.structural_change(&new) || new_kind != held_kind;
     if structural {
         if version != 0 {
             return Err(ApiError::conflict(format!(
                 "settings {hash} change the model's structure (fine-tune mode, LoRA shape, \
-                 reference or KL on/off) from the held settings {}, which needs policy version \
-                 0; the policy is at version {version}: POST /v1/restore without a checkpoint \
-                 (or restart the trainer) first",
+                 reference, KL on/off or parameter dtype) from the held settings {}, which \
+                 needs policy version 0; the policy is at version {version}: POST /v1/restore \
+                 without a checkpoint (or restart the trainer) first",
                 current.hash()
             )));
         }
@@ -1050,13 +1059,7 @@ async fn get_state(
         served_names: s.served_names(),
         session: s.session(),
         device: format!("{:?}", p.trainer.model.device),
-        dtype: match p.trainer.model.kind {
-            tch::Kind::BFloat16 => "bf16",
-            tch::Kind::Half => "f16",
-            tch::Kind::Float => "f32",
-            _ => "other",
-        }
-        .into(),
+        dtype: crate::dtype_name(p.trainer.model.kind).into(),
         train_config: p.trainer.cfg.clone(),
     }))
 }

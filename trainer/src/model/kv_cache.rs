@@ -314,6 +314,17 @@ mod tests {
         }
     }
 
+    /// Row 0's keys (`keys`) or values of `kv`, widened, are `want`'s layer 0 to bf16's precision.
+    fn row0_matches(kv: &BatchKv, want: &KvCache, keys: bool) -> bool {
+        let pick = |l: &LayerKv| {
+            if keys { l.k.as_ref() } else { l.v.as_ref() }
+                .unwrap()
+                .shallow_clone()
+        };
+        let got = pick(&kv.row_cache(0).layers[0]).to_kind(Kind::Float);
+        got.allclose(&pick(&want.layers[0]), 1e-2, 1e-2, false)
+    }
+
     /// Rows cached under f32 weights are converted, not refused, when weights of another dtype
     /// arrive (a policy rebuilt in bf16 while sequences run): the held rows keep their values
     /// (rounded), and a decode step of the new dtype reserves in it.
@@ -325,33 +336,13 @@ mod tests {
         kv.push(&one_row(Kind::BFloat16, 5, 0.25)).unwrap();
         assert!(kv.k.iter().chain(&kv.v).all(|t| t.kind() == Kind::BFloat16));
         assert_eq!(kv.lens(), &[3, 5]);
-        let row0 = kv.row_cache(0).layers[0]
-            .k
-            .as_ref()
-            .unwrap()
-            .to_kind(Kind::Float);
-        let want = one_row(Kind::Float, 3, 0.5).layers[0]
-            .k
-            .as_ref()
-            .unwrap()
-            .shallow_clone();
-        assert!(row0.allclose(&want, 1e-2, 1e-2, false));
+        assert!(row0_matches(&kv, &one_row(Kind::Float, 3, 0.5), true));
 
         let mut kv = BatchKv::default();
         kv.push(&one_row(Kind::Float, 3, 0.5)).unwrap();
         let at = kv.begin_step(tch::Device::Cpu, Kind::BFloat16);
         assert_eq!(at.span, 4);
         assert!(kv.k.iter().chain(&kv.v).all(|t| t.kind() == Kind::BFloat16));
-        let row0 = kv.row_cache(0).layers[0]
-            .v
-            .as_ref()
-            .unwrap()
-            .to_kind(Kind::Float);
-        let want = one_row(Kind::Float, 3, 0.5).layers[0]
-            .v
-            .as_ref()
-            .unwrap()
-            .shallow_clone();
-        assert!(row0.allclose(&want, 1e-2, 1e-2, false));
+        assert!(row0_matches(&kv, &one_row(Kind::Float, 3, 0.5), false));
     }
 }

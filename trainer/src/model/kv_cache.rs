@@ -101,7 +101,7 @@ impl StepSlots {
 /// The KV cache of a decoding batch: per layer one key and one value tensor [rows, kv_heads,
 /// capacity, d], row i holding its sequence's positions `0..len(i)`. A decode step writes every
 /// row's new key and value in place and attends over each row's own positions (on the CPU in
-/// f32 when the lengths differ enough, `row_attention`) or over a masked view of the first
+/// f32 or bf16 when the lengths differ enough, `row_attention`) or over a masked view of the first
 /// `max len + 1` positions of every row (libtorch's kernel), so a round copies no cache whatever
 /// the contexts hold (`Qwen3::decode_step`). Rows and capacity grow by doubling (one copy
 /// each time) up to what the batch needs and are kept for the next sequences (on CPU with the

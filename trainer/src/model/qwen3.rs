@@ -642,9 +642,9 @@ impl Qwen3 {
         // key/value head (head h reads kv head h / g) attend as g query positions of it.
         let g = nh / nkv;
         let q = q.reshape([b, nkv, g, d]).contiguous();
-        // On the CPU in f32, when the rows' lengths differ enough for it to pay, each row reads
-        // only its own positions; otherwise libtorch's kernel reads every row up to the longest
-        // and masks the rest.
+        // On the CPU in f32 or bf16, when the rows' lengths differ enough for it to pay, each row
+        // reads only its own positions; otherwise libtorch's kernel reads every row up to the
+        // longest and masks the rest.
         let own = kv
             .layer(l)
             .filter(|_| match how {

@@ -8,54 +8,77 @@
 //!
 //! Per position read it costs 0.99-1.20x libtorch's kernel over the runs measured (which
 //! vectorises wider), so the decode step uses it only when the rows' lengths differ enough
-//! (`StepSlots::rows_pay`). Only
-//! for contiguous f32 tensors on the CPU; anything else (CUDA, bf16) returns `None` and the
-//! caller keeps libtorch's kernel. Scores use SDPA's default scale 1/sqrt(d) and a
-//! max-subtracted softmax in f32.
+//! (`StepSlots::rows_pay`). Only for contiguous f32 or bf16 caches on the CPU (a bf16 cache is
+//! read as bf16, half the bytes of f32, and widened to f32 in registers; the queries are
+//! widened first and the output narrowed back to the queries' dtype); anything else (CUDA,
+//! other dtypes) returns `None` and the caller keeps libtorch's kernel. Scores use SDPA's
+//! default scale 1/sqrt(d) and a max-subtracted softmax in f32.
 
 use tch::{Device, Kind, Tensor};
 
-/// A contiguous CPU f32 tensor's values, borrowed; `None` for anything else, and for a tensor
-/// that records gradients (this kernel has no backward).
+/// A cache element this kernel reads: f32, or bf16 held as its 16 bits (the high half of the
+/// f32 with the same sign, exponent and leading mantissa bits).
+trait Elem: Copy + Send + Sync {
+    /// The dtype of a tensor whose storage holds these.
+    const KIND: Kind;
+    fn f32(self) -> f32;
+}
+
+impl Elem for f32 {
+    const KIND: Kind = Kind::Float;
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+/// bf16's bits.
+impl Elem for u16 {
+    const KIND: Kind = Kind::BFloat16;
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        f32::from_bits(u32::from(self) << 16)
+    }
+}
+
+/// A contiguous CPU tensor's values as `T` (whose dtype is `T::KIND`), borrowed; `None` for
+/// anything else, and for a tensor that records gradients (this kernel has no backward).
 ///
 /// # Safety
 /// Nothing may write the tensor's storage (through `t`, a shallow clone or a view of it) while
 /// the returned slice lives.
 #[allow(unsafe_code)]
-unsafe fn host_f32(t: &Tensor) -> Option<&[f32]> {
-    if t.device() != Device::Cpu
-        || t.kind() != Kind::Float
-        || !t.is_contiguous()
-        || t.requires_grad()
-    {
+unsafe fn host<T: Elem>(t: &Tensor) -> Option<&[T]> {
+    if t.device() != Device::Cpu || t.kind() != T::KIND || !t.is_contiguous() || t.requires_grad() {
         return None;
     }
     let n = t.numel();
-    let p = t.data_ptr().cast::<f32>().cast_const();
+    let p = t.data_ptr().cast::<T>().cast_const();
     if n == 0 || p.is_null() || !p.is_aligned() {
         return None;
     }
-    // SAFETY: a contiguous CPU f32 tensor holds `numel` consecutive f32 values from
-    // `data_ptr` (which includes the storage offset); the slice borrows `t`, whose handle keeps
-    // the storage alive; the caller guarantees no write while it lives.
+    // SAFETY: a contiguous CPU tensor of dtype `T::KIND` holds `numel` consecutive values of
+    // `T`'s size and layout from `data_ptr` (which includes the storage offset); the slice
+    // borrows `t`, whose handle keeps the storage alive; the caller guarantees no write while
+    // it lives.
     Some(unsafe { std::slice::from_raw_parts(p, n) })
 }
 
 /// Sum of products, in sixteen lanes so the compiler vectorises it (two 8-wide registers
 /// under AVX2, four 4-wide ones otherwise).
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot<T: Elem>(a: &[f32], b: &[T]) -> f32 {
     let mut acc = [0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ca
         .remainder()
         .iter()
         .zip(cb.remainder())
-        .map(|(x, y)| x * y)
+        .map(|(x, y)| x * y.f32())
         .sum();
     for (x, y) in ca.zip(cb) {
         for i in 0..16 {
-            acc[i] += x[i] * y[i];
+            acc[i] += x[i] * y[i].f32();
         }
     }
     acc.iter().sum::<f32>() + tail
@@ -117,11 +140,11 @@ struct Shape {
 /// Attention of one row's queries (all kv heads) over its first `n` cached positions, into
 /// `out` ([kv_heads, group, d]); `scores` is scratch.
 #[inline(always)]
-fn attend_row(
+fn attend_row<T: Elem>(
     s: Shape,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     n: usize,
     out: &mut [f32],
     scores: &mut Vec<f32>,
@@ -162,7 +185,7 @@ fn attend_row(
             for j in 0..g {
                 let p = scores[j * n + t];
                 for (o, x) in oh[j * d..(j + 1) * d].iter_mut().zip(vt) {
-                    *o += p * x;
+                    *o += p * x.f32();
                 }
             }
         }
@@ -170,15 +193,15 @@ fn attend_row(
 }
 
 /// One call's inputs: the queries and whole caches as slices, and each row's length.
-struct Call<'a> {
+struct Call<'a, T> {
     s: Shape,
     q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+    k: &'a [T],
+    v: &'a [T],
     lens: &'a [usize],
 }
 
-impl Call<'_> {
+impl<T: Elem> Call<'_, T> {
     /// Rows `first..` into `out` (whole rows of [kv_heads, group, d]).
     #[inline(always)]
     fn block(&self, first: usize, out: &mut [f32]) {
@@ -224,9 +247,9 @@ impl Call<'_> {
 /// Attention for a decode step: row i's queries `q[i]` ([rows, kv_heads, group, d]: query head
 /// `kv * group + j` reads kv head `kv`) over positions `0..lens[i]` of rows `0..rows` of the
 /// caches `k` and `v` ([capacity_rows, kv_heads, capacity, d], whole allocations). Returns
-/// [rows, kv_heads, group, d], or `None` when the tensors are not contiguous CPU f32 or the
-/// shapes disagree (the caller then uses libtorch's kernel). Rows are split over
-/// `tch::get_num_threads()` threads.
+/// [rows, kv_heads, group, d] in `q`'s dtype, or `None` when the caches are not contiguous CPU
+/// f32 or bf16 (with `q` of the same dtype) or the shapes disagree (the caller then uses
+/// libtorch's kernel). Rows are split over `tch::get_num_threads()` threads.
 pub fn decode_rows(q: &Tensor, k: &Tensor, v: &Tensor, lens: &[usize]) -> Option<Tensor> {
     let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
     decode_rows_on(q, k, v, lens, threads)
@@ -262,11 +285,48 @@ fn decode_rows_on(
     {
         return None;
     }
+    if q.kind() != k.kind() || (q.kind() != Kind::Float && q.kind() != Kind::BFloat16) {
+        return None;
+    }
+    // bf16 queries are few (one position a row): widened once, so the kernel reads f32 queries
+    // against bf16 keys and values.
+    let q32 = (q.kind() == Kind::BFloat16 && q.device() == Device::Cpu && !q.requires_grad())
+        .then(|| q.to_kind(Kind::Float).contiguous());
     // SAFETY: the slices live until this function returns, and nothing here or on the threads
     // it starts writes a tensor: the decode step wrote this step's keys and values into the
-    // caches (`BatchKv::write`) before calling, and the caches belong to the calling thread.
+    // caches (`BatchKv::write`) before calling, the caches belong to the calling thread, and
+    // `q32` is this function's own.
     #[allow(unsafe_code)]
-    let (qv, kv, vv) = unsafe { (host_f32(q)?, host_f32(k)?, host_f32(v)?) };
+    let qv = unsafe { host::<f32>(q32.as_ref().unwrap_or(q))? };
+    #[allow(unsafe_code)]
+    let out = if k.kind() == Kind::BFloat16 {
+        // SAFETY: as above.
+        let (kv, vv) = unsafe { (host::<u16>(k)?, host::<u16>(v)?) };
+        attend(s, qv, kv, vv, lens, threads)
+    } else {
+        // SAFETY: as above.
+        let (kv, vv) = unsafe { (host::<f32>(k)?, host::<f32>(v)?) };
+        attend(s, qv, kv, vv, lens, threads)
+    };
+    let y = Tensor::from_slice(&out).view([qs[0], qs[1], qs[2], qs[3]]);
+    Some(if q.kind() == Kind::Float {
+        y
+    } else {
+        y.to_kind(q.kind())
+    })
+}
+
+/// The attention of `rows = lens.len()` rows into a new [rows, kv_heads, group, d] buffer, on
+/// at most `threads` threads.
+fn attend<T: Elem>(
+    s: Shape,
+    qv: &[f32],
+    kv: &[T],
+    vv: &[T],
+    lens: &[usize],
+    threads: usize,
+) -> Vec<f32> {
+    let rows = lens.len();
     let q_row = s.kv_heads * s.group * s.d;
     let mut out = vec![0f32; rows * q_row];
     let call = Call {
@@ -305,7 +365,7 @@ fn decode_rows_on(
             work(0, head);
         });
     }
-    Some(Tensor::from_slice(&out).view([qs[0], qs[1], qs[2], qs[3]]))
+    out
 }
 
 #[cfg(test)]
@@ -346,6 +406,47 @@ mod tests {
         }
     }
 
+    /// A bf16 cache is read as bf16: the kernel equals SDPA over the same bf16 values widened
+    /// to f32 up to the output's rounding to bf16, and returns bf16.
+    #[test]
+    fn a_bf16_cache_is_read_as_bf16() {
+        tch::manual_seed(6);
+        let (rows, kvh, g, d, cap) = (4_i64, 2_i64, 2_i64, 64_i64, 48_i64);
+        let bf = (Kind::BFloat16, Device::Cpu);
+        let k = Tensor::randn([rows + 1, kvh, cap, d], bf);
+        let v = Tensor::randn([rows + 1, kvh, cap, d], bf);
+        let q = Tensor::randn([rows, kvh, g, d], bf);
+        let lens = [3_usize, 48, 17, 1];
+        for threads in [1, 2] {
+            let got = decode_rows_on(&q, &k, &v, &lens, threads).unwrap();
+            assert_eq!(got.kind(), Kind::BFloat16);
+            for (i, &n) in lens.iter().enumerate() {
+                let (i, n) = (i as i64, n as i64);
+                let wide = |t: &Tensor| t.narrow(0, i, 1).to_kind(Kind::Float);
+                let want = Tensor::scaled_dot_product_attention(
+                    &wide(&q),
+                    &wide(&k).narrow(2, 0, n),
+                    &wide(&v).narrow(2, 0, n),
+                    None::<Tensor>,
+                    0.0,
+                    false,
+                    None,
+                    false,
+                );
+                let got = got.narrow(0, i, 1).to_kind(Kind::Float);
+                let diff = (&got - &want).abs().max().double_value(&[]);
+                let scale = want.abs().max().double_value(&[]).max(1.0);
+                // bf16 keeps 8 significant bits: the output's rounding alone is up to 2^-8 of it.
+                assert!(
+                    diff <= scale / 128.0,
+                    "row {i} ({n} positions), {threads} threads: {diff}"
+                );
+            }
+        }
+        // Mixed dtypes are libtorch's.
+        assert!(decode_rows(&q, &k.to_kind(Kind::Float), &v, &[1, 1, 1, 1]).is_none());
+    }
+
     #[test]
     fn the_vectorised_exp_matches_the_standard_one() {
         let mut xs: Vec<f32> = (0..=2000).map(|i| -(i as f32) * 0.05).collect();
@@ -368,7 +469,7 @@ mod tests {
     }
 
     #[test]
-    fn anything_but_contiguous_cpu_f32_is_left_to_libtorch() {
+    fn anything_but_contiguous_cpu_f32_or_bf16_is_left_to_libtorch() {
         let k = Tensor::zeros([2, 1, 8, 4], (Kind::Float, Device::Cpu));
         let q = Tensor::zeros([2, 1, 1, 4], (Kind::Float, Device::Cpu));
         assert!(decode_rows(&q.to_kind(Kind::BFloat16), &k, &k, &[1, 1]).is_none());

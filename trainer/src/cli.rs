@@ -251,7 +251,7 @@ pub struct ServeArgs {
     /// (vLLM's automatic prefix caching; 0 turns it off). The smoke model holds 4 KiB a token.
     #[arg(long, env = "TRAINER_PREFIX_CACHE_TOKENS", default_value_t = 131_072)]
     pub prefix_cache_tokens: usize,
-    /// How a decode round attends on the CPU in f32: `auto` reads each row's own positions
+    /// How a decode round attends on the CPU in f32 or bf16: `auto` reads each row's own positions
     /// when the running sequences' lengths differ enough for that to pay, `masked` always
     /// reads every row up to the longest (libtorch's kernel; the path on GPUs), `rows` always
     /// reads each row's own. For comparisons (`scripts/bench-wave.sh`); `auto` is the fastest

@@ -964,6 +964,102 @@ async fn sql_training_windows(pool: PgPool) {
     assert!(rows.iter().all(|r| r.get::<String, _>("recipe") == "full"));
 }
 
+/// scripts/sql/rl_time.sql: the span of the `time/train_s` records, less the evaluations recorded
+/// inside it; the v0 evaluation before the span and the final one after it are not subtracted.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn sql_rl_time(pool: PgPool) {
+    let run_id = run(&pool, "timed").await;
+    // Steps 0-6, one a minute (the span is 6 minutes); other metrics' times do not count.
+    for step in 0..=6 {
+        let m = [
+            ("time/train_s".to_string(), 30.0),
+            ("reward/answer".to_string(), 0.5),
+        ];
+        db::metrics::record(&pool, run_id, step, &m).await.unwrap();
+    }
+    db::metrics::record(&pool, run_id, 7, &[("time/eval_s".to_string(), 99.0)])
+        .await
+        .unwrap();
+    // v0 before the first step; v4 on two subsets (30 s + 60 s) inside; v7 after the last.
+    for (version, subset) in [
+        (0, "held-out"),
+        (4, "held-out"),
+        (4, "unseen"),
+        (7, "held-out"),
+    ] {
+        let summary = db::evaluations::EvalRow {
+            seconds: if subset == "unseen" { 60.0 } else { 30.0 },
+            ..eval_row(run_id, version, subset, (1, 1, 1, 0))
+        };
+        db::evaluations::record(&pool, &summary, &[]).await.unwrap();
+    }
+    let lone = run(&pool, "lone").await;
+    db::metrics::record(&pool, lone, 0, &[("time/train_s".to_string(), 5.0)])
+        .await
+        .unwrap();
+    let t0 = "2026-01-01 00:00:00+00";
+    sqlx::query(
+        "UPDATE step_metrics SET recorded_at = $1::timestamptz + make_interval(secs => step * 60)
+         WHERE name = 'time/train_s'",
+    )
+    .bind(t0)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // The final step's other metric lands after the final evaluation, as a run writes it.
+    sqlx::query(
+        "UPDATE step_metrics SET recorded_at = $1::timestamptz + interval '9 minutes'
+         WHERE name = 'time/eval_s'",
+    )
+    .bind(t0)
+    .execute(&pool)
+    .await
+    .unwrap();
+    for (version, minute) in [(0, -1.0), (4, 4.5), (7, 8.0)] {
+        sqlx::query(
+            "UPDATE evaluations SET created_at = $1::timestamptz + make_interval(secs => $2)
+             WHERE run_id = $3 AND policy_version = $4",
+        )
+        .bind(t0)
+        .bind(minute * 60.0)
+        .bind(run_id)
+        .bind(version)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let rows = sql_rows(&pool, "rl_time.sql").await;
+    let got: Vec<(Uuid, i64, f64, i64, f64, f64, Option<f64>)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("run_id"),
+                r.get("steps"),
+                r.get("span_minutes"),
+                r.get("evaluated_versions"),
+                r.get("eval_minutes_inside"),
+                r.get("rl_minutes"),
+                r.get("seconds_per_step"),
+            )
+        })
+        .collect();
+    let timed = got.iter().find(|g| g.0 == run_id).unwrap();
+    // 6 minutes less 1.5 inside: 4.5 minutes over the 6 steps after the first, 45 s each.
+    assert_eq!(timed.1, 7);
+    assert!((timed.2 - 6.0).abs() < 1e-9, "span {}", timed.2);
+    assert_eq!(timed.3, 1, "only v4 lies inside the span");
+    assert!((timed.4 - 1.5).abs() < 1e-9, "evaluations {}", timed.4);
+    assert!((timed.5 - 4.5).abs() < 1e-9, "rl {}", timed.5);
+    assert!(
+        (timed.6.unwrap() - 45.0).abs() < 1e-9,
+        "per step {:?}",
+        timed.6
+    );
+    let single = got.iter().find(|g| g.0 == lone).unwrap();
+    assert_eq!((single.1, single.3, single.6), (1, 0, None));
+    assert!(single.2.abs() < 1e-9 && single.5.abs() < 1e-9);
+}
+
 /// scripts/loop-onset.py over fixture trajectories: the rule runs per turn over model tokens only
 /// (a tool output neither counts nor joins turns), and the table's figures are hand-computed.
 #[sqlx::test(migrator = "MIGRATOR")]

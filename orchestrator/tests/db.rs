@@ -1029,7 +1029,9 @@ async fn sql_rl_time(pool: PgPool) {
         .unwrap();
     }
     let rows = sql_rows(&pool, "rl_time.sql").await;
-    let got: Vec<(Uuid, i64, f64, i64, f64, f64, Option<f64>)> = rows
+    // run, steps, span, versions inside, their minutes, RL minutes, seconds a step.
+    type TimeRow = (Uuid, i64, f64, i64, f64, f64, Option<f64>);
+    let got: Vec<TimeRow> = rows
         .iter()
         .map(|r| {
             (

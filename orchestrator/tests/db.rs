@@ -964,70 +964,48 @@ async fn sql_training_windows(pool: PgPool) {
     assert!(rows.iter().all(|r| r.get::<String, _>("recipe") == "full"));
 }
 
-/// scripts/sql/rl_time.sql: the span of the `time/train_s` records, less the evaluations recorded
-/// inside it; the v0 evaluation before the span and the final one after it are not subtracted.
+/// scripts/sql/rl_time.sql: the span of the `time/train_s` records, less the evaluations' wall
+/// time (`time/eval_s`, on the step that made the version) of the steps before the last; the
+/// final evaluation, on the last step, lies after the span and is not subtracted.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn sql_rl_time(pool: PgPool) {
     let run_id = run(&pool, "timed").await;
-    // Steps 0-6, one a minute (the span is 6 minutes); other metrics' times do not count.
+    // Steps 0-6, one a minute (the span is 6 minutes); other metrics' times do not count. Step 3
+    // made version 4, evaluated in 90 s; step 6 made the final version, evaluated in 99 s (its
+    // record lands after the final evaluation, as a run writes it).
     for step in 0..=6 {
-        let m = [
+        let mut m = vec![
             ("time/train_s".to_string(), 30.0),
             ("reward/answer".to_string(), 0.5),
         ];
+        match step {
+            3 => m.push(("time/eval_s".to_string(), 90.0)),
+            6 => m.push(("time/eval_s".to_string(), 99.0)),
+            _ => {}
+        }
         db::metrics::record(&pool, run_id, step, &m).await.unwrap();
     }
-    db::metrics::record(&pool, run_id, 7, &[("time/eval_s".to_string(), 99.0)])
-        .await
-        .unwrap();
-    // v0 before the first step; v4 on two subsets (30 s + 60 s) inside; v7 after the last.
-    for (version, subset) in [
-        (0, "held-out"),
-        (4, "held-out"),
-        (4, "unseen"),
-        (7, "held-out"),
-    ] {
-        let summary = db::evaluations::EvalRow {
-            seconds: if subset == "unseen" { 60.0 } else { 30.0 },
-            ..eval_row(run_id, version, subset, (1, 1, 1, 0))
-        };
-        db::evaluations::record(&pool, &summary, &[]).await.unwrap();
-    }
     let lone = run(&pool, "lone").await;
-    db::metrics::record(&pool, lone, 0, &[("time/train_s".to_string(), 5.0)])
-        .await
-        .unwrap();
-    let t0 = "2026-01-01 00:00:00+00";
-    sqlx::query(
-        "UPDATE step_metrics SET recorded_at = $1::timestamptz + make_interval(secs => step * 60)
-         WHERE name = 'time/train_s'",
+    db::metrics::record(
+        &pool,
+        lone,
+        0,
+        &[
+            ("time/train_s".to_string(), 5.0),
+            ("time/eval_s".to_string(), 40.0),
+        ],
     )
-    .bind(t0)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE step_metrics
+         SET recorded_at = $1::timestamptz + make_interval(secs => step * 60)
+             + CASE WHEN name = 'time/eval_s' THEN interval '50 seconds' ELSE interval '0' END",
+    )
+    .bind("2026-01-01 00:00:00+00")
     .execute(&pool)
     .await
     .unwrap();
-    // The final step's other metric lands after the final evaluation, as a run writes it.
-    sqlx::query(
-        "UPDATE step_metrics SET recorded_at = $1::timestamptz + interval '9 minutes'
-         WHERE name = 'time/eval_s'",
-    )
-    .bind(t0)
-    .execute(&pool)
-    .await
-    .unwrap();
-    for (version, minute) in [(0, -1.0), (4, 4.5), (7, 8.0)] {
-        sqlx::query(
-            "UPDATE evaluations SET created_at = $1::timestamptz + make_interval(secs => $2)
-             WHERE run_id = $3 AND policy_version = $4",
-        )
-        .bind(t0)
-        .bind(minute * 60.0)
-        .bind(run_id)
-        .bind(version)
-        .execute(&pool)
-        .await
-        .unwrap();
-    }
     let rows = sql_rows(&pool, "rl_time.sql").await;
     // run, steps, span, versions inside, their minutes, RL minutes, seconds a step.
     type TimeRow = (Uuid, i64, f64, i64, f64, f64, Option<f64>);
@@ -1049,7 +1027,10 @@ async fn sql_rl_time(pool: PgPool) {
     // 6 minutes less 1.5 inside: 4.5 minutes over the 6 steps after the first, 45 s each.
     assert_eq!(timed.1, 7);
     assert!((timed.2 - 6.0).abs() < 1e-9, "span {}", timed.2);
-    assert_eq!(timed.3, 1, "only v4 lies inside the span");
+    assert_eq!(
+        timed.3, 1,
+        "only version 4's evaluation lies inside the span"
+    );
     assert!((timed.4 - 1.5).abs() < 1e-9, "evaluations {}", timed.4);
     assert!((timed.5 - 4.5).abs() < 1e-9, "rl {}", timed.5);
     assert!(

@@ -89,9 +89,9 @@ impl Pipeline {
     }
 
     /// Make the trainer hold this run's optimisation settings. A structural change (LoRA shape,
-    /// full fine-tune, reference, parameter dtype) is only possible at version 0, so a trainer at another version
-    /// is first reset to its model as started; `sync_trainer` then restores this run's weights.
-    /// The echoed settings are stored with the run.
+    /// full fine-tune, reference, parameter dtype) is only possible at version 0, so a trainer
+    /// at another version is first reset to its model as started; `sync_trainer` then restores
+    /// this run's weights. The echoed settings are stored with the run.
     pub(super) async fn apply_trainer_settings(
         &self,
         cancel: &CancellationToken,

@@ -11,7 +11,7 @@
 //! reference otherwise, with the ratio; and the row kernel in every round
 //! (`DecodeAttention::Rows`), which shows its cost per position against the reference. Run:
 //! `cargo bench -p trainer --bench decode` after `source scripts/torch-env.sh` (`-- ROUNDS`,
-//! default 24).
+//! default 24; `-- bf16` for a bf16 model and caches).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::time::Instant;
@@ -68,13 +68,20 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(24);
+    // `bf16` among the arguments: the model (and so its caches) in bf16, as a policy server
+    // started with `--dtype bf16`.
+    let (kind, dtype) = if std::env::args().any(|a| a == "bf16") {
+        (tch::Kind::BFloat16, "bf16")
+    } else {
+        (tch::Kind::Float, "f32")
+    };
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/small.json");
     let mut cfg = Qwen3Config::from_file(&path).unwrap();
     // The smoke model's vocabulary until session 27 (scripts/init-smoke.sh trains 2,048 now).
     cfg.vocab_size = 4096;
-    let m = Qwen3::random(cfg, 3, 0.02, tch::Device::Cpu, tch::Kind::Float).unwrap();
+    let m = Qwen3::random(cfg, 3, 0.02, tch::Device::Cpu, kind).unwrap();
     println!(
-        "decode_step, configs/small.json, vocabulary 4096 (random weights), f32, {} torch threads, {rounds} rounds",
+        "decode_step, configs/small.json, vocabulary 4096 (random weights), {dtype}, {} torch threads, {rounds} rounds",
         tch::get_num_threads()
     );
     println!(

@@ -80,13 +80,14 @@ pub struct StepSlots {
 
 impl StepSlots {
     /// Whether the CPU row kernel (`row_attention`), reading each row's own positions, costs
-    /// less than libtorch's kernel over the masked view of every row up to the longest. Per
-    /// position read the row kernel cost up to 1.20x libtorch's on this project's CPU
-    /// (`cargo bench -p trainer --bench decode`, rows of equal length, BENCHMARKS.md issue 25
-    /// session 41), so it pays when the rows' own positions are under 5/6 of rows x span.
-    pub fn rows_pay(&self) -> bool {
+    /// less than libtorch's kernel over the masked view of every row up to the longest, given
+    /// the row kernel's cost per position read against libtorch's as a fraction `(num, den)`
+    /// (`row_attention::relative_cost`): it pays when the rows' own positions times that cost
+    /// are under rows x span. At 6/5 (up to 1.20x libtorch's per position, BENCHMARKS.md
+    /// issue 25 session 41) that is own positions under 5/6 of rows x span.
+    pub fn rows_pay(&self, (num, den): (usize, usize)) -> bool {
         let (own, spanned) = self.positions;
-        own.saturating_mul(6) < spanned.saturating_mul(5)
+        own.saturating_mul(num) < spanned.saturating_mul(den)
     }
 
     /// The mask of a masked view of all rows, [rows, 1, 1, span]: key j of row i is valid when

@@ -648,7 +648,11 @@ impl Qwen3 {
         let own = kv
             .layer(l)
             .filter(|_| match how {
-                DecodeAttention::Auto => at.rows_pay(),
+                DecodeAttention::Auto => at.rows_pay(super::row_attention::relative_cost(
+                    q.kind(),
+                    d as usize,
+                    g as usize,
+                )),
                 DecodeAttention::Masked => false,
                 DecodeAttention::Rows => true,
             })

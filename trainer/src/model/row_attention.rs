@@ -21,11 +21,14 @@ use tch::{Device, Kind, Tensor};
 trait Elem: Copy + Send + Sync {
     /// The dtype of a tensor whose storage holds these.
     const KIND: Kind;
+    /// Whether these are bf16's bits (else f32).
+    const BF16: bool;
     fn f32(self) -> f32;
 }
 
 impl Elem for f32 {
     const KIND: Kind = Kind::Float;
+    const BF16: bool = false;
     #[inline(always)]
     fn f32(self) -> f32 {
         self
@@ -35,6 +38,7 @@ impl Elem for f32 {
 /// bf16's bits.
 impl Elem for u16 {
     const KIND: Kind = Kind::BFloat16;
+    const BF16: bool = true;
     #[inline(always)]
     fn f32(self) -> f32 {
         f32::from_bits(u32::from(self) << 16)
@@ -127,6 +131,30 @@ fn sum(xs: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// Each run of `n` scores in `scores` replaced by its softmax.
+#[inline(always)]
+fn softmax(scores: &mut [f32], n: usize) {
+    for row in scores.chunks_exact_mut(n) {
+        // A NaN or infinite score leaves NaN (through inf - inf or the NaN itself), as in
+        // libtorch's kernel, rather than a softmax over the finite rest.
+        let max =
+            row.iter().copied().fold(
+                f32::NEG_INFINITY,
+                |m, x| {
+                    if x > m || x.is_nan() { x } else { m }
+                },
+            );
+        for x in row.iter_mut() {
+            *x -= max;
+        }
+        exp_nonpositive(row);
+        let inv = 1.0 / sum(row);
+        for x in row.iter_mut() {
+            *x *= inv;
+        }
+    }
+}
+
 /// The shape of one call: `q` is [rows, kv_heads, group, d]; the caches are [capacity_rows,
 /// kv_heads, capacity, d].
 #[derive(Debug, Clone, Copy)]
@@ -163,22 +191,7 @@ fn attend_row<T: Elem>(
                 scores[j * n + t] = dot(&qh[j * d..(j + 1) * d], kt) * scale;
             }
         }
-        for j in 0..g {
-            let row = &mut scores[j * n..(j + 1) * n];
-            // A NaN or infinite score leaves NaN (through inf - inf or the NaN itself), as in
-            // libtorch's kernel, rather than a softmax over the finite rest.
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, |m, x| {
-                if x > m || x.is_nan() { x } else { m }
-            });
-            for x in row.iter_mut() {
-                *x -= max;
-            }
-            exp_nonpositive(row);
-            let inv = 1.0 / sum(row);
-            for x in row.iter_mut() {
-                *x *= inv;
-            }
-        }
+        softmax(&mut scores[..g * n], n);
         let oh = &mut out[h * g * d..(h + 1) * g * d];
         for t in 0..n {
             let vt = &v[base + t * d..base + (t + 1) * d];
@@ -186,6 +199,143 @@ fn attend_row<T: Elem>(
                 let p = scores[j * n + t];
                 for (o, x) in oh[j * d..(j + 1) * d].iter_mut().zip(vt) {
                     *o += p * x.f32();
+                }
+            }
+        }
+    }
+}
+
+/// The row kernel written in AVX-512 for the head sizes of 64 and 128 with up to four query heads
+/// a key/value head: a row's queries and its output held in registers for the whole pass over
+/// its positions, a key or value read once as 16-wide vectors (bf16 widened by a shift), one
+/// fused multiply-add per 16 products and one horizontal sum per score. The generic kernel
+/// compiled for AVX-512 ran about 4x slower than libtorch's over 32 rows of 2,048 positions,
+/// mostly in its per-score sums in lane order (BENCHMARKS.md, issue 25 session 79).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx512 {
+    use super::{Elem, Shape, softmax};
+    use std::arch::x86_64::{
+        __m512, _mm256_loadu_si256, _mm512_castsi512_ps, _mm512_cvtepu16_epi32, _mm512_fmadd_ps,
+        _mm512_loadu_ps, _mm512_mul_ps, _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_setzero_ps,
+        _mm512_slli_epi32, _mm512_storeu_ps,
+    };
+
+    /// Whether [`attend_row`] takes this shape.
+    pub(super) fn takes(s: Shape) -> bool {
+        matches!(s.d, 64 | 128) && matches!(s.group, 1 | 2 | 4)
+    }
+
+    /// Sixteen consecutive values from `p` as f32.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 16 values of `T`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load<T: Elem>(p: *const T) -> __m512 {
+        if T::BF16 {
+            // SAFETY: 16 u16 are 32 bytes, readable by the caller's guarantee (unaligned load).
+            let h = unsafe { _mm256_loadu_si256(p.cast()) };
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        } else {
+            // SAFETY: 16 f32 readable by the caller's guarantee (unaligned load).
+            unsafe { _mm512_loadu_ps(p.cast()) }
+        }
+    }
+
+    /// [`super::attend_row`] for a shape [`takes`] accepts.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn attend_row<T: Elem>(
+        s: Shape,
+        q: &[f32],
+        k: &[T],
+        v: &[T],
+        n: usize,
+        out: &mut [f32],
+        scores: &mut Vec<f32>,
+    ) {
+        match (s.d, s.group) {
+            (64, 1) => row::<T, 4, 1>(s, q, k, v, n, out, scores),
+            (64, 2) => row::<T, 4, 2>(s, q, k, v, n, out, scores),
+            (64, 4) => row::<T, 4, 4>(s, q, k, v, n, out, scores),
+            (128, 1) => row::<T, 8, 1>(s, q, k, v, n, out, scores),
+            (128, 2) => row::<T, 8, 2>(s, q, k, v, n, out, scores),
+            (128, 4) => row::<T, 8, 4>(s, q, k, v, n, out, scores),
+            _ => super::attend_row(s, q, k, v, n, out, scores),
+        }
+    }
+
+    /// One row with `C` vectors of 16 a head (d = 16 C) and `G` query heads a key/value head.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn row<T: Elem, const C: usize, const G: usize>(
+        s: Shape,
+        q: &[f32],
+        k: &[T],
+        v: &[T],
+        n: usize,
+        out: &mut [f32],
+        scores: &mut Vec<f32>,
+    ) {
+        let d = 16 * C;
+        // Every read below stays inside these lengths: head h's positions 0..n of d values.
+        assert!(
+            s.d == d
+                && s.group == G
+                && n <= s.capacity
+                && q.len() >= s.kv_heads * G * d
+                && out.len() >= s.kv_heads * G * d
+                && k.len() >= s.kv_heads * s.capacity * d
+                && v.len() >= s.kv_heads * s.capacity * d,
+            "row kernel shape"
+        );
+        let scale = 1.0 / (d as f32).sqrt();
+        scores.clear();
+        scores.resize(G * n, 0.0);
+        for h in 0..s.kv_heads {
+            let base = h * s.capacity * d;
+            let mut qr = [[_mm512_setzero_ps(); C]; G];
+            for (j, qj) in qr.iter_mut().enumerate() {
+                for (c, x) in qj.iter_mut().enumerate() {
+                    // SAFETY: (h G + j) d + 16 c + 16 <= kv_heads G d <= q.len() (asserted).
+                    *x = unsafe { _mm512_loadu_ps(q.as_ptr().add((h * G + j) * d + 16 * c)) };
+                }
+            }
+            for t in 0..n {
+                let mut kt = [_mm512_setzero_ps(); C];
+                for (c, x) in kt.iter_mut().enumerate() {
+                    // SAFETY: base + t d + 16 c + 16 <= (h + 1) capacity d <= k.len(), as t < n
+                    // <= capacity (asserted).
+                    *x = unsafe { load(k.as_ptr().add(base + t * d + 16 * c)) };
+                }
+                for (j, qj) in qr.iter().enumerate() {
+                    let mut acc = _mm512_mul_ps(qj[0], kt[0]);
+                    for c in 1..C {
+                        acc = _mm512_fmadd_ps(qj[c], kt[c], acc);
+                    }
+                    scores[j * n + t] = _mm512_reduce_add_ps(acc) * scale;
+                }
+            }
+            softmax(&mut scores[..G * n], n);
+            let mut o = [[_mm512_setzero_ps(); C]; G];
+            for t in 0..n {
+                let mut vt = [_mm512_setzero_ps(); C];
+                for (c, x) in vt.iter_mut().enumerate() {
+                    // SAFETY: as for the keys.
+                    *x = unsafe { load(v.as_ptr().add(base + t * d + 16 * c)) };
+                }
+                for (j, oj) in o.iter_mut().enumerate() {
+                    let p = _mm512_set1_ps(scores[j * n + t]);
+                    for c in 0..C {
+                        oj[c] = _mm512_fmadd_ps(p, vt[c], oj[c]);
+                    }
+                }
+            }
+            for (j, oj) in o.iter().enumerate() {
+                for (c, x) in oj.iter().enumerate() {
+                    // SAFETY: (h G + j) d + 16 c + 16 <= kv_heads G d <= out.len() (asserted).
+                    unsafe { _mm512_storeu_ps(out.as_mut_ptr().add((h * G + j) * d + 16 * c), *x) };
                 }
             }
         }
@@ -230,9 +380,43 @@ impl<T: Elem> Call<'_, T> {
         self.block(first, out);
     }
 
+    /// [`Self::block`] with AVX-512's row kernel ([`avx512::attend_row`]) where it takes the
+    /// shape, else [`Self::block`] compiled for AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn block_avx512(&self, first: usize, out: &mut [f32]) {
+        let s = self.s;
+        if !avx512::takes(s) {
+            self.block(first, out);
+            return;
+        }
+        let q_row = s.kv_heads * s.group * s.d;
+        let c_row = s.kv_heads * s.capacity * s.d;
+        let mut scores = Vec::new();
+        for (r, o) in out.chunks_exact_mut(q_row).enumerate() {
+            let i = first + r;
+            avx512::attend_row(
+                s,
+                &self.q[i * q_row..(i + 1) * q_row],
+                &self.k[i * c_row..(i + 1) * c_row],
+                &self.v[i * c_row..(i + 1) * c_row],
+                self.lens[i],
+                o,
+                &mut scores,
+            );
+        }
+    }
+
     /// [`Self::block`] with the widest vectors this CPU has.
     #[allow(unsafe_code)]
     fn block_best(&self, first: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above), the only requirement of a
+            // `target_feature(enable = "avx512f")` function.
+            unsafe { self.block_avx512(first, out) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above), the only requirement of a
@@ -242,6 +426,30 @@ impl<T: Elem> Call<'_, T> {
         }
         self.block(first, out);
     }
+}
+
+/// The row kernel's cost per position read against libtorch's kernel over the masked view, as a
+/// fraction `(num, den)`, for a cache of `kind` and heads of `d` with `group` query heads a
+/// key/value head on this CPU (`StepSlots::rows_pay` weighs it). Measured over 32 rows of 2,048
+/// positions, one thread (the `timing` test below; BENCHMARKS.md, issue 25 sessions 41 and 79):
+/// the generic kernel up to 1.20x libtorch's (6/5); the AVX-512 kernel 1.17x on an f32 cache
+/// (6/5) and 0.61x on a bf16 one (3/5), which it reads at the memory's pace where libtorch
+/// does not.
+pub fn relative_cost(kind: Kind, d: usize, group: usize) -> (usize, usize) {
+    #[cfg(target_arch = "x86_64")]
+    if kind == Kind::BFloat16
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && avx512::takes(Shape {
+            kv_heads: 1,
+            group,
+            d,
+            capacity: 1,
+        })
+    {
+        return (3, 5);
+    }
+    let _ = (kind, d, group);
+    (6, 5)
 }
 
 /// Attention for a decode step: row i's queries `q[i]` ([rows, kv_heads, group, d]: query head
@@ -445,6 +653,164 @@ mod tests {
         }
         // Mixed dtypes are libtorch's.
         assert!(decode_rows(&q, &k.to_kind(Kind::Float), &v, &[1, 1, 1, 1]).is_none());
+    }
+
+    /// The AVX-512 kernel (where this CPU has it) over every shape it takes, f32 and bf16
+    /// caches, equals libtorch's SDPA over each row's own positions, as `decode_rows` returns it
+    /// and as the generic kernel gives it.
+    #[test]
+    fn the_avx512_kernel_attends_as_sdpa_does() {
+        tch::manual_seed(7);
+        let lens = [1_usize, 17, 40, 3];
+        let (rows, kvh, cap) = (4_i64, 2_i64, 40_i64);
+        for (d, g) in [
+            (64_i64, 1_i64),
+            (64, 2),
+            (64, 4),
+            (128, 1),
+            (128, 2),
+            (128, 4),
+        ] {
+            for kind in [Kind::Float, Kind::BFloat16] {
+                let o = (kind, Device::Cpu);
+                let k = Tensor::randn([rows + 1, kvh, cap, d], o);
+                let v = Tensor::randn([rows + 1, kvh, cap, d], o);
+                let q = Tensor::randn([rows, kvh, g, d], o);
+                let got = decode_rows_on(&q, &k, &v, &lens, 1)
+                    .unwrap()
+                    .to_kind(Kind::Float);
+                for (i, &n) in lens.iter().enumerate() {
+                    let (i, n) = (i as i64, n as i64);
+                    let wide = |t: &Tensor| t.narrow(0, i, 1).to_kind(Kind::Float);
+                    let want = Tensor::scaled_dot_product_attention(
+                        &wide(&q),
+                        &wide(&k).narrow(2, 0, n),
+                        &wide(&v).narrow(2, 0, n),
+                        None::<Tensor>,
+                        0.0,
+                        false,
+                        None,
+                        false,
+                    );
+                    let diff = (got.narrow(0, i, 1) - &want).abs().max().double_value(&[]);
+                    // f32: rounding alone; bf16: the output's rounding to 8 significant bits.
+                    let tol = if kind == Kind::Float {
+                        1e-5
+                    } else {
+                        want.abs().max().double_value(&[]).max(1.0) / 128.0
+                    };
+                    assert!(
+                        diff <= tol,
+                        "d {d}, group {g}, {kind:?}, row {i} ({n}): {diff}"
+                    );
+                }
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    let s = Shape {
+                        kv_heads: kvh as usize,
+                        group: g as usize,
+                        d: d as usize,
+                        capacity: cap as usize,
+                    };
+                    assert!(avx512::takes(s));
+                    let qf = q.to_kind(Kind::Float).contiguous();
+                    // SAFETY: nothing writes these tensors while the slices live.
+                    #[allow(unsafe_code)]
+                    let qv = unsafe { host::<f32>(&qf) }.unwrap();
+                    // SAFETY: nothing writes these tensors while the slices live.
+                    #[allow(unsafe_code)]
+                    if kind == Kind::Float {
+                        let (kv, vv) = unsafe { (host::<f32>(&k), host::<f32>(&v)) };
+                        same_as_generic(s, qv, kv.unwrap(), vv.unwrap(), &lens);
+                    } else {
+                        let (kv, vv) = unsafe { (host::<u16>(&k), host::<u16>(&v)) };
+                        same_as_generic(s, qv, kv.unwrap(), vv.unwrap(), &lens);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX-512 kernel's rows equal the generic kernel's (the CPU must have AVX-512F).
+    #[cfg(target_arch = "x86_64")]
+    fn same_as_generic<T: Elem>(s: Shape, q: &[f32], k: &[T], v: &[T], lens: &[usize]) {
+        let q_row = s.kv_heads * s.group * s.d;
+        let c_row = s.kv_heads * s.capacity * s.d;
+        let mut scratch = Vec::new();
+        let (mut a, mut b) = (vec![0f32; q_row], vec![0f32; q_row]);
+        for (i, &n) in lens.iter().enumerate() {
+            let qi = &q[i * q_row..(i + 1) * q_row];
+            let (ki, vi) = (
+                &k[i * c_row..(i + 1) * c_row],
+                &v[i * c_row..(i + 1) * c_row],
+            );
+            attend_row(s, qi, ki, vi, n, &mut a, &mut scratch);
+            // SAFETY: the caller checked that this CPU has AVX-512F.
+            #[allow(unsafe_code)]
+            unsafe {
+                avx512::attend_row(s, qi, ki, vi, n, &mut b, &mut scratch)
+            };
+            let diff = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(diff < 1e-5, "d {}, group {}, row {i}: {diff}", s.d, s.group);
+        }
+    }
+
+    /// Only a bf16 cache under the AVX-512 kernel is weighed as cheaper per position than
+    /// libtorch's kernel; everything else keeps the generic kernel's 6/5.
+    #[test]
+    fn the_cost_weighs_the_kernel_that_runs() {
+        assert_eq!(relative_cost(Kind::Float, 64, 2), (6, 5));
+        assert_eq!(
+            relative_cost(Kind::BFloat16, 16, 3),
+            (6, 5),
+            "a shape it does not take"
+        );
+        #[cfg(target_arch = "x86_64")]
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx512 = false;
+        let want = if avx512 { (3, 5) } else { (6, 5) };
+        assert_eq!(relative_cost(Kind::BFloat16, 64, 2), want);
+    }
+
+    /// Milliseconds per call over 32 rows of 2,048 positions (one layer of the smoke model's
+    /// shape), f32 and bf16, one thread: `cargo test --release -p trainer --lib row_attention
+    /// -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a timing, not a check"]
+    fn timing() {
+        let (rows, kvh, g, d, cap) = (32_i64, 2_i64, 2_i64, 64_i64, 2048_i64);
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let k = Tensor::randn([rows, kvh, cap, d], (kind, Device::Cpu));
+            let v = Tensor::randn([rows, kvh, cap, d], (kind, Device::Cpu));
+            let q = Tensor::randn([rows, kvh, g, d], (kind, Device::Cpu));
+            let lens = vec![2048_usize; 32];
+            let _ = decode_rows_on(&q, &k, &v, &lens, 1).unwrap();
+            let t0 = std::time::Instant::now();
+            for _ in 0..20 {
+                let _ = decode_rows_on(&q, &k, &v, &lens, 1).unwrap();
+            }
+            let ms = t0.elapsed().as_secs_f64() * 1e3 / 20.0;
+            let t0 = std::time::Instant::now();
+            for _ in 0..20 {
+                let _ = Tensor::scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    None::<Tensor>,
+                    0.0,
+                    false,
+                    None,
+                    true,
+                );
+            }
+            let sdpa = t0.elapsed().as_secs_f64() * 1e3 / 20.0;
+            println!("{kind:?}: rows {ms:.2} ms, sdpa {sdpa:.2} ms");
+        }
     }
 
     #[test]

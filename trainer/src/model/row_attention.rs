@@ -6,9 +6,10 @@
 //! issue 25 session 41). This kernel walks row i's keys and values `0..lens[i]` straight from
 //! the cache's storage, once for all the query heads that share a key/value head.
 //!
-//! Per position read it costs 0.99-1.20x libtorch's kernel over the runs measured (which
-//! vectorises wider), so the decode step uses it only when the rows' lengths differ enough
-//! (`StepSlots::rows_pay`). Only for contiguous f32 or bf16 caches on the CPU (a bf16 cache is
+//! The decode step uses it where its cost per position read, weighed against libtorch's
+//! (`relative_cost`), makes reading only the rows' own positions cheaper (`StepSlots::rows_pay`):
+//! the generic kernel, which costs more per position than libtorch's, when the rows' lengths
+//! differ enough; the AVX-512 kernel on a bf16 cache, which costs less, always. Only for contiguous f32 or bf16 caches on the CPU (a bf16 cache is
 //! read as bf16, half the bytes of f32, and widened to f32 in registers; the queries are
 //! widened first and the output narrowed back to the queries' dtype); anything else (CUDA,
 //! other dtypes) returns `None` and the caller keeps libtorch's kernel. Scores use SDPA's
@@ -134,6 +135,9 @@ fn sum(xs: &[f32]) -> f32 {
 /// Each run of `n` scores in `scores` replaced by its softmax.
 #[inline(always)]
 fn softmax(scores: &mut [f32], n: usize) {
+    if n == 0 {
+        return;
+    }
     for row in scores.chunks_exact_mut(n) {
         // A NaN or infinite score leaves NaN (through inf - inf or the NaN itself), as in
         // libtorch's kernel, rather than a softmax over the finite rest.
@@ -208,9 +212,10 @@ fn attend_row<T: Elem>(
 /// The row kernel written in AVX-512 for the head sizes of 64 and 128 with up to four query heads
 /// a key/value head: a row's queries and its output held in registers for the whole pass over
 /// its positions, a key or value read once as 16-wide vectors (bf16 widened by a shift), one
-/// fused multiply-add per 16 products and one horizontal sum per score. The generic kernel
-/// compiled for AVX-512 ran about 4x slower than libtorch's over 32 rows of 2,048 positions,
-/// mostly in its per-score sums in lane order (BENCHMARKS.md, issue 25 session 79).
+/// fused multiply-add per 16 products and one horizontal sum per score. Over 32 rows of 2,048
+/// positions the generic kernel compiled for AVX2 took 2.5-4x libtorch's time (1.1-1.2x less
+/// compiled for AVX-512), mostly in its per-score sums in lane order and its output kept in
+/// memory (BENCHMARKS.md, issue 25 session 79).
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx512 {
@@ -279,15 +284,19 @@ mod avx512 {
         scores: &mut Vec<f32>,
     ) {
         let d = 16 * C;
-        // Every read below stays inside these lengths: head h's positions 0..n of d values.
+        // Every read and write below stays inside these lengths: head h's positions 0..n of d
+        // values (products checked, so a wrapped one cannot pass).
+        let heads = s.kv_heads.checked_mul(G).and_then(|x| x.checked_mul(d));
+        let cache = s
+            .kv_heads
+            .checked_mul(s.capacity)
+            .and_then(|x| x.checked_mul(d));
         assert!(
             s.d == d
                 && s.group == G
                 && n <= s.capacity
-                && q.len() >= s.kv_heads * G * d
-                && out.len() >= s.kv_heads * G * d
-                && k.len() >= s.kv_heads * s.capacity * d
-                && v.len() >= s.kv_heads * s.capacity * d,
+                && heads.is_some_and(|m| q.len() >= m && out.len() >= m)
+                && cache.is_some_and(|m| k.len() >= m && v.len() >= m),
             "row kernel shape"
         );
         let scale = 1.0 / (d as f32).sqrt();
@@ -432,9 +441,13 @@ impl<T: Elem> Call<'_, T> {
 /// fraction `(num, den)`, for a cache of `kind` and heads of `d` with `group` query heads a
 /// key/value head on this CPU (`StepSlots::rows_pay` weighs it). Measured over 32 rows of 2,048
 /// positions, one thread (the `timing` test below; BENCHMARKS.md, issue 25 sessions 41 and 79):
-/// the generic kernel up to 1.20x libtorch's (6/5); the AVX-512 kernel 1.17x on an f32 cache
-/// (6/5) and 0.61x on a bf16 one (3/5), which it reads at the memory's pace where libtorch
-/// does not.
+/// the AVX-512 kernel 1.18-1.23x libtorch's on an f32 cache and 0.61-0.74x on a bf16 one, which
+/// it reads at the memory's pace where libtorch does not (3/5). Everything else keeps session
+/// 41's 6/5: in whole decode rounds the generic kernel cost up to 1.20x libtorch's per
+/// position there, and the AVX-512 kernel on an f32 cache 0.95-1.05x the reference round
+/// (`cargo bench -p trainer --bench decode`, session 79). On session 79's machine the generic
+/// kernel alone took 2.5-4x libtorch's time, so there 6/5 sends it rows it loses on; the
+/// AVX-512 kernel replaces it on such CPUs for heads of 64 and 128.
 pub fn relative_cost(kind: Kind, d: usize, group: usize) -> (usize, usize) {
     #[cfg(target_arch = "x86_64")]
     if kind == Kind::BFloat16

@@ -9,11 +9,12 @@
 //! The decode step uses it where its cost per position read, weighed against libtorch's
 //! (`relative_cost`), makes reading only the rows' own positions cheaper (`StepSlots::rows_pay`):
 //! the generic kernel, which costs more per position than libtorch's, when the rows' lengths
-//! differ enough; the AVX-512 kernel on a bf16 cache, which costs less, always. Only for contiguous f32 or bf16 caches on the CPU (a bf16 cache is
-//! read as bf16, half the bytes of f32, and widened to f32 in registers; the queries are
-//! widened first and the output narrowed back to the queries' dtype); anything else (CUDA,
-//! other dtypes) returns `None` and the caller keeps libtorch's kernel. Scores use SDPA's
-//! default scale 1/sqrt(d) and a max-subtracted softmax in f32.
+//! differ enough; the AVX-512 kernel on a bf16 cache, which costs less, always. Only for
+//! contiguous f32 or bf16 caches on the CPU (a bf16 cache is read as bf16, half the bytes of
+//! f32, and widened to f32 in registers; the queries are widened first and the output narrowed
+//! back to the queries' dtype); anything else (CUDA, other dtypes) returns `None` and the caller
+//! keeps libtorch's kernel. Scores use SDPA's default scale 1/sqrt(d) and a max-subtracted
+//! softmax in f32.
 
 use tch::{Device, Kind, Tensor};
 
@@ -364,13 +365,25 @@ impl<T: Elem> Call<'_, T> {
     /// Rows `first..` into `out` (whole rows of [kv_heads, group, d]).
     #[inline(always)]
     fn block(&self, first: usize, out: &mut [f32]) {
+        self.block_with(first, out, attend_row);
+    }
+
+    /// Rows `first..` into `out` (whole rows of [kv_heads, group, d]), each by `row` (a row
+    /// kernel with [`attend_row`]'s arguments).
+    #[inline(always)]
+    fn block_with(
+        &self,
+        first: usize,
+        out: &mut [f32],
+        mut row: impl FnMut(Shape, &[f32], &[T], &[T], usize, &mut [f32], &mut Vec<f32>),
+    ) {
         let s = self.s;
         let q_row = s.kv_heads * s.group * s.d;
         let c_row = s.kv_heads * s.capacity * s.d;
         let mut scores = Vec::new();
         for (r, o) in out.chunks_exact_mut(q_row).enumerate() {
             let i = first + r;
-            attend_row(
+            row(
                 s,
                 &self.q[i * q_row..(i + 1) * q_row],
                 &self.k[i * c_row..(i + 1) * c_row],
@@ -389,31 +402,14 @@ impl<T: Elem> Call<'_, T> {
         self.block(first, out);
     }
 
-    /// [`Self::block`] with AVX-512's row kernel ([`avx512::attend_row`]) where it takes the
-    /// shape, else [`Self::block`] compiled for AVX-512.
+    /// [`Self::block`] by AVX-512's row kernel ([`avx512::attend_row`], which hands a shape it
+    /// does not take to the generic kernel, here compiled for AVX-512).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     fn block_avx512(&self, first: usize, out: &mut [f32]) {
-        let s = self.s;
-        if !avx512::takes(s) {
-            self.block(first, out);
-            return;
-        }
-        let q_row = s.kv_heads * s.group * s.d;
-        let c_row = s.kv_heads * s.capacity * s.d;
-        let mut scores = Vec::new();
-        for (r, o) in out.chunks_exact_mut(q_row).enumerate() {
-            let i = first + r;
-            avx512::attend_row(
-                s,
-                &self.q[i * q_row..(i + 1) * q_row],
-                &self.k[i * c_row..(i + 1) * c_row],
-                &self.v[i * c_row..(i + 1) * c_row],
-                self.lens[i],
-                o,
-                &mut scores,
-            );
-        }
+        self.block_with(first, out, |s, q, k, v, n, o, scores| {
+            avx512::attend_row(s, q, k, v, n, o, scores)
+        });
     }
 
     /// [`Self::block`] with the widest vectors this CPU has.
@@ -593,6 +589,22 @@ fn attend<T: Elem>(
 mod tests {
     use super::*;
 
+    /// libtorch's SDPA of row `i`'s queries over its first `n` cached positions, in f32 (bf16
+    /// values widened): what row `i` of the kernel's output must equal.
+    fn sdpa_row(q: &Tensor, k: &Tensor, v: &Tensor, i: i64, n: i64) -> Tensor {
+        let wide = |t: &Tensor| t.narrow(0, i, 1).to_kind(Kind::Float);
+        Tensor::scaled_dot_product_attention(
+            &wide(q),
+            &wide(k).narrow(2, 0, n),
+            &wide(v).narrow(2, 0, n),
+            None::<Tensor>,
+            0.0,
+            false,
+            None,
+            false,
+        )
+    }
+
     /// The kernel equals libtorch's SDPA over each row's own positions, for rows of different
     /// lengths in a cache with spare rows and positions, on one to three threads.
     #[test]
@@ -608,16 +620,7 @@ mod tests {
             for (i, &n) in lens.iter().enumerate() {
                 let i = i as i64;
                 let n = n as i64;
-                let want = Tensor::scaled_dot_product_attention(
-                    &q.narrow(0, i, 1),
-                    &k.narrow(0, i, 1).narrow(2, 0, n),
-                    &v.narrow(0, i, 1).narrow(2, 0, n),
-                    None::<Tensor>,
-                    0.0,
-                    false,
-                    None,
-                    false,
-                );
+                let want = sdpa_row(&q, &k, &v, i, n);
                 let diff = (got.narrow(0, i, 1) - want).abs().max().double_value(&[]);
                 assert!(
                     diff < 1e-5,
@@ -643,17 +646,7 @@ mod tests {
             assert_eq!(got.kind(), Kind::BFloat16);
             for (i, &n) in lens.iter().enumerate() {
                 let (i, n) = (i as i64, n as i64);
-                let wide = |t: &Tensor| t.narrow(0, i, 1).to_kind(Kind::Float);
-                let want = Tensor::scaled_dot_product_attention(
-                    &wide(&q),
-                    &wide(&k).narrow(2, 0, n),
-                    &wide(&v).narrow(2, 0, n),
-                    None::<Tensor>,
-                    0.0,
-                    false,
-                    None,
-                    false,
-                );
+                let want = sdpa_row(&q, &k, &v, i, n);
                 let got = got.narrow(0, i, 1).to_kind(Kind::Float);
                 let diff = (&got - &want).abs().max().double_value(&[]);
                 let scale = want.abs().max().double_value(&[]).max(1.0);
@@ -694,17 +687,7 @@ mod tests {
                     .to_kind(Kind::Float);
                 for (i, &n) in lens.iter().enumerate() {
                     let (i, n) = (i as i64, n as i64);
-                    let wide = |t: &Tensor| t.narrow(0, i, 1).to_kind(Kind::Float);
-                    let want = Tensor::scaled_dot_product_attention(
-                        &wide(&q),
-                        &wide(&k).narrow(2, 0, n),
-                        &wide(&v).narrow(2, 0, n),
-                        None::<Tensor>,
-                        0.0,
-                        false,
-                        None,
-                        false,
-                    );
+                    let want = sdpa_row(&q, &k, &v, i, n);
                     let diff = (got.narrow(0, i, 1) - &want).abs().max().double_value(&[]);
                     // f32: rounding alone; bf16: the output's rounding to 8 significant bits.
                     let tol = if kind == Kind::Float {

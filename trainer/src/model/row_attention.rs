@@ -216,16 +216,39 @@ fn attend_row<T: Elem>(
 /// fused multiply-add per 16 products and one horizontal sum per score. Over 32 rows of 2,048
 /// positions the generic kernel compiled for AVX2 took 2.5-4x libtorch's time (1.1-1.2x less
 /// compiled for AVX-512), mostly in its per-score sums in lane order and its output kept in
-/// memory (BENCHMARKS.md, issue 25 session 79).
+/// memory (BENCHMARKS.md, issue 25 session 79). The cache lines of the key or value `AHEAD`
+/// positions on are requested before the current one is read: a head's positions are one
+/// sequential stream, but the hardware's prefetcher stops at each 4 KiB page (32 positions of a
+/// bf16 head of 64) and the loads then waited on memory (a profile put over half the kernel's
+/// samples on them); with the hint a decode round of 32 rows of 2,048 positions took 20 ms
+/// instead of 34 (session 80).
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx512 {
     use super::{Elem, Shape, softmax};
     use std::arch::x86_64::{
-        __m512, _mm256_loadu_si256, _mm512_castsi512_ps, _mm512_cvtepu16_epi32, _mm512_fmadd_ps,
-        _mm512_loadu_ps, _mm512_mul_ps, _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_setzero_ps,
-        _mm512_slli_epi32, _mm512_storeu_ps,
+        __m512, _MM_HINT_T0, _mm_prefetch, _mm256_loadu_si256, _mm512_castsi512_ps,
+        _mm512_cvtepu16_epi32, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mul_ps,
+        _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_slli_epi32,
+        _mm512_storeu_ps,
     };
+
+    /// Positions ahead of the one being read whose cache lines are requested early: 16 (2 KiB
+    /// of a bf16 head of 64); 8 and 32 were no faster on the `timing` test (session 80, within
+    /// its noise).
+    const AHEAD: usize = 16;
+
+    /// Ask for the cache lines of the `bytes` bytes at `p` (no fault on any address).
+    #[inline(always)]
+    fn prefetch<T>(p: *const T, bytes: usize) {
+        let p = p.cast::<i8>();
+        let mut o = 0;
+        while o < bytes {
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o)) };
+            o += 64;
+        }
+    }
 
     /// Whether [`attend_row`] takes this shape.
     pub(super) fn takes(s: Shape) -> bool {
@@ -312,7 +335,9 @@ mod avx512 {
                     *x = unsafe { _mm512_loadu_ps(q.as_ptr().add((h * G + j) * d + 16 * c)) };
                 }
             }
+            let pos_bytes = d * std::mem::size_of::<T>();
             for t in 0..n {
+                prefetch(k.as_ptr().wrapping_add(base + (t + AHEAD) * d), pos_bytes);
                 let mut kt = [_mm512_setzero_ps(); C];
                 for (c, x) in kt.iter_mut().enumerate() {
                     // SAFETY: base + t d + 16 c + 16 <= (h + 1) capacity d <= k.len(), as t < n
@@ -330,6 +355,7 @@ mod avx512 {
             softmax(&mut scores[..G * n], n);
             let mut o = [[_mm512_setzero_ps(); C]; G];
             for t in 0..n {
+                prefetch(v.as_ptr().wrapping_add(base + (t + AHEAD) * d), pos_bytes);
                 let mut vt = [_mm512_setzero_ps(); C];
                 for (c, x) in vt.iter_mut().enumerate() {
                     // SAFETY: as for the keys.

@@ -324,6 +324,8 @@ mod avx512 {
             "row kernel shape"
         );
         let scale = 1.0 / (d as f32).sqrt();
+        // One position's key or value, in bytes (what a prefetch asks for).
+        let pos_bytes = d * std::mem::size_of::<T>();
         scores.clear();
         scores.resize(G * n, 0.0);
         for h in 0..s.kv_heads {
@@ -335,7 +337,6 @@ mod avx512 {
                     *x = unsafe { _mm512_loadu_ps(q.as_ptr().add((h * G + j) * d + 16 * c)) };
                 }
             }
-            let pos_bytes = d * std::mem::size_of::<T>();
             for t in 0..n {
                 prefetch(k.as_ptr().wrapping_add(base + (t + AHEAD) * d), pos_bytes);
                 let mut kt = [_mm512_setzero_ps(); C];
@@ -464,10 +465,12 @@ impl<T: Elem> Call<'_, T> {
 /// key/value head on this CPU (`StepSlots::rows_pay` weighs it). Measured over 32 rows of 2,048
 /// positions, one thread (the `timing` test below; BENCHMARKS.md, issue 25 sessions 41 and 79):
 /// the AVX-512 kernel 1.18-1.23x libtorch's on an f32 cache and 0.61-0.74x on a bf16 one, which
-/// it reads at the memory's pace where libtorch does not (3/5). Everything else keeps session
-/// 41's 6/5: in whole decode rounds the generic kernel cost up to 1.20x libtorch's per
-/// position there, and the AVX-512 kernel on an f32 cache 0.95-1.05x the reference round
-/// (`cargo bench -p trainer --bench decode`, session 79). On session 79's machine the generic
+/// it reads at the memory's pace where libtorch does not (3/5; since its prefetch, session 80:
+/// 0.93-1.26x on f32, 0.44-0.67x on bf16). Everything else keeps session 41's 6/5: in whole
+/// decode rounds the generic kernel cost up to 1.20x libtorch's per position there, and the
+/// AVX-512 kernel on an f32 cache 0.95-1.05x the reference round (`cargo bench -p trainer
+/// --bench decode`, session 79; 1.07-1.13x faster than it since the prefetch, one run, too
+/// little on a VM this noisy to move f32's cost). On session 79's machine the generic
 /// kernel alone took 2.5-4x libtorch's time, so there 6/5 sends it rows it loses on; the
 /// AVX-512 kernel replaces it on such CPUs for heads of 64 and 128.
 pub fn relative_cost(kind: Kind, d: usize, group: usize) -> (usize, usize) {

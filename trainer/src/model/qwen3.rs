@@ -143,6 +143,7 @@ impl Qwen3 {
         kind: Kind,
     ) -> Result<Self> {
         cfg.validate()?;
+        crate::warn_if_slow_bf16(device, kind);
         let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let (nh, nkv, d) = (
             cfg.num_attention_heads,

@@ -232,6 +232,49 @@ fn prefetch<T>(p: *const T, bytes: usize) {
     }
 }
 
+/// Whether the SIMD kernels (AVX-512's and AVX2's) take this shape: heads of 64 or 128 with
+/// 1, 2 or 4 query heads a key/value head.
+#[cfg(target_arch = "x86_64")]
+fn simd_takes(s: Shape) -> bool {
+    matches!(s.d, 64 | 128) && matches!(s.group, 1 | 2 | 4)
+}
+
+/// Whether this CPU runs the AVX2 kernel (AVX2 and FMA).
+#[cfg(target_arch = "x86_64")]
+fn has_avx2_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// Panics unless a SIMD kernel built for heads of `d` with `g` query heads a key/value head
+/// reads and writes only inside the slices it is given: head h's positions 0..n of d values
+/// (products checked, so a wrapped one cannot pass). The kernels' `unsafe` accesses rest on it.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn assert_row_shape<T>(
+    s: Shape,
+    d: usize,
+    g: usize,
+    n: usize,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    out: &[f32],
+) {
+    let heads = s.kv_heads.checked_mul(g).and_then(|x| x.checked_mul(d));
+    let cache = s
+        .kv_heads
+        .checked_mul(s.capacity)
+        .and_then(|x| x.checked_mul(d));
+    assert!(
+        s.d == d
+            && s.group == g
+            && n <= s.capacity
+            && heads.is_some_and(|m| q.len() >= m && out.len() >= m)
+            && cache.is_some_and(|m| k.len() >= m && v.len() >= m),
+        "row kernel shape"
+    );
+}
+
 /// The row kernel written in AVX-512 for the head sizes of 64 and 128 with up to four query heads
 /// a key/value head: a row's queries and its output held in registers for the whole pass over
 /// its positions, a key or value read once as 16-wide vectors (bf16 widened by a shift), one
@@ -254,11 +297,6 @@ mod avx512 {
         _mm512_slli_epi32, _mm512_storeu_ps,
     };
 
-    /// Whether [`attend_row`] takes this shape.
-    pub(super) fn takes(s: Shape) -> bool {
-        matches!(s.d, 64 | 128) && matches!(s.group, 1 | 2 | 4)
-    }
-
     /// Sixteen consecutive values from `p` as f32.
     ///
     /// # Safety
@@ -276,7 +314,7 @@ mod avx512 {
         }
     }
 
-    /// [`super::attend_row`] for a shape [`takes`] accepts.
+    /// [`super::attend_row`] for a shape [`super::simd_takes`] accepts.
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) fn attend_row<T: Elem>(
@@ -312,21 +350,8 @@ mod avx512 {
         scores: &mut Vec<f32>,
     ) {
         let d = 16 * C;
-        // Every read and write below stays inside these lengths: head h's positions 0..n of d
-        // values (products checked, so a wrapped one cannot pass).
-        let heads = s.kv_heads.checked_mul(G).and_then(|x| x.checked_mul(d));
-        let cache = s
-            .kv_heads
-            .checked_mul(s.capacity)
-            .and_then(|x| x.checked_mul(d));
-        assert!(
-            s.d == d
-                && s.group == G
-                && n <= s.capacity
-                && heads.is_some_and(|m| q.len() >= m && out.len() >= m)
-                && cache.is_some_and(|m| k.len() >= m && v.len() >= m),
-            "row kernel shape"
-        );
+        // Every read and write below stays inside the slices (asserted).
+        super::assert_row_shape(s, d, G, n, q, k, v, out);
         let scale = 1.0 / (d as f32).sqrt();
         // One position's key or value, in bytes (what a prefetch asks for).
         let pos_bytes = d * std::mem::size_of::<T>();
@@ -404,11 +429,6 @@ mod avx2 {
         _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32, _mm256_storeu_ps,
     };
 
-    /// Whether [`attend_row`] takes this shape.
-    pub(super) fn takes(s: Shape) -> bool {
-        matches!(s.d, 64 | 128) && matches!(s.group, 1 | 2 | 4)
-    }
-
     /// Eight consecutive values from `p` as f32.
     ///
     /// # Safety
@@ -435,7 +455,7 @@ mod avx2 {
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 
-    /// [`super::attend_row`] for a shape [`takes`] accepts.
+    /// [`super::attend_row`] for a shape [`super::simd_takes`] accepts.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn attend_row<T: Elem>(
@@ -472,22 +492,9 @@ mod avx2 {
         scores: &mut Vec<f32>,
     ) {
         let d = 8 * C;
-        // Every read and write below stays inside these lengths: head h's positions 0..n of d
-        // values (products checked, so a wrapped one cannot pass).
-        let heads = s.kv_heads.checked_mul(G).and_then(|x| x.checked_mul(d));
-        let cache = s
-            .kv_heads
-            .checked_mul(s.capacity)
-            .and_then(|x| x.checked_mul(d));
-        assert!(
-            s.d == d
-                && s.group == G
-                && C.is_multiple_of(B)
-                && n <= s.capacity
-                && heads.is_some_and(|m| q.len() >= m && out.len() >= m)
-                && cache.is_some_and(|m| k.len() >= m && v.len() >= m),
-            "row kernel shape"
-        );
+        // Every read and write below stays inside the slices (asserted).
+        super::assert_row_shape(s, d, G, n, q, k, v, out);
+        assert!(C.is_multiple_of(B), "row kernel shape");
         let scale = 1.0 / (d as f32).sqrt();
         let size = std::mem::size_of::<T>();
         scores.clear();
@@ -633,8 +640,7 @@ impl<T: Elem> Call<'_, T> {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if has_avx2_fma() {
             // SAFETY: the CPU has AVX2 and FMA (checked just above), the only requirements of a
             // `target_feature(enable = "avx2,fma")` function.
             unsafe { self.block_avx2fma(first, out) };
@@ -678,14 +684,13 @@ pub fn relative_cost(kind: Kind, d: usize, group: usize) -> (usize, usize) {
             capacity: 1,
         };
         let bf16 = kind == Kind::BFloat16;
-        if std::arch::is_x86_feature_detected!("avx512f") && avx512::takes(s) {
-            return if bf16 { (3, 5) } else { (6, 5) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && avx2::takes(s)
-        {
-            return if bf16 { (3, 5) } else { (4, 5) };
+        if simd_takes(s) {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return if bf16 { (3, 5) } else { (6, 5) };
+            }
+            if has_avx2_fma() {
+                return if bf16 { (3, 5) } else { (4, 5) };
+            }
         }
     }
     let _ = (kind, d, group);
@@ -939,7 +944,7 @@ mod tests {
                         d: d as usize,
                         capacity: cap as usize,
                     };
-                    assert!(avx512::takes(s) && avx2::takes(s));
+                    assert!(simd_takes(s));
                     let qf = q.to_kind(Kind::Float).contiguous();
                     // SAFETY: nothing writes these tensors while the slices live.
                     #[allow(unsafe_code)]
@@ -971,8 +976,7 @@ mod tests {
                 }
             });
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if has_avx2_fma() {
             same_as_generic(s, q, k, v, lens, "avx2", |s, q, k, v, n, o, scratch| {
                 // SAFETY: this CPU has AVX2 and FMA (checked just above).
                 #[allow(unsafe_code)]
@@ -1035,8 +1039,7 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         let (avx512, avx2) = (
             std::arch::is_x86_feature_detected!("avx512f"),
-            std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma"),
+            has_avx2_fma(),
         );
         #[cfg(not(target_arch = "x86_64"))]
         let (avx512, avx2) = (false, false);

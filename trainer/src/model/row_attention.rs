@@ -663,17 +663,18 @@ impl<T: Elem> Call<'_, T> {
 /// positions, one thread (the `timing` test below; BENCHMARKS.md, issue 25 sessions 41 and 79):
 /// the AVX-512 kernel 1.18-1.23x libtorch's on an f32 cache and 0.61-0.74x on a bf16 one, which
 /// it reads at the memory's pace where libtorch does not (3/5; since its prefetch, session 80:
-/// 0.93-1.26x on f32, 0.44-0.67x on bf16). Everything else keeps session 41's 6/5: in whole
-/// decode rounds the generic kernel cost up to 1.20x libtorch's per position there, and the
-/// AVX-512 kernel on an f32 cache 0.95-1.05x the reference round (`cargo bench -p trainer
-/// --bench decode`, session 79; 1.07-1.13x faster than it since the prefetch, one run, too
-/// little on a VM this noisy to move f32's cost). On session 79's machine the generic
-/// kernel alone took 2.5-4x libtorch's time, so there 6/5 sends it rows it loses on; the
-/// AVX-512 kernel replaces it on such CPUs for heads of 64 and 128. On a CPU with AVX2 and FMA
-/// but no AVX-512 (session 81's AMD EPYC, Zen 3) the AVX2 kernel took 0.71-0.86x libtorch's time
-/// on f32 and 0.42-0.50x on bf16 where the generic one took 0.89-1.16x and 1.27-1.36x, and whole
-/// decode rounds always taking it ran 1.10-1.30x faster than the reference at equal lengths
-/// (f32): 4/5 for f32, and bf16's 3/5 as under AVX-512.
+/// 0.93-1.26x on f32, 0.44-0.67x on bf16). In whole decode rounds (`cargo bench -p trainer
+/// --bench decode`) the AVX-512 kernel on an f32 cache first cost 0.95-1.05x the reference round
+/// (session 79), then ran 1.07-1.13x faster than it since the prefetch (session 80, one run) and
+/// 1.06-1.21x faster at equal lengths of 512 to 2,048 positions (1.00-1.05x at 64) in three runs
+/// on session 82's Xeon (AVX-512, no AMX), where 6/5 kept the reference: 4/5 for f32. On a CPU
+/// with AVX2 and FMA but no AVX-512 (session 81's AMD EPYC, Zen 3) the AVX2 kernel took
+/// 0.71-0.86x libtorch's time on f32 and 0.42-0.50x on bf16 where the generic one took 0.89-1.16x
+/// and 1.27-1.36x, and whole decode rounds always taking it ran 1.10-1.30x faster than the
+/// reference at equal lengths (f32): 4/5 for f32, and bf16's 3/5 as under AVX-512. Everything
+/// else keeps session 41's 6/5: in whole decode rounds the generic kernel cost up to 1.20x
+/// libtorch's per position, and on session 79's machine 2.5-4x alone, so there 6/5 sends it rows
+/// it loses on.
 pub fn relative_cost(kind: Kind, d: usize, group: usize) -> (usize, usize) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -685,10 +686,7 @@ pub fn relative_cost(kind: Kind, d: usize, group: usize) -> (usize, usize) {
         };
         let bf16 = kind == Kind::BFloat16;
         if simd_takes(s) {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return if bf16 { (3, 5) } else { (6, 5) };
-            }
-            if has_avx2_fma() {
+            if std::arch::is_x86_feature_detected!("avx512f") || has_avx2_fma() {
                 return if bf16 { (3, 5) } else { (4, 5) };
             }
         }
@@ -1026,9 +1024,9 @@ mod tests {
         }
     }
 
-    /// The cost is the kernel's that runs: a bf16 cache under either SIMD kernel, and an f32
-    /// one under AVX2's, are weighed as cheaper per position than libtorch's kernel; an f32
-    /// cache under AVX-512's, a shape neither takes, and a CPU with neither keep 6/5.
+    /// The cost is the kernel's that runs: under either SIMD kernel a bf16 cache (3/5) and an
+    /// f32 one (4/5) are weighed as cheaper per position than libtorch's kernel; a shape
+    /// neither takes and a CPU with neither keep 6/5.
     #[test]
     fn the_cost_weighs_the_kernel_that_runs() {
         assert_eq!(
@@ -1043,9 +1041,7 @@ mod tests {
         );
         #[cfg(not(target_arch = "x86_64"))]
         let (avx512, avx2) = (false, false);
-        let (want_f32, want_bf16) = if avx512 {
-            ((6, 5), (3, 5))
-        } else if avx2 {
+        let (want_f32, want_bf16) = if avx512 || avx2 {
             ((4, 5), (3, 5))
         } else {
             ((6, 5), (6, 5))

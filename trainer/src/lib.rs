@@ -46,27 +46,53 @@ pub fn dtype_name(kind: tch::Kind) -> &'static str {
     }
 }
 
-/// Whether this CPU has bf16 arithmetic (AVX512-BF16, which every CPU with AMX-BF16 also has);
-/// `None` where this build cannot tell (not x86-64).
-pub fn cpu_native_bf16() -> Option<bool> {
+/// Whether bf16 parameters train faster than f32 on this CPU: AMX-BF16 (CPUID leaf 7, EDX bit
+/// 22) with its tile state enabled by the OS (XCR0 bits 17 and 18); `None` where this build
+/// cannot tell (not x86-64). Measured on the smoke model's training step, one thread
+/// (`trainer bench`, BENCHMARKS.md issue 25): with AMX-BF16, 1.87x faster than f32 (session 77);
+/// with AVX512-BF16 alone (an Intel Xeon whose hypervisor hid AMX), 1.68x slower (session 82);
+/// with neither (a Zen 3 EPYC), 13x slower (session 81).
+pub fn cpu_fast_bf16() -> Option<bool> {
     #[cfg(target_arch = "x86_64")]
-    return Some(std::arch::is_x86_feature_detected!("avx512bf16"));
+    return Some(amx_bf16());
     #[cfg(not(target_arch = "x86_64"))]
     None
 }
 
-/// Once a process, a warning when a model holds bf16 parameters on a CPU without bf16
-/// arithmetic: libtorch then converts every product, and the smoke model's training step took
-/// 153 s in bf16 against 11.7 s in f32 on a Zen 3 EPYC (BENCHMARKS.md, issue 25 session 81).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+fn amx_bf16() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    if __cpuid(0).eax < 7
+        || __cpuid_count(7, 0).edx & (1 << 22) == 0
+        || !std::arch::is_x86_feature_detected!("xsave")
+    {
+        return false;
+    }
+    #[target_feature(enable = "xsave")]
+    fn xcr0() -> u64 {
+        // SAFETY: XGETBV with ECX = 0 reads XCR0, which every CPU with XSAVE enabled has.
+        unsafe { std::arch::x86_64::_xgetbv(0) }
+    }
+    // SAFETY: the CPU has XSAVE (checked just above), the only requirement of a
+    // `target_feature(enable = "xsave")` function.
+    let xcr0 = unsafe { xcr0() };
+    xcr0 & (0b11 << 17) == 0b11 << 17
+}
+
+/// Once a process, a warning when a model holds bf16 parameters on a CPU where they train slower
+/// than f32 (no AMX-BF16, [`cpu_fast_bf16`]): libtorch's bf16 products there are converted or
+/// run on vector units, and the smoke model's training step took 12.2 s in bf16 against 7.3 s in
+/// f32 on a Xeon with AVX512-BF16 alone (session 82), 153 s against 11.7 s on a Zen 3 EPYC
+/// without bf16 arithmetic (session 81).
 pub fn warn_if_slow_bf16(device: tch::Device, kind: tch::Kind) {
     static WARNED: std::sync::Once = std::sync::Once::new();
-    if device == tch::Device::Cpu && kind == tch::Kind::BFloat16 && cpu_native_bf16() == Some(false)
-    {
+    if device == tch::Device::Cpu && kind == tch::Kind::BFloat16 && cpu_fast_bf16() == Some(false) {
         WARNED.call_once(|| {
             tracing::warn!(
-                "bf16 parameters on a CPU without bf16 arithmetic (no avx512_bf16 or amx_bf16): \
-                 expect steps and decoding many times slower than f32 (13x for the smoke \
-                 model's training step, BENCHMARKS.md issue 25 session 81); --dtype f32 or \
+                "bf16 parameters on a CPU without AMX-BF16: expect training steps slower than \
+                 f32 (the smoke model's: 1.7x with AVX512-BF16 alone, 13x without it; \
+                 BENCHMARKS.md issue 25 sessions 81-82); --dtype f32 or \
                  trainer.param_dtype = \"f32\" (auto) avoids it"
             );
         });
@@ -84,17 +110,18 @@ pub fn default_kind(device: tch::Device) -> tch::Kind {
 
 #[cfg(test)]
 mod tests {
-    /// The bf16 check agrees with what the kernel reports: `avx512_bf16` among the CPU's flags
-    /// in /proc/cpuinfo (read where it exists).
+    /// The AMX-BF16 check agrees with what the kernel reports: `amx_bf16` among the CPU's flags
+    /// in /proc/cpuinfo (read where it exists; Linux lists it only where the OS enables the
+    /// tile state).
     #[test]
-    fn native_bf16_is_what_the_cpu_reports() {
+    fn fast_bf16_is_what_the_cpu_reports() {
         #[cfg(target_arch = "x86_64")]
         if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
             let flag = info
                 .lines()
                 .filter(|l| l.starts_with("flags"))
-                .any(|l| l.split_whitespace().any(|f| f == "avx512_bf16"));
-            assert_eq!(super::cpu_native_bf16(), Some(flag));
+                .any(|l| l.split_whitespace().any(|f| f == "amx_bf16"));
+            assert_eq!(super::cpu_fast_bf16(), Some(flag));
         }
     }
 }

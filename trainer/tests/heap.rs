@@ -33,7 +33,11 @@ fn the_binary_keeps_freed_memory_unless_the_environment_configures_glibc() {
     } else {
         assert!(default.contains("heap=Unchanged"), "{default}");
     }
-    for var in ["MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"] {
+    for var in [
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TRIM_THRESHOLD_",
+        "MALLOC_ARENA_MAX",
+    ] {
         let line = heap_log(&[(var, "1048576")]);
         assert!(
             line.contains(&format!("UserConfigured(\"{var}\")")),

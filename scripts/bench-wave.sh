@@ -60,11 +60,11 @@ metric() { # name: its value in the server's /metrics (nan when it is missing)
 ROWS=()
 for round in $(seq 1 "$ROUNDS"); do
   for mode in $MODES; do
+    port_free "$PORT"
     "$BIN/trainer" serve --model "$MODEL" --bind "127.0.0.1:$PORT" --threads "$THREADS" \
       --device cpu --decode-attention "$mode" >"$OUT/$mode-$round.server.log" 2>&1 &
     PID=$!
-    wait_up "http://127.0.0.1:$PORT" "$OUT/$mode-$round.server.log"
-    kill -0 "$PID" 2>/dev/null || { say "the $mode server exited; see $OUT/$mode-$round.server.log"; exit 1; }
+    wait_up "http://127.0.0.1:$PORT" "$OUT/$mode-$round.server.log" "$PID"
     say "round $round, $mode: $LIMIT tasks x $N"
     t0=$(date +%s.%N)
     "$BIN/orchestrator" rollout --experiment "$EXPERIMENT" --policy-url "http://127.0.0.1:$PORT" \

@@ -11,9 +11,24 @@ keep_log() { # file
   mv "$f" "$f.$n"
 }
 
-# Wait until URL answers /health (up to 2 minutes), else say where its log is and exit.
-wait_up() { # url log
+# Exit unless nothing listens on 127.0.0.1:PORT. A server started there would fail to bind while
+# wait_up took the process already listening (say, an earlier run's server still finishing its
+# final evaluation) for it, and two runs would share one trainer.
+port_free() { # port
+  if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+    echo "127.0.0.1:$1 is already in use (an earlier run's server?); stop it or choose other ports" >&2
+    exit 1
+  fi
+}
+
+# Wait until URL answers /health (up to 2 minutes), else say where its log is and exit; with
+# PID, exit as soon as that process has stopped (a failed bind, a bad model) instead of waiting.
+wait_up() { # url log [pid]
   for _ in $(seq 1 240); do
+    if [[ -n "${3:-}" ]] && ! kill -0 "$3" 2>/dev/null; then
+      echo "server for $1 exited; see $2" >&2
+      exit 1
+    fi
     curl -sf "$1/health" >/dev/null 2>&1 && return 0
     sleep 0.5
   done
@@ -29,13 +44,15 @@ start_split_pair() { # port model dir
   mkdir -p "$dir"
   keep_log "$dir/policy.log"
   keep_log "$dir/trainer.log"
+  port_free $((port + 1))
+  port_free "$port"
   "$BIN/trainer" serve --model "$model" --bind "127.0.0.1:$((port + 1))" --threads 1 \
     --device cpu >"$dir/policy.log" 2>&1 &
   PIDS+=($!)
-  wait_up "http://127.0.0.1:$((port + 1))" "$dir/policy.log"
+  wait_up "http://127.0.0.1:$((port + 1))" "$dir/policy.log" $!
   "$BIN/trainer" serve --model "$model" --bind "127.0.0.1:$port" --threads 1 --device cpu \
     --checkpoint-dir "$dir/checkpoints" --publish-url "http://127.0.0.1:$((port + 1))" \
     --publish-dir "$ROOT/$dir/published" >"$dir/trainer.log" 2>&1 &
   PIDS+=($!)
-  wait_up "http://127.0.0.1:$port" "$dir/trainer.log"
+  wait_up "http://127.0.0.1:$port" "$dir/trainer.log" $!
 }

@@ -61,13 +61,14 @@ case "$LAYOUT" in
     POLICY_URL="$TRAINER_URL"
     say "starting trainer serve on $TRAINER_URL (policy server and trainer)"
     keep_log "$DIR/trainer.log"
+    port_free "$PORT"
     "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" \
       --checkpoint-dir "$DIR/checkpoints" --device cpu >"$DIR/trainer.log" 2>&1 &
     PIDS+=($!)
+    wait_up "$TRAINER_URL" "$DIR/trainer.log" $!
     ;;
   *) say "SMOKE_LAYOUT = $LAYOUT; allowed: split, shared"; exit 2 ;;
 esac
-wait_up "$TRAINER_URL" "$DIR/trainer.log"
 
 # The RL learning rate is the experiment's (`[trainer]`, sent to the trainer at start);
 # SMOKE_RL_LR overrides it.

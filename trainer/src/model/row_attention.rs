@@ -685,10 +685,8 @@ pub fn relative_cost(kind: Kind, d: usize, group: usize) -> (usize, usize) {
             capacity: 1,
         };
         let bf16 = kind == Kind::BFloat16;
-        if simd_takes(s) {
-            if std::arch::is_x86_feature_detected!("avx512f") || has_avx2_fma() {
-                return if bf16 { (3, 5) } else { (4, 5) };
-            }
+        if simd_takes(s) && (std::arch::is_x86_feature_detected!("avx512f") || has_avx2_fma()) {
+            return if bf16 { (3, 5) } else { (4, 5) };
         }
     }
     let _ = (kind, d, group);

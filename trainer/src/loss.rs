@@ -332,6 +332,7 @@ mod tests {
 
     #[test]
     fn log_probs_at_kept_positions_equal_the_full_heads_and_are_zero_elsewhere() {
+        let _rng = crate::model::rng_lock();
         tch::manual_seed(3);
         let (b, t, d, v) = (2i64, 9i64, 6i64, 11i64);
         let hidden = Tensor::randn([b, t, d], (Kind::Float, tch::Device::Cpu));

@@ -629,6 +629,7 @@ mod tests {
 
     #[test]
     fn the_fused_update_is_pytorchs_adamw_and_leaves_a_shared_state_alone() {
+        let _rng = crate::model::rng_lock();
         tch::manual_seed(3);
         let cpu = tch::Device::Cpu;
         // A matrix that decays, a vector that does not (fused, fp32), a bf16 matrix with its

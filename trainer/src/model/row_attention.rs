@@ -841,6 +841,7 @@ mod tests {
     /// lengths in a cache with spare rows and positions, on one to three threads.
     #[test]
     fn rows_attend_only_their_own_positions_as_sdpa_does() {
+        let _rng = crate::model::rng_lock();
         tch::manual_seed(5);
         let (rows, kvh, g, d, cap) = (5_i64, 2_i64, 3_i64, 16_i64, 40_i64);
         let k = Tensor::randn([rows + 2, kvh, cap, d], (Kind::Float, Device::Cpu));
@@ -866,6 +867,7 @@ mod tests {
     /// to f32 up to the output's rounding to bf16, and returns bf16.
     #[test]
     fn a_bf16_cache_is_read_as_bf16() {
+        let _rng = crate::model::rng_lock();
         tch::manual_seed(6);
         let (rows, kvh, g, d, cap) = (4_i64, 2_i64, 2_i64, 64_i64, 48_i64);
         let bf = (Kind::BFloat16, Device::Cpu);
@@ -898,6 +900,7 @@ mod tests {
     /// `decode_rows` returns it and as the generic kernel gives it.
     #[test]
     fn the_simd_kernels_attend_as_sdpa_does() {
+        let _rng = crate::model::rng_lock();
         tch::manual_seed(7);
         let lens = [1_usize, 17, 40, 3];
         let (rows, kvh, cap) = (4_i64, 2_i64, 40_i64);
@@ -1054,6 +1057,7 @@ mod tests {
     #[test]
     #[ignore = "a timing, not a check"]
     fn timing() {
+        let _rng = crate::model::rng_lock();
         let (rows, kvh, g, d, cap) = (32_i64, 2_i64, 2_i64, 64_i64, 2048_i64);
         for kind in [Kind::Float, Kind::BFloat16] {
             let k = Tensor::randn([rows, kvh, cap, d], (kind, Device::Cpu));

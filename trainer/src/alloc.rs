@@ -16,13 +16,14 @@
 //! step's largest activations) is mapped on its own and unmapped when freed, whatever the
 //! thresholds. So the page-clearing came back there: 5.7% of the training server's samples
 //! during a `guided` run (BENCHMARKS.md, issue 25 session 82; `tests/arena.rs` shows a 96 MiB
-//! block faulted in again on every use without this and once with it). One arena (`M_ARENA_MAX` = 1) serves every thread from the main arena under the
-//! raised thresholds; the server's allocating threads take turns on one lock, which its
-//! one-thread-at-a-time steps do anyway.
+//! block faulted in again on every use without this and once with it). One arena
+//! (`M_ARENA_MAX` = 1) serves every thread from the main arena under the raised thresholds; the
+//! server's allocating threads take turns on one lock, which its one-thread-at-a-time steps do
+//! anyway.
 //!
 //! Set once at start by the binary. A user who configures glibc's allocator through the
-//! environment (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, `GLIBC_TUNABLES`) keeps
-//! that configuration. Not glibc (musl, macOS): nothing is changed.
+//! environment (any of [`USER_SETTINGS`]) keeps that configuration.
+//! Not glibc (musl, macOS): nothing is changed.
 
 /// Blocks up to this size come from (and return to) the heap: 1 GiB.
 pub const MMAP_THRESHOLD: i32 = 1 << 30;

@@ -42,17 +42,14 @@ for mode in $MODES; do
     *) say "WAVE_MODES holds $mode; allowed: masked, auto, rows"; exit 2 ;;
   esac
 done
-if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
-  say "a server already answers on port $PORT: stop it or set WAVE_PORT"
-  exit 2
-fi
 source "$ROOT/scripts/torch-env.sh"
 source "$ROOT/scripts/servers.sh"
+port_free "$PORT"
 mkdir -p "$OUT"
 "$BIN/orchestrator" migrate >/dev/null
 
-PID=""
-trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null || true' EXIT
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 metric() { # name: its value in the server's /metrics (nan when it is missing)
   curl -sf "http://127.0.0.1:$PORT/metrics" |
     awk -v m="$1" '$1 == m {print $2; found = 1} END {if (!found) print "nan"}'
@@ -60,11 +57,8 @@ metric() { # name: its value in the server's /metrics (nan when it is missing)
 ROWS=()
 for round in $(seq 1 "$ROUNDS"); do
   for mode in $MODES; do
-    port_free "$PORT"
-    "$BIN/trainer" serve --model "$MODEL" --bind "127.0.0.1:$PORT" --threads "$THREADS" \
-      --device cpu --decode-attention "$mode" >"$OUT/$mode-$round.server.log" 2>&1 &
-    PID=$!
-    wait_up "http://127.0.0.1:$PORT" "$OUT/$mode-$round.server.log" "$PID"
+    start_server "$PORT" "$OUT/$mode-$round.server.log" --model "$MODEL" --threads "$THREADS" \
+      --device cpu --decode-attention "$mode"
     say "round $round, $mode: $LIMIT tasks x $N"
     t0=$(date +%s.%N)
     "$BIN/orchestrator" rollout --experiment "$EXPERIMENT" --policy-url "http://127.0.0.1:$PORT" \
@@ -76,9 +70,8 @@ for round in $(seq 1 "$ROUNDS"); do
     dec=$(metric trainer_decode_seconds_total)
     own=$(metric trainer_decode_positions_total)
     span=$(metric trainer_decode_span_positions_total)
-    kill "$PID"
-    wait "$PID" 2>/dev/null || true
-    PID=""
+    kill "$SERVER_PID"
+    wait "$SERVER_PID" 2>/dev/null || true
     ROWS+=("$mode $round $wall $gen $pre $dec $own $span")
   done
 done

@@ -42,11 +42,7 @@ mkdir -p "$OUT"
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 source "$ROOT/scripts/servers.sh"
-port_free "$PORT"
-"$BIN/trainer" serve --model "$MODEL" --bind "127.0.0.1:$PORT" --threads 2 --device cpu \
-  >"$OUT/policy.log" 2>&1 &
-PIDS+=($!)
-wait_up "http://127.0.0.1:$PORT" "$OUT/policy.log" $!
+start_server "$PORT" "$OUT/policy.log" --model "$MODEL" --threads 2 --device cpu
 
 SETS=()
 IFS=';' read -ra EXTRA <<<"${PROBE_SETS:-}"

@@ -1,4 +1,5 @@
-# Source me: starting `trainer serve` processes for scripts/smoke.sh and scripts/ablation-mini.sh.
+# Source me: starting `trainer serve` processes for scripts/smoke.sh, scripts/ablation-mini.sh,
+# scripts/probe-injection.sh and scripts/bench-wave.sh.
 # Expects BIN (the binaries' directory) and ROOT (the repository root) to be set, and appends
 # every started pid to the array PIDS (the caller's EXIT trap stops them).
 
@@ -36,6 +37,19 @@ wait_up() { # url log [pid]
   exit 1
 }
 
+# `trainer serve --bind 127.0.0.1:PORT ARGS...`, its output in LOG, once nothing else listens on
+# PORT (port_free): its pid in SERVER_PID and appended to PIDS; returns when it answers /health
+# (wait_up, which exits if it stops first).
+start_server() { # port log [serve args...]
+  local port=$1 log=$2
+  shift 2
+  port_free "$port"
+  "$BIN/trainer" serve --bind "127.0.0.1:$port" "$@" >"$log" 2>&1 &
+  SERVER_PID=$!
+  PIDS+=("$SERVER_PID")
+  wait_up "http://127.0.0.1:$port" "$log" "$SERVER_PID"
+}
+
 # The split layout on one core each: a policy server on PORT+1 and a trainer on PORT that
 # checkpoints into DIR/checkpoints and publishes every version to the policy server (through
 # DIR/published); logs DIR/policy.log and DIR/trainer.log (earlier ones kept by keep_log).
@@ -44,15 +58,8 @@ start_split_pair() { # port model dir
   mkdir -p "$dir"
   keep_log "$dir/policy.log"
   keep_log "$dir/trainer.log"
-  port_free $((port + 1))
-  port_free "$port"
-  "$BIN/trainer" serve --model "$model" --bind "127.0.0.1:$((port + 1))" --threads 1 \
-    --device cpu >"$dir/policy.log" 2>&1 &
-  PIDS+=($!)
-  wait_up "http://127.0.0.1:$((port + 1))" "$dir/policy.log" $!
-  "$BIN/trainer" serve --model "$model" --bind "127.0.0.1:$port" --threads 1 --device cpu \
+  start_server $((port + 1)) "$dir/policy.log" --model "$model" --threads 1 --device cpu
+  start_server "$port" "$dir/trainer.log" --model "$model" --threads 1 --device cpu \
     --checkpoint-dir "$dir/checkpoints" --publish-url "http://127.0.0.1:$((port + 1))" \
-    --publish-dir "$ROOT/$dir/published" >"$dir/trainer.log" 2>&1 &
-  PIDS+=($!)
-  wait_up "http://127.0.0.1:$port" "$dir/trainer.log" $!
+    --publish-dir "$ROOT/$dir/published"
 }

@@ -61,11 +61,8 @@ case "$LAYOUT" in
     POLICY_URL="$TRAINER_URL"
     say "starting trainer serve on $TRAINER_URL (policy server and trainer)"
     keep_log "$DIR/trainer.log"
-    port_free "$PORT"
-    "$BIN/trainer" serve --model "$DIR/model-sft" --bind "127.0.0.1:$PORT" \
-      --checkpoint-dir "$DIR/checkpoints" --device cpu >"$DIR/trainer.log" 2>&1 &
-    PIDS+=($!)
-    wait_up "$TRAINER_URL" "$DIR/trainer.log" $!
+    start_server "$PORT" "$DIR/trainer.log" --model "$DIR/model-sft" \
+      --checkpoint-dir "$DIR/checkpoints" --device cpu
     ;;
   *) say "SMOKE_LAYOUT = $LAYOUT; allowed: split, shared"; exit 2 ;;
 esac

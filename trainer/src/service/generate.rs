@@ -363,6 +363,18 @@ pub fn run_worker(
                         continue;
                     }
                 };
+                // The prompt's keys and values serve the requests queued behind it at once:
+                // a group's samples sent as requests of one prompt each, and every task's
+                // shared system prompt, which a step's first wave (and every request after a
+                // weight update retired the store) would otherwise compute once per request.
+                // A view: the rows below copy the cache, the entry shares its tensors.
+                if store.budget > 0 {
+                    store.insert(
+                        job.prompt.clone(),
+                        cache.prefix(job.prompt.len() as i64),
+                        epoch,
+                    );
+                }
                 let id = next_job;
                 next_job += 1;
                 let shared = Arc::new(job.prompt.clone());
@@ -667,5 +679,107 @@ mod tests {
         let mut off = PrefixStore::new(0);
         off.insert(toks(0, 40), cache(40), 1);
         assert!(off.entries.is_empty());
+    }
+
+    /// A worker over a random tiny policy and a tokenizer trained on a small corpus, run until
+    /// `jobs` (all queued before it starts, so one wave admits them) are answered: the samples
+    /// per job, and the prompt tokens reused from the prefix cache.
+    fn serve_queued(jobs: &[Vec<u32>], prefix_cache_tokens: usize) -> (Vec<Sample>, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = dir.path().join("corpus.jsonl");
+        let lines: Vec<String> = (0..50)
+            .map(|i| serde_json::json!({"text": format!("gene TN{i} binds {i}")}).to_string())
+            .collect();
+        std::fs::write(&corpus, lines.join("\n")).unwrap();
+        crate::smallmodel::train_tokenizer(&corpus, 300, dir.path()).unwrap();
+        let tokenizer =
+            tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
+        let cfg: crate::model::Qwen3Config = serde_json::from_value(serde_json::json!({
+            "vocab_size": 64, "hidden_size": 16, "intermediate_size": 24,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "head_dim": 8, "max_position_embeddings": 64, "tie_word_embeddings": true
+        }))
+        .unwrap();
+        let model =
+            crate::model::Qwen3::random(cfg, 5, 0.3, tch::Device::Cpu, Kind::Float).unwrap();
+        let mut train = crate::train::TrainConfig::default();
+        train.loss.kl_coef = 0.0;
+        let policy = Policy {
+            trainer: crate::train::Trainer::new(model, train).unwrap(),
+            version: 0,
+            lora: None,
+            base: "test".into(),
+            seed: 1,
+            settings: wire::TrainSettings::default(),
+            weights_epoch: crate::service::next_weights_epoch(),
+        };
+        let (tx, rx) = mpsc::channel(16);
+        let mut replies = Vec::new();
+        for prompt in jobs {
+            let (reply, got) = oneshot::channel();
+            let params = GenParams {
+                max_tokens: 6,
+                temperature: 0.0,
+                top_p: 1.0,
+                n: 1,
+                stop: vec![],
+                seed: None,
+                include_stop_str_in_output: false,
+                skip_special_tokens: true,
+                ignore_eos: true,
+                repetition: None,
+            };
+            tx.try_send(GenJob {
+                prompt: prompt.clone(),
+                params,
+                reply,
+            })
+            .unwrap();
+            replies.push(got);
+        }
+        drop(tx);
+        let stats = Arc::new(GenStats::default());
+        run_worker(
+            Arc::new(Mutex::new(policy)),
+            Arc::new(tokenizer),
+            vec![],
+            stats.clone(),
+            rx,
+            prefix_cache_tokens,
+            crate::model::DecodeAttention::Masked,
+        );
+        let samples = replies
+            .into_iter()
+            .map(|r| r.blocking_recv().unwrap().unwrap().remove(0))
+            .collect();
+        (
+            samples,
+            stats
+                .prefix_hit_tokens
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// Requests admitted in one wave reuse the prefill of those before them: a second request
+    /// of the same prompt (a group's next sample) all but its last token, one sharing a
+    /// 20-token head (a shared system prompt) those 20; and they answer as without the cache.
+    #[test]
+    fn requests_admitted_together_reuse_each_others_prompt() {
+        let prompt: Vec<u32> = (0..30).map(|k| (k * 7 % 60 + 3) as u32).collect();
+        let mut other = prompt[..20].to_vec();
+        other.extend((0..8).map(|k| (k * 11 % 60 + 2) as u32));
+        assert_ne!(other[20], prompt[20]);
+        let jobs = [prompt.clone(), prompt, other];
+        let (cached, hits) = serve_queued(&jobs, 1_000);
+        assert_eq!(hits, 29 + 20);
+        let (fresh, none) = serve_queued(&jobs, 0);
+        assert_eq!(none, 0);
+        for (a, b) in cached.iter().zip(&fresh) {
+            assert_eq!(a.token_ids, b.token_ids);
+            for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+            }
+        }
+        assert_eq!(cached[0].token_ids, cached[1].token_ids);
     }
 }

@@ -32,7 +32,7 @@ mod weights;
 use std::net::SocketAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::body::Bytes;
@@ -171,6 +171,8 @@ pub struct AppState {
     /// the launcher stops every rank and a supervisor restarts the group whole.
     group_failed: tokio::sync::Notify,
     group_broken: AtomicBool,
+    /// The policy version `/metrics` last read (reported while the policy is busy).
+    metrics_version: AtomicI64,
 }
 
 /// A JSON request body that may be empty (then the default).
@@ -306,6 +308,7 @@ impl AppState {
         cfg: ServeConfig,
         publisher: Option<Publisher>,
     ) -> Arc<Self> {
+        let metrics_version = AtomicI64::new(policy.version);
         let policy = Arc::new(Mutex::new(policy));
         let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(generate::GenStats::default());
@@ -344,6 +347,7 @@ impl AppState {
             worker_alive,
             group_failed: tokio::sync::Notify::new(),
             group_broken: AtomicBool::new(false),
+            metrics_version,
         })
     }
 
@@ -759,7 +763,16 @@ async fn save_checkpoint(
         return Err(ApiError::conflict("a train step is running"));
     };
     let st = s.clone();
-    let version = s.policy.lock().map(|p| p.version).unwrap_or(-1);
+    // Never wait on the policy: the generation worker holds it through a wave of prefills,
+    // and admission control polls this route; a busy policy reports the version last read.
+    let version = match s.policy.try_lock() {
+        Ok(p) => {
+            s.metrics_version.store(p.version, Ordering::Relaxed);
+            p.version
+        }
+        Err(std::sync::TryLockError::WouldBlock) => s.metrics_version.load(Ordering::Relaxed),
+        Err(std::sync::TryLockError::Poisoned(_)) => -1,
+    };
     let dir = tokio::task::spawn_blocking(move || st.checkpoint_blocking(sub.as_deref()))
         .await??
         .ok_or_else(|| ApiError::bad_request(NO_CHECKPOINT_DIR))?;
@@ -1066,7 +1079,16 @@ async fn get_state(
 
 async fn metrics(State(s): State<Arc<AppState>>) -> String {
     let st = &s.stats;
-    let version = s.policy.lock().map(|p| p.version).unwrap_or(-1);
+    // Never wait on the policy: the generation worker holds it through a wave of prefills,
+    // and admission control polls this route; a busy policy reports the version last read.
+    let version = match s.policy.try_lock() {
+        Ok(p) => {
+            s.metrics_version.store(p.version, Ordering::Relaxed);
+            p.version
+        }
+        Err(std::sync::TryLockError::WouldBlock) => s.metrics_version.load(Ordering::Relaxed),
+        Err(std::sync::TryLockError::Poisoned(_)) => -1,
+    };
     format!(
         "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {}\n\
          # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting {}\n\

@@ -154,6 +154,11 @@ async fn scalar(pool: &PgPool, sql: &str, run: Uuid) -> i64 {
 
 /// Everything a finished run must satisfy, whatever happened on the way.
 async fn check_run(pool: &PgPool, run: Uuid, state: &AppState) {
+    check_run_at(pool, run, state, 1).await;
+}
+
+/// [`check_run`] for a run whose staleness bound is `staleness`.
+async fn check_run_at(pool: &PgPool, run: Uuid, state: &AppState, staleness: i32) {
     let completed = scalar(
         pool,
         "SELECT count(*) FROM steps WHERE run_id = $1 AND status = 'completed'",
@@ -192,14 +197,16 @@ async fn check_run(pool: &PgPool, run: Uuid, state: &AppState) {
     )
     .await;
     assert_eq!(dup_judgments, 0);
-    // Staleness bound 1: step s is rolled out by version s - 1 or s.
-    let bad_versions = scalar(
-        pool,
+    // Staleness bound k: step s is rolled out by version s - k to s.
+    let bad_versions: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM trajectories WHERE run_id = $1
-         AND NOT (policy_version BETWEEN step - 1 AND step)",
-        run,
+         AND NOT (policy_version BETWEEN step - $2 AND step)",
     )
-    .await;
+    .bind(run)
+    .bind(staleness)
+    .fetch_one(pool)
+    .await
+    .unwrap();
     assert_eq!(
         bad_versions, 0,
         "policy versions respect the staleness bound"
@@ -929,6 +936,10 @@ async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollo
     .await
     .unwrap();
     assert_eq!(order, vec![(0, true), (2, true)]);
+    assert_eq!(
+        overlapping_steps(&pool, run).await,
+        vec![0.0; STEPS as usize]
+    );
     let inline: Vec<(i32, f64)> = sqlx::query_as(
         "SELECT step, value FROM step_metrics
          WHERE run_id = $1 AND name = 'time/reflection_inline_s' ORDER BY step",
@@ -959,6 +970,76 @@ async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollo
         (STEPS as u32, 0)
     );
     check_run(&pool, run, &tr.state).await;
+    tr.task.abort();
+}
+
+/// `rollout/overlapping_steps` by step: the earlier steps still rolling out when each started.
+async fn overlapping_steps(pool: &PgPool, run: Uuid) -> Vec<f64> {
+    sqlx::query_scalar(
+        "SELECT value FROM step_metrics WHERE run_id = $1 AND name = 'rollout/overlapping_steps'
+         ORDER BY step",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// `pipeline.overlap_rollouts` with `max_staleness = 2`: a step may start before the one before
+/// it is committed (its staleness bound allows that at once), and it then runs in the same pool
+/// of trajectory slots beside it. The run still commits, judges and trains every step exactly
+/// once and in order, within the staleness bound.
+#[sqlx::test(migrator = "orchestrator::infra::db::MIGRATOR")]
+async fn overlapping_rollouts_start_a_step_beside_the_one_before_and_keep_the_order(pool: PgPool) {
+    let Fixture {
+        _tmp,
+        trainer: tr,
+        file,
+        ..
+    } = fixture(&pool).await;
+    let text = std::fs::read_to_string(&file).unwrap();
+    let overlapped = text.replace(
+        "max_staleness = 1",
+        "max_staleness = 2\noverlap_rollouts = true",
+    );
+    std::fs::write(&file, &overlapped).unwrap();
+    let (run, p, cfg) = full_recipe_run(&pool, file.clone()).await;
+    assert!(cfg.pipeline.overlap_rollouts);
+    let outcome = run_to_end(p, Duration::from_secs(300)).await;
+    assert_eq!(outcome.completed, STEPS as u32);
+    check_run_at(&pool, run, &tr.state, 2).await;
+    // Steps commit in order: each step's rollout metrics (written when it is committed) come
+    // after the previous step's.
+    let committed: Vec<(i32, bool)> = sqlx::query_as(
+        "SELECT m.step, m.recorded_at > p.recorded_at FROM step_metrics m
+         JOIN step_metrics p ON p.run_id = m.run_id AND p.step = m.step - 1
+              AND p.name = 'time/rollout_s'
+         WHERE m.run_id = $1 AND m.name = 'time/rollout_s' ORDER BY m.step",
+    )
+    .bind(run)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        committed,
+        (1..STEPS as i32).map(|s| (s, true)).collect::<Vec<_>>()
+    );
+    // Some step started while the one before it was still rolling out, and says so.
+    let early: Vec<i32> = sqlx::query_scalar(
+        "SELECT s.step FROM steps s
+         JOIN step_metrics p ON p.run_id = s.run_id AND p.step = s.step - 1
+              AND p.name = 'time/rollout_s'
+         WHERE s.run_id = $1 AND s.started_at < p.recorded_at ORDER BY s.step",
+    )
+    .bind(run)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(!early.is_empty(), "no step started beside the one before");
+    let behind = overlapping_steps(&pool, run).await;
+    for s in &early {
+        assert!(behind[*s as usize] >= 1.0, "step {s}: {behind:?}");
+    }
     tr.task.abort();
 }
 

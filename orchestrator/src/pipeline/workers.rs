@@ -2,11 +2,12 @@
 //! they share: the rollout context with memory injection, the batch a judged step becomes, the
 //! progress line.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
 use sqlx::PgPool;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -15,7 +16,7 @@ use crate::domain::bank::Reuse;
 use crate::infra::db::{self};
 use crate::infra::llm::trainer::{named_metrics, publish_seconds, published_name};
 use crate::pipeline::judging::{StepError, judge_step_guarded};
-use crate::pipeline::rollout::{RolloutCtx, RolloutSlot, RolloutTask};
+use crate::pipeline::rollout::{Rollout, RolloutCtx, RolloutError, RolloutSlot, RolloutTask};
 
 /// What [`Pipeline::guide`] added to a step, and what it left out.
 #[derive(Debug, Default)]
@@ -25,6 +26,33 @@ struct Guided {
     over_budget: usize,
 }
 
+/// A step's trajectories, in (task, sample) order.
+type StepResults = Vec<Result<Rollout, RolloutError>>;
+
+/// A step whose rollouts run in the background ([`Pipeline::launch`]).
+struct Launched {
+    step: i32,
+    version: i32,
+    tasks: Vec<RolloutTask>,
+    ctx: RolloutCtx,
+    slot: RolloutSlot,
+    memory_metrics: Vec<(String, f64)>,
+    started: Instant,
+    /// Seconds the step waited on the staleness bound once it could otherwise have started.
+    wait_secs: f64,
+    /// Steps still rolling out when it started (`pipeline.overlap_rollouts`).
+    behind: usize,
+    handle: tokio::task::JoinHandle<StepResults>,
+}
+
+/// What the rollout worker waits for next.
+enum Event {
+    Cancelled,
+    TrainerGone,
+    Launch,
+    Finished(Result<StepResults, tokio::task::JoinError>),
+}
+
 impl Pipeline {
     pub(super) fn rollout_ctx(&self, shared: &Shared) -> RolloutCtx {
         let mut ctx = self.rollout.clone();
@@ -32,6 +60,11 @@ impl Pipeline {
         ctx
     }
 
+    /// Rolls out steps `first..` in order and hands each, committed, to the judge. A step
+    /// starts once the staleness bound allows it and, without `pipeline.overlap_rollouts`, once
+    /// the previous step is committed; with it, as soon as the bound allows, its trajectories
+    /// taking the slots of the shared pool (`pipeline.max_inflight`) that the previous step's
+    /// finished ones free. Either way steps are committed and judged in order.
     pub(super) async fn rollout_worker(
         self: Arc<Self>,
         first: i32,
@@ -41,112 +74,202 @@ impl Pipeline {
         cancel: CancellationToken,
     ) -> Result<(), PipelineError> {
         let k = self.cfg.max_staleness as i32;
-        for s in first..self.steps as i32 {
+        let steps = self.steps as i32;
+        let slots = Arc::new(Semaphore::new(self.cfg.max_inflight.max(1) as usize));
+        let mut inflight: VecDeque<Launched> = VecDeque::new();
+        let mut next = first;
+        // When the next step could start but for the staleness bound (rollout/wait_s).
+        let mut ready_at = Instant::now();
+        let result = loop {
+            let may_launch = next < steps && (self.cfg.overlap_rollouts || inflight.is_empty());
+            if !may_launch && inflight.is_empty() {
+                break Ok(());
+            }
             // Staleness bound: steps up to s - 1 - k must be trained before s is rolled out.
-            let t_wait = Instant::now();
-            let ok = tokio::select! {
-                _ = cancel.cancelled() => false,
-                r = trained.wait_for(|v| *v >= s - k) => r.is_ok(),
+            let bound = next - k;
+            let event = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => Event::Cancelled,
+                joined = async {
+                    match inflight.front_mut() {
+                        Some(l) => (&mut l.handle).await,
+                        None => std::future::pending().await,
+                    }
+                }, if !inflight.is_empty() => Event::Finished(joined),
+                ok = async { trained.wait_for(|v| *v >= bound).await.is_ok() },
+                    if may_launch => if ok { Event::Launch } else { Event::TrainerGone },
             };
-            if !ok {
-                break;
+            match event {
+                Event::Cancelled | Event::TrainerGone => break Ok(()),
+                Event::Launch => {
+                    let wait_secs = ready_at.elapsed().as_secs_f64();
+                    let behind = inflight.len();
+                    match self.launch(next, &trained, &shared, &slots, &cancel).await {
+                        Ok(mut l) => {
+                            l.wait_secs = wait_secs;
+                            l.behind = behind;
+                            inflight.push_back(l);
+                        }
+                        Err(e) => break Err(e),
+                    }
+                    next += 1;
+                    ready_at = Instant::now();
+                }
+                Event::Finished(joined) => {
+                    let results = match joined {
+                        Ok(r) if !cancel.is_cancelled() => r,
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                        // Cancelled: the step stays in flight, to be marked abandoned below.
+                        _ => break Ok(()),
+                    };
+                    let Some(l) = inflight.pop_front() else {
+                        break Ok(());
+                    };
+                    match self.commit_step(l, results, &judge_tx).await {
+                        Ok(true) => {}
+                        Ok(false) => break Ok(()),
+                        Err(e) => break Err(e),
+                    }
+                    if !self.cfg.overlap_rollouts {
+                        ready_at = Instant::now();
+                    }
+                }
             }
-            let wait_secs = t_wait.elapsed().as_secs_f64();
-            let version = *trained.borrow();
-            let slot = self.slot(s);
-            let picks = crate::domain::schedule::tasks_for_step(
-                self.tasks.len(),
-                self.tasks_per_step,
-                self.seed,
-                slot.map_or(s as u32, |x| x.batch),
-            );
-            let (tasks, memory_metrics) = self.with_memory(&picks, slot).await?;
-            let ids: Vec<Uuid> = tasks.iter().map(|t| t.task_id).collect();
-            db::pipeline::restart_step(&self.pool, self.run_id, s, version, &ids).await?;
-            let t0 = Instant::now();
-            let ctx = self.rollout_ctx(&shared);
-            let slot = RolloutSlot {
-                run_id: self.run_id,
-                step: s,
-                sample_index: 0,
-                policy_version: version,
-            };
-            let results = crate::pipeline::rollout::rollout_batch_gated(
-                &ctx,
-                &tasks,
-                self.n,
-                slot,
-                self.cfg.max_inflight as usize,
-                &cancel,
-                None,
-                self.admission.clone(),
-            )
-            .await;
-            if cancel.is_cancelled() {
-                db::runs::set_step_status(&self.pool, self.run_id, s, "abandoned").await?;
-                tracing::warn!(step = s, "interrupted: rollouts of this step abandoned");
-                break;
-            }
-            let (mut rollouts, summary) = crate::pipeline::rollout::summarize(results);
-            let guided = self.guide(&ctx, &tasks, slot, &mut rollouts).await;
-            db::pipeline::commit_rollouts(&self.pool, self.run_id, s, &rollouts).await?;
-            let secs = t0.elapsed().as_secs_f64();
-            let mut m = vec![
-                ("time/rollout_s".to_string(), secs),
-                ("time/rollout_wait_s".to_string(), wait_secs),
-                (
-                    "rollout/trajectories".to_string(),
-                    summary.trajectories as f64,
-                ),
-                (
-                    "rollout/model_tokens".to_string(),
-                    summary.model_tokens as f64,
-                ),
-                (
-                    "rollout/tokens_per_s".to_string(),
-                    summary.model_tokens as f64 / secs.max(1e-9),
-                ),
-                (
-                    "rollout/parse_failures".to_string(),
-                    summary.parse_failures as f64,
-                ),
-                (
-                    "rollout/answer_chars".to_string(),
-                    summary.answer_chars as f64 / summary.answers.max(1) as f64,
-                ),
-                ("rollout/policy_version".to_string(), f64::from(version)),
-            ];
-            if !self.guidance.is_empty() {
-                m.push(("rollout/guidance".to_string(), guided.added as f64));
-                m.push(("rollout/guidance_failed".to_string(), guided.failed as f64));
-                m.push((
-                    "rollout/guidance_over_budget".to_string(),
-                    guided.over_budget as f64,
-                ));
-            }
-            m.extend(memory_metrics);
-            if let Some(a) = &self.admission {
-                m.push((
-                    "rollout/admission_held_s".to_string(),
-                    a.take_held().as_secs_f64(),
-                ));
-            }
-            for (reason, c) in &summary.finish_reasons {
-                m.push((format!("rollout/finish/{reason}"), *c as f64));
-            }
-            let mut per_stage = std::collections::BTreeMap::<String, usize>::new();
-            for ((stage, _tool), c) in &summary.tool_calls {
-                *per_stage.entry(stage.clone()).or_default() += c;
-            }
-            for (stage, c) in per_stage {
-                m.push((format!("rollout/tool_calls/{stage}"), c as f64));
-            }
-            db::metrics::record(&self.pool, self.run_id, s, &m).await?;
-            if judge_tx.send(s).await.is_err() {
-                break;
+        };
+        // Whatever is still rolling out was interrupted (or the run ends with an error): its
+        // trajectories are abandoned, and resume starts the step over.
+        for l in inflight {
+            l.handle.abort();
+            if result.is_ok() {
+                db::runs::set_step_status(&self.pool, self.run_id, l.step, "abandoned").await?;
+                tracing::warn!(
+                    step = l.step,
+                    "interrupted: rollouts of this step abandoned"
+                );
             }
         }
-        Ok(())
+        result
+    }
+
+    /// Start step `s`'s rollouts in the background: its tasks (with memory), the step row, and
+    /// one trajectory per task and sample drawing from `slots`.
+    async fn launch(
+        &self,
+        s: i32,
+        trained: &watch::Receiver<i32>,
+        shared: &Shared,
+        slots: &Arc<Semaphore>,
+        cancel: &CancellationToken,
+    ) -> Result<Launched, PipelineError> {
+        let version = *trained.borrow();
+        let slot = self.slot(s);
+        let picks = crate::domain::schedule::tasks_for_step(
+            self.tasks.len(),
+            self.tasks_per_step,
+            self.seed,
+            slot.map_or(s as u32, |x| x.batch),
+        );
+        let (tasks, memory_metrics) = self.with_memory(&picks, slot).await?;
+        let ids: Vec<Uuid> = tasks.iter().map(|t| t.task_id).collect();
+        db::pipeline::restart_step(&self.pool, self.run_id, s, version, &ids).await?;
+        let ctx = self.rollout_ctx(shared);
+        let slot = RolloutSlot {
+            run_id: self.run_id,
+            step: s,
+            sample_index: 0,
+            policy_version: version,
+        };
+        let handle = tokio::spawn({
+            let (ctx, tasks, slots, cancel) =
+                (ctx.clone(), tasks.clone(), slots.clone(), cancel.clone());
+            let (n, gate) = (self.n, self.admission.clone());
+            async move {
+                crate::pipeline::rollout::rollout_batch_pooled(
+                    &ctx, &tasks, n, slot, slots, &cancel, None, gate,
+                )
+                .await
+            }
+        });
+        Ok(Launched {
+            step: s,
+            version,
+            tasks,
+            ctx,
+            slot,
+            memory_metrics,
+            started: Instant::now(),
+            wait_secs: 0.0,
+            behind: 0,
+            handle,
+        })
+    }
+
+    /// A finished step: the demonstrations added, the trajectories committed, the step's
+    /// rollout metrics recorded, the step handed to the judge. False when the judge is gone.
+    async fn commit_step(
+        &self,
+        l: Launched,
+        results: StepResults,
+        judge_tx: &mpsc::Sender<i32>,
+    ) -> Result<bool, PipelineError> {
+        let s = l.step;
+        let (mut rollouts, summary) = crate::pipeline::rollout::summarize(results);
+        let guided = self.guide(&l.ctx, &l.tasks, l.slot, &mut rollouts).await;
+        db::pipeline::commit_rollouts(&self.pool, self.run_id, s, &rollouts).await?;
+        let secs = l.started.elapsed().as_secs_f64();
+        let mut m = vec![
+            ("time/rollout_s".to_string(), secs),
+            ("time/rollout_wait_s".to_string(), l.wait_secs),
+            ("rollout/overlapping_steps".to_string(), l.behind as f64),
+            (
+                "rollout/trajectories".to_string(),
+                summary.trajectories as f64,
+            ),
+            (
+                "rollout/model_tokens".to_string(),
+                summary.model_tokens as f64,
+            ),
+            (
+                "rollout/tokens_per_s".to_string(),
+                summary.model_tokens as f64 / secs.max(1e-9),
+            ),
+            (
+                "rollout/parse_failures".to_string(),
+                summary.parse_failures as f64,
+            ),
+            (
+                "rollout/answer_chars".to_string(),
+                summary.answer_chars as f64 / summary.answers.max(1) as f64,
+            ),
+            ("rollout/policy_version".to_string(), f64::from(l.version)),
+        ];
+        if !self.guidance.is_empty() {
+            m.push(("rollout/guidance".to_string(), guided.added as f64));
+            m.push(("rollout/guidance_failed".to_string(), guided.failed as f64));
+            m.push((
+                "rollout/guidance_over_budget".to_string(),
+                guided.over_budget as f64,
+            ));
+        }
+        m.extend(l.memory_metrics);
+        if let Some(a) = &self.admission {
+            m.push((
+                "rollout/admission_held_s".to_string(),
+                a.take_held().as_secs_f64(),
+            ));
+        }
+        for (reason, c) in &summary.finish_reasons {
+            m.push((format!("rollout/finish/{reason}"), *c as f64));
+        }
+        let mut per_stage = std::collections::BTreeMap::<String, usize>::new();
+        for ((stage, _tool), c) in &summary.tool_calls {
+            *per_stage.entry(stage.clone()).or_default() += c;
+        }
+        for (stage, c) in per_stage {
+            m.push((format!("rollout/tool_calls/{stage}"), c as f64));
+        }
+        db::metrics::record(&self.pool, self.run_id, s, &m).await?;
+        Ok(judge_tx.send(s).await.is_ok())
     }
 
     /// Off-policy guidance: each of `tasks` with a demonstration gets it replayed as one more
@@ -159,7 +282,7 @@ impl Pipeline {
         ctx: &RolloutCtx,
         tasks: &[RolloutTask],
         slot: RolloutSlot,
-        rollouts: &mut Vec<crate::pipeline::rollout::Rollout>,
+        rollouts: &mut Vec<Rollout>,
     ) -> Guided {
         let mut g = Guided::default();
         let slot = RolloutSlot {

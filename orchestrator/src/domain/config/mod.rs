@@ -348,8 +348,15 @@ pub struct PipelineConfig {
     /// Save trainer weights and optimizer every N steps (recorded in `checkpoints`); resume
     /// restores the latest and replays the steps after it from Postgres.
     pub checkpoint_every: u32,
-    /// Trajectories in flight at once.
+    /// Trajectories in flight at once, across every step being rolled out.
     pub max_inflight: u32,
+    /// Start a step's trajectories in the slots the previous step's finished trajectories free,
+    /// instead of after that step's last trajectory: the policy servers keep a full batch while a
+    /// step's longest attempts finish. Each step still waits for the staleness bound, so no
+    /// trajectory starts on an older policy than without it; steps are still committed, judged
+    /// and trained in order. No effect with max_staleness 0 (a step then waits for the previous
+    /// step's training, which waits for all its rollouts).
+    pub overlap_rollouts: bool,
     /// Admission control: hold new trajectories while any policy server reports more than
     /// this many queued requests on its metrics endpoint (0 = off).
     pub admission_max_waiting: u32,
@@ -366,6 +373,7 @@ impl Default for PipelineConfig {
             max_staleness: 1,
             checkpoint_every: 5,
             max_inflight: 64,
+            overlap_rollouts: false,
             admission_max_waiting: 32,
             trainer_wait_secs: 600,
             checkpoint_subdir: "runs".into(),

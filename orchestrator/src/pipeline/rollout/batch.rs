@@ -37,7 +37,26 @@ pub async fn rollout_batch_gated(
     progress: Option<&indicatif::ProgressBar>,
     gate: Option<Arc<Admission>>,
 ) -> Vec<Result<Rollout, RolloutError>> {
-    let sem = Arc::new(Semaphore::new(max_inflight.max(1)));
+    let slots = Arc::new(Semaphore::new(max_inflight.max(1)));
+    rollout_batch_pooled(ctx, tasks, n, slot, slots, cancel, progress, gate).await
+}
+
+/// [`rollout_batch_gated`] drawing its trajectory slots from `slots`, a pool that other batches
+/// may share: a trajectory starts once it holds a slot, and tokio's semaphore hands slots out
+/// first come, first served, so a batch started later runs in the slots an earlier one frees
+/// (`pipeline.overlap_rollouts`).
+#[allow(clippy::too_many_arguments)]
+pub async fn rollout_batch_pooled(
+    ctx: &RolloutCtx,
+    tasks: &[RolloutTask],
+    n: u32,
+    slot: RolloutSlot,
+    slots: Arc<Semaphore>,
+    cancel: &CancellationToken,
+    progress: Option<&indicatif::ProgressBar>,
+    gate: Option<Arc<Admission>>,
+) -> Vec<Result<Rollout, RolloutError>> {
+    let sem = slots;
     let mut set = tokio::task::JoinSet::new();
     for (ti, task) in tasks.iter().enumerate() {
         for k in 0..n {

@@ -9,7 +9,8 @@ pub mod engine;
 
 pub use admission::Admission;
 pub use batch::{
-    RolloutSummary, rollout_batch, rollout_batch_gated, rollout_batch_summary, summarize,
+    RolloutSummary, rollout_batch, rollout_batch_gated, rollout_batch_pooled,
+    rollout_batch_summary, summarize,
 };
 pub use codec::{CodecError, TokenCodec};
 pub use engine::{

@@ -47,14 +47,15 @@ pub fn dtype_name(kind: tch::Kind) -> &'static str {
 }
 
 /// Whether bf16 parameters train faster than f32 on this CPU: AMX-BF16 (CPUID leaf 7, EDX bit
-/// 22) with its tile state enabled by the OS (XCR0 bits 17 and 18); `None` where this build
-/// cannot tell (not x86-64). Measured on the smoke model's training step, one thread
-/// (`trainer bench`, BENCHMARKS.md issue 25): with AMX-BF16, 1.87x faster than f32 (session 77);
-/// with AVX512-BF16 alone (an Intel Xeon whose hypervisor hid AMX), 1.68x slower (session 82);
-/// with neither (a Zen 3 EPYC), 13x slower (session 81).
+/// 22) with its tile state enabled by the OS (XCR0 bits 17 and 18), or AVX512-BF16 (leaf 7
+/// sub-leaf 1, EAX bit 5) on an AMD CPU; `None` where this build cannot tell (not x86-64).
+/// Measured on the smoke model's training step, one thread (`trainer bench`, BENCHMARKS.md
+/// issue 25): with AMX-BF16, 1.87x faster than f32 (session 77); with AVX512-BF16 on a Zen 4
+/// EPYC, 1.24x faster (session 83); with AVX512-BF16 alone on an Intel Xeon whose hypervisor
+/// hid AMX, 1.68x slower (session 82); with neither (a Zen 3 EPYC), 13x slower (session 81).
 pub fn cpu_fast_bf16() -> Option<bool> {
     #[cfg(target_arch = "x86_64")]
-    return Some(amx_bf16());
+    return Some(amx_bf16() || amd_avx512_bf16());
     #[cfg(not(target_arch = "x86_64"))]
     None
 }
@@ -80,20 +81,32 @@ fn amx_bf16() -> bool {
     xcr0 & (0b11 << 17) == 0b11 << 17
 }
 
+/// AVX512-BF16 on a CPU whose vendor string is AMD's (Zen 4 and later).
+#[cfg(target_arch = "x86_64")]
+fn amd_avx512_bf16() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    let v = __cpuid(0);
+    let vendor: Vec<u8> = [v.ebx, v.edx, v.ecx]
+        .iter()
+        .flat_map(|r| r.to_le_bytes())
+        .collect();
+    vendor == b"AuthenticAMD" && v.eax >= 7 && __cpuid_count(7, 1).eax & (1 << 5) != 0
+}
+
 /// Once a process, a warning when a model holds bf16 parameters on a CPU where they train slower
-/// than f32 (no AMX-BF16, [`cpu_fast_bf16`]): libtorch's bf16 products there are converted or
-/// run on vector units, and the smoke model's training step took 12.2 s in bf16 against 7.3 s in
-/// f32 on a Xeon with AVX512-BF16 alone (session 82), 153 s against 11.7 s on a Zen 3 EPYC
-/// without bf16 arithmetic (session 81).
+/// than f32 (neither AMX-BF16 nor AMD's AVX512-BF16, [`cpu_fast_bf16`]): libtorch's bf16
+/// products there are converted or run on vector units, and the smoke model's training step
+/// took 12.2 s in bf16 against 7.3 s in f32 on a Xeon with AVX512-BF16 alone (session 82), 153 s
+/// against 11.7 s on a Zen 3 EPYC without bf16 arithmetic (session 81).
 pub fn warn_if_slow_bf16(device: tch::Device, kind: tch::Kind) {
     static WARNED: std::sync::Once = std::sync::Once::new();
     if device == tch::Device::Cpu && kind == tch::Kind::BFloat16 && cpu_fast_bf16() == Some(false) {
         WARNED.call_once(|| {
             tracing::warn!(
-                "bf16 parameters on a CPU without AMX-BF16: expect training steps slower than \
-                 f32 (the smoke model's: 1.7x with AVX512-BF16 alone, 13x without it; \
-                 BENCHMARKS.md issue 25 sessions 81-82); --dtype f32 or \
-                 trainer.param_dtype = \"f32\" (auto) avoids it"
+                "bf16 parameters on a CPU with neither AMX-BF16 nor AMD's AVX512-BF16: expect \
+                 training steps slower than f32 (the smoke model's: 1.7x on an Intel CPU with \
+                 AVX512-BF16 alone, 13x without it; BENCHMARKS.md issue 25 sessions 81-82); \
+                 --dtype f32 or trainer.param_dtype = \"f32\" (auto) avoids it"
             );
         });
     }
@@ -110,17 +123,22 @@ pub fn default_kind(device: tch::Device) -> tch::Kind {
 
 #[cfg(test)]
 mod tests {
-    /// The AMX-BF16 check agrees with what the kernel reports: `amx_bf16` among the CPU's flags
-    /// in /proc/cpuinfo (read where it exists; Linux lists it only where the OS enables the
-    /// tile state).
+    /// The check agrees with what the kernel reports in /proc/cpuinfo (read where it exists):
+    /// `amx_bf16` among the CPU's flags (Linux lists it only where the OS enables the tile
+    /// state), or `avx512_bf16` on an `AuthenticAMD` CPU.
     #[test]
     fn fast_bf16_is_what_the_cpu_reports() {
         #[cfg(target_arch = "x86_64")]
         if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
-            let flag = info
+            let has = |name: &str| {
+                info.lines()
+                    .filter(|l| l.starts_with("flags"))
+                    .any(|l| l.split_whitespace().any(|f| f == name))
+            };
+            let amd = info
                 .lines()
-                .filter(|l| l.starts_with("flags"))
-                .any(|l| l.split_whitespace().any(|f| f == "amx_bf16"));
+                .any(|l| l.starts_with("vendor_id") && l.ends_with("AuthenticAMD"));
+            let flag = has("amx_bf16") || (amd && has("avx512_bf16"));
             assert_eq!(super::cpu_fast_bf16(), Some(flag));
         }
     }

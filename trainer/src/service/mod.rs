@@ -763,16 +763,7 @@ async fn save_checkpoint(
         return Err(ApiError::conflict("a train step is running"));
     };
     let st = s.clone();
-    // Never wait on the policy: the generation worker holds it through a wave of prefills,
-    // and admission control polls this route; a busy policy reports the version last read.
-    let version = match s.policy.try_lock() {
-        Ok(p) => {
-            s.metrics_version.store(p.version, Ordering::Relaxed);
-            p.version
-        }
-        Err(std::sync::TryLockError::WouldBlock) => s.metrics_version.load(Ordering::Relaxed),
-        Err(std::sync::TryLockError::Poisoned(_)) => -1,
-    };
+    let version = s.policy.lock().map(|p| p.version).unwrap_or(-1);
     let dir = tokio::task::spawn_blocking(move || st.checkpoint_blocking(sub.as_deref()))
         .await??
         .ok_or_else(|| ApiError::bad_request(NO_CHECKPOINT_DIR))?;

@@ -135,6 +135,13 @@ poll_secs = 1
     p
 }
 
+/// Replace the first `from` in the run's config file with `to` (the file must hold `from`).
+fn edit_config(file: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(file).unwrap();
+    assert!(text.contains(from), "{} holds no {from:?}", file.display());
+    std::fs::write(file, text.replacen(from, to, 1)).unwrap();
+}
+
 fn db_url(pool: &PgPool) -> String {
     let base = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| orchestrator::domain::config::DEFAULT_DATABASE_URL.to_string());
@@ -903,12 +910,7 @@ async fn strictly_sequential_mode_finishes_each_reflection_before_the_next_rollo
         file,
         ..
     } = fixture(&pool).await;
-    let text = std::fs::read_to_string(&file).unwrap();
-    std::fs::write(
-        &file,
-        text.replace("max_staleness = 1", "max_staleness = 0"),
-    )
-    .unwrap();
+    edit_config(&file, "max_staleness = 1", "max_staleness = 0");
     let (run, p, cfg) = full_recipe_run(&pool, file).await;
     assert_eq!(cfg.pipeline.max_staleness, 0);
     let outcome = run_to_end(p, Duration::from_secs(300)).await;
@@ -997,12 +999,11 @@ async fn overlapping_rollouts_start_a_step_beside_the_one_before_and_keep_the_or
         file,
         ..
     } = fixture(&pool).await;
-    let text = std::fs::read_to_string(&file).unwrap();
-    let overlapped = text.replace(
+    edit_config(
+        &file,
         "max_staleness = 1",
         "max_staleness = 2\noverlap_rollouts = true",
     );
-    std::fs::write(&file, &overlapped).unwrap();
     let (run, p, cfg) = full_recipe_run(&pool, file.clone()).await;
     assert!(cfg.pipeline.overlap_rollouts);
     let outcome = run_to_end(p, Duration::from_secs(300)).await;

@@ -31,10 +31,9 @@ type StepResults = Vec<Result<Rollout, RolloutError>>;
 
 /// A step whose rollouts run in the background ([`Pipeline::launch`]).
 struct Launched {
-    step: i32,
-    version: i32,
     tasks: Vec<RolloutTask>,
     ctx: RolloutCtx,
+    /// The step and the policy version it starts on, with sample index 0.
     slot: RolloutSlot,
     memory_metrics: Vec<(String, f64)>,
     started: Instant,
@@ -141,9 +140,10 @@ impl Pipeline {
         for l in inflight {
             l.handle.abort();
             if result.is_ok() {
-                db::runs::set_step_status(&self.pool, self.run_id, l.step, "abandoned").await?;
+                db::runs::set_step_status(&self.pool, self.run_id, l.slot.step, "abandoned")
+                    .await?;
                 tracing::warn!(
-                    step = l.step,
+                    step = l.slot.step,
                     "interrupted: rollouts of this step abandoned"
                 );
             }
@@ -191,8 +191,6 @@ impl Pipeline {
             }
         });
         Ok(Launched {
-            step: s,
-            version,
             tasks,
             ctx,
             slot,
@@ -212,7 +210,7 @@ impl Pipeline {
         results: StepResults,
         judge_tx: &mpsc::Sender<i32>,
     ) -> Result<bool, PipelineError> {
-        let s = l.step;
+        let s = l.slot.step;
         let (mut rollouts, summary) = crate::pipeline::rollout::summarize(results);
         let guided = self.guide(&l.ctx, &l.tasks, l.slot, &mut rollouts).await;
         db::pipeline::commit_rollouts(&self.pool, self.run_id, s, &rollouts).await?;
@@ -241,7 +239,10 @@ impl Pipeline {
                 "rollout/answer_chars".to_string(),
                 summary.answer_chars as f64 / summary.answers.max(1) as f64,
             ),
-            ("rollout/policy_version".to_string(), f64::from(l.version)),
+            (
+                "rollout/policy_version".to_string(),
+                f64::from(l.slot.policy_version),
+            ),
         ];
         if !self.guidance.is_empty() {
             m.push(("rollout/guidance".to_string(), guided.added as f64));

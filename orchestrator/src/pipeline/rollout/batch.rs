@@ -56,14 +56,13 @@ pub async fn rollout_batch_pooled(
     progress: Option<&indicatif::ProgressBar>,
     gate: Option<Arc<Admission>>,
 ) -> Vec<Result<Rollout, RolloutError>> {
-    let sem = slots;
     let mut set = tokio::task::JoinSet::new();
     for (ti, task) in tasks.iter().enumerate() {
         for k in 0..n {
             let (ctx, task, sem, cancel, gate) = (
                 ctx.clone(),
                 task.clone(),
-                sem.clone(),
+                slots.clone(),
                 cancel.clone(),
                 gate.clone(),
             );

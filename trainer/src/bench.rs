@@ -26,6 +26,9 @@ pub struct BenchSpec {
     pub peak_flops: Option<f64>,
     /// `PolicyLossConfig::entropy` of the timed step (0 = off).
     pub entropy_bonus: f64,
+    /// Leading tokens every row has in common (a chat batch's system prompt), which the step
+    /// runs once for all rows (`Qwen3::layers_forward`); 0: every row differs from its first.
+    pub shared_prefix: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -90,7 +93,10 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
             Sequence {
                 unlikelihood: Vec::new(),
                 tokens: (0..n)
-                    .map(|t| ((t * 7919 + r * 104729) as i64) % vocab)
+                    .map(|t| {
+                        let row = if t < spec.shared_prefix { 0 } else { r + 1 };
+                        ((t * 7919 + row * 104729) as i64) % vocab
+                    })
                     .collect(),
                 loss_mask: (0..n).map(|t| t > 0).collect(),
                 stages: (0..n).map(|t| (t * 4 / n) as i8).collect(),

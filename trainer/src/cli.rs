@@ -172,6 +172,10 @@ pub enum Command {
         /// to time its head path.
         #[arg(long, default_value_t = 0.0)]
         entropy_bonus: f64,
+        /// Leading tokens every row shares (a chat batch's system prompt), which the step runs
+        /// once for all rows; 0 = rows differ from their first token.
+        #[arg(long, default_value_t = 0)]
+        shared_prefix: usize,
     },
 }
 

@@ -165,7 +165,14 @@ impl Task {
                 dtype,
                 peak_flops,
                 entropy_bonus,
+                shared_prefix,
             } => {
+                if shared_prefix >= seq_len {
+                    bail!(
+                        "--shared-prefix {shared_prefix} must be under --seq-len {seq_len} \
+                         (every row keeps a position of its own)"
+                    );
+                }
                 let device = parse_device(&device)?;
                 let kind = parse_dtype(&dtype)?.unwrap_or_else(|| crate::default_kind(device));
                 Task::Bench(Box::new(BenchSpec {
@@ -180,6 +187,7 @@ impl Task {
                     kind,
                     peak_flops,
                     entropy_bonus,
+                    shared_prefix,
                 }))
             }
             Command::Sft {

@@ -15,7 +15,7 @@ use crate::dist::zero::{ZeroShard, ZeroStage};
 use crate::dist::{Collective, ReduceOp};
 use crate::error::{Result, TrainerError};
 use crate::loss::{self, Aggregation, PolicyLossConfig};
-use crate::model::{Fwd, Qwen3};
+use crate::model::{Fwd, LayerKv, Qwen3};
 use crate::optim::{AdamW, AdamWConfig, AdamWState};
 pub use crate::sequence::{SeqLimits, Sequence};
 
@@ -113,6 +113,8 @@ pub use wire::StepMetrics;
 /// flattened row-major to [B·(T-1)] (the logits head takes its chunks from that order).
 struct Micro {
     ids: Tensor,
+    /// Leading input positions every row shares, which run once ([`shared_prefix`]; 0: none).
+    prefix: i64,
     targets: Tensor,
     mask: Tensor,
     weights: Tensor,
@@ -136,6 +138,7 @@ impl Micro {
         let sel = |t: &Tensor| t.index_select(0, keep);
         Micro {
             ids: self.ids.shallow_clone(),
+            prefix: self.prefix,
             targets: sel(&self.targets),
             mask: sel(&self.mask),
             weights: sel(&self.weights),
@@ -188,6 +191,8 @@ struct Sums {
     shaped: f64,
     /// Rows left out as null ([`live_rows`]).
     null: f64,
+    /// Positions run once for the rows that share them, less once ([`shared_prefix`]).
+    shared: f64,
 }
 
 /// What a step changes, as it was before ([`Trainer::snapshot`]).
@@ -343,6 +348,7 @@ pub fn aggregate(parts: &[StepMetrics]) -> StepMetrics {
         unlikelihood_tokens: ul_tokens,
         shaped_tokens: parts.iter().map(|p| p.shaped_tokens).sum(),
         null_sequences: parts.iter().map(|p| p.null_sequences).sum(),
+        shared_prefix_tokens: parts.iter().map(|p| p.shared_prefix_tokens).sum(),
         seconds: parts.iter().map(|p| p.seconds).sum(),
     }
 }
@@ -389,6 +395,7 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         sums.ul_tokens,
         sums.shaped,
         sums.null,
+        sums.shared,
         micro_batches as f64,
     ])
     .to_device(dev);
@@ -415,6 +422,7 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         ul_tokens,
         shaped,
         null,
+        shared,
         micro,
     ] = v[..]
     else {
@@ -436,6 +444,7 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
         ul_tokens,
         shaped,
         null,
+        shared,
     };
     Ok(micro as usize)
 }
@@ -444,6 +453,36 @@ fn reduce_sums(g: &dyn Collective, sums: &mut Sums, micro_batches: usize) -> Res
 /// log-probs a loss, a gradient or a metric reads.
 fn loss_positions(mask: &Tensor) -> Tensor {
     mask.reshape([-1]).gt(0.0).nonzero().squeeze_dim(1)
+}
+
+/// Fewest shared leading positions worth running once: below it the split costs more than it
+/// saves (one more pass per layer for the shared row, the rows' keys and values concatenated).
+pub const MIN_SHARED_PREFIX: usize = 32;
+
+/// How many leading input positions (a row's tokens but its last) every row of a micro-batch
+/// shares, to run once ([`Qwen3::layers_forward`]); 0 for a single row or fewer than
+/// [`MIN_SHARED_PREFIX`]. Capped so every row keeps at least one position of its own in the
+/// padded width (the longest row's inputs).
+pub fn shared_prefix(rows: &[Vec<i64>]) -> i64 {
+    let [first, rest @ ..] = rows else {
+        return 0;
+    };
+    if rest.is_empty() {
+        return 0;
+    }
+    let inputs = |r: &Vec<i64>| r.len().saturating_sub(1);
+    let width = rows.iter().map(inputs).max().unwrap_or(0);
+    let mut p = rows.iter().map(inputs).min().unwrap_or(0);
+    for r in rest {
+        p = first
+            .iter()
+            .zip(r)
+            .take(p)
+            .take_while(|(a, b)| a == b)
+            .count();
+    }
+    let p = p.min(width.saturating_sub(1));
+    if p < MIN_SHARED_PREFIX { 0 } else { p as i64 }
 }
 
 fn pad_2d<T: Copy + tch::kind::Element>(rows: &[Vec<T>], pad: T, device: Device) -> Tensor {
@@ -935,9 +974,12 @@ impl Trainer {
             for group in micro_batches(&need_lens, self.cfg.micro_batch_tokens) {
                 let group: Vec<usize> = group.into_iter().map(|j| need[j]).collect();
                 let ids: Vec<Vec<i64>> = group.iter().map(|&i| seqs[i].tokens.clone()).collect();
+                let prefix = shared_prefix(&ids);
                 let ids = pad_2d(&ids, 0i64, dev);
                 let t = ids.size()[1];
-                let h = self.model.hidden(&ids.narrow(1, 0, t - 1), Fwd::POLICY);
+                let h = self
+                    .model
+                    .hidden_shared(&ids.narrow(1, 0, t - 1), prefix, Fwd::POLICY);
                 let mask: Vec<Vec<bool>> = group
                     .iter()
                     .map(|&i| seqs[i].loss_mask[1..].to_vec())
@@ -1108,6 +1150,7 @@ impl Trainer {
             unlikelihood_tokens: sums.ul_tokens as i64,
             shaped_tokens: sums.shaped as i64,
             null_sequences: sums.null as usize,
+            shared_prefix_tokens: sums.shared as i64,
             seconds: t0.elapsed().as_secs_f64(),
         })
     }
@@ -1219,6 +1262,7 @@ impl Trainer {
                 .then(|| shift(&|s| vec![f32::from(u8::from(s.off_policy)); s.tokens.len()]));
         let ids_t = pad_2d(&ids, 0i64, dev);
         let t = ids_t.size()[1];
+        let prefix = shared_prefix(&ids);
         let targets = ids_t.narrow(1, 1, t - 1);
         let inputs = ids_t.narrow(1, 0, t - 1);
         let flat = |t: Tensor| t.reshape([-1]);
@@ -1229,7 +1273,7 @@ impl Trainer {
             // nothing reads the reference elsewhere.
             let refm = self.reference.as_ref().unwrap_or(&self.model);
             Some(tch::no_grad(|| {
-                let h = refm.hidden(&inputs, Fwd::REFERENCE);
+                let h = refm.hidden_shared(&inputs, prefix, Fwd::REFERENCE);
                 let keep = loss_positions(&mask);
                 loss::token_logprobs_at(&h, refm.lm_weight(), &targets, &keep, self.cfg.logit_chunk)
             }))
@@ -1238,6 +1282,7 @@ impl Trainer {
         };
         Ok(Micro {
             ids: inputs,
+            prefix,
             targets: flat(targets),
             mask,
             weights: flat(pad_2d(&weights, 0.0f32, dev)),
@@ -1484,11 +1529,17 @@ impl Trainer {
     ) -> Result<()> {
         let model = &self.model;
         let n_layers = model.layers.len();
+        // Rows that share their first `p` positions run them once, as one row whose keys and
+        // values the rows' own positions attend to (`Qwen3::layers_forward`).
+        let (b, t) = (m.ids.size()[0], m.ids.size()[1]);
+        let p = if b > 1 && m.prefix < t {
+            m.prefix.max(0)
+        } else {
+            0
+        };
+        sums.shared += (p * (b - 1)) as f64;
         if !self.cfg.grad_checkpoint {
-            let mut x = model.embed(&m.ids);
-            for l in 0..n_layers {
-                x = model.layer_forward(l, &x, 0, None, Fwd::TRAIN);
-            }
+            let x = model.layers_forward(&m.ids, p, Fwd::TRAIN);
             let leaf = x.detach().set_requires_grad(true);
             self.head_backward(&leaf, m, mode, sums);
             let g = leaf.grad();
@@ -1506,35 +1557,99 @@ impl Trainer {
                 tch::manual_seed(seed_base + l as i64);
             }
         };
+        // The shared row's input is kept per layer beside the rows'.
+        let (shared_ids, own_ids) = if p > 0 {
+            (
+                Some(m.ids.narrow(0, 0, 1).narrow(1, 0, p)),
+                m.ids.narrow(1, p, t - p),
+            )
+        } else {
+            (None, m.ids.shallow_clone())
+        };
+        let layer = |l: usize, shared: Option<&Tensor>, own: &Tensor| match shared {
+            None => (None, model.layer_forward(l, own, 0, None, Fwd::TRAIN)),
+            Some(xp) => {
+                let mut kv = LayerKv::default();
+                let yp = model.layer_forward(l, xp, 0, Some(&mut kv), Fwd::TRAIN);
+                let mut rows = kv.expand_rows(b);
+                let y = model.layer_forward(l, own, p, Some(&mut rows), Fwd::TRAIN);
+                (Some(yp), y)
+            }
+        };
         let mut inputs = Vec::with_capacity(n_layers + 1);
+        let mut shared_inputs = Vec::with_capacity(n_layers + 1);
         tch::no_grad(|| {
-            let mut x = model.embed(&m.ids);
+            let mut x = model.embed(&own_ids);
+            let mut xp = shared_ids.as_ref().map(|i| model.embed(i));
             for l in 0..n_layers {
                 inputs.push(x.shallow_clone());
+                if let Some(xp) = &xp {
+                    shared_inputs.push(xp.shallow_clone());
+                }
                 seeded(l);
-                x = model.layer_forward(l, &x, 0, None, Fwd::TRAIN);
+                (xp, x) = layer(l, xp.as_ref(), &x);
             }
             inputs.push(x);
+            shared_inputs.extend(xp);
         });
-        // Head, then layers in reverse, each recomputed with grad from its detached input.
-        let leaf = inputs[n_layers].detach().set_requires_grad(true);
+        // Head over every position, then layers in reverse, each recomputed with grad from its
+        // detached input(s).
+        let last = match shared_inputs.last() {
+            Some(xp) => {
+                let own = &inputs[n_layers];
+                let h = own.size()[2];
+                Tensor::cat(&[xp.expand([b, p, h], false), own.shallow_clone()], 1)
+            }
+            None => inputs[n_layers].shallow_clone(),
+        };
+        let leaf = last.detach().set_requires_grad(true);
         self.head_backward(&leaf, m, mode, sums);
-        let mut g = leaf.grad();
+        let full = leaf.grad();
+        if !full.defined() {
+            return Ok(());
+        }
+        // The shared row's gradient is its rows' summed.
+        let (mut g, mut gp) = if p > 0 {
+            (
+                full.narrow(1, p, t - p),
+                Some(
+                    full.narrow(1, 0, p)
+                        .sum_dim_intlist(0, true, Kind::Float)
+                        .to_kind(full.kind()),
+                ),
+            )
+        } else {
+            (full, None)
+        };
         for l in (0..n_layers).rev() {
             if !g.defined() {
                 return Ok(());
             }
             let xin = inputs[l].detach().set_requires_grad(true);
+            let xpin = shared_inputs
+                .get(l)
+                .map(|x| x.detach().set_requires_grad(true));
             seeded(l);
-            let y = model.layer_forward(l, &xin, 0, None, Fwd::TRAIN);
-            (y * &g).sum(Kind::Float).backward();
+            let (yp, y) = layer(l, xpin.as_ref(), &xin);
+            let own = (y * &g).sum(Kind::Float);
+            match (yp, &gp) {
+                (Some(yp), Some(gp)) => (own + (yp * gp).sum(Kind::Float)).backward(),
+                _ => own.backward(),
+            }
             if let Some(o) = overlap.as_deref_mut() {
                 o.layer_done(l)?;
             }
             g = xin.grad();
+            gp = xpin.map(|x| x.grad());
         }
         if g.defined() && model.embed_tokens.requires_grad() {
-            (model.embed(&m.ids) * g).sum(Kind::Float).backward();
+            let own = (model.embed(&own_ids) * g).sum(Kind::Float);
+            match (&shared_ids, &gp) {
+                (Some(ids), Some(gp)) => {
+                    (own + (model.embed(ids) * gp).sum(Kind::Float)).backward()
+                }
+                _ => own.backward(),
+            }
         }
         Ok(())
     }

@@ -3,7 +3,8 @@
 //! tokens get no gradient; the unlikelihood term on marked tokens is −log(1 − p) with its
 //! gradient, and alone lowers those tokens; the entropy bonus is −c·H where the advantage is not
 //! 0, with its gradient, and alone raises the entropy; copy sequences repeat a span at varying distances; micro-batches
-//! keep the budget without padding short rows to long ones; optimizer + adapter checkpoints
+//! keep the budget without padding short rows to long ones; rows that share a prompt run it
+//! once with the loss and gradients of each row whole; optimizer + adapter checkpoints
 //! continue exactly, and so does a stopped `trainer sft`; the tokenizer trainer and `init`
 //! write a directory transformers loads with the same logits.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -570,6 +571,152 @@ fn micro_batches_keep_the_budget_and_do_not_pad_short_rows_to_long_ones() {
     assert_eq!(micro_batches(&[10, 10, 10], 20), vec![vec![0, 1], vec![2]]);
     // A row over the budget goes alone.
     assert_eq!(micro_batches(&[50, 8], 20), vec![vec![0], vec![1]]);
+}
+
+#[test]
+fn the_shared_prefix_is_what_every_row_of_two_or_more_has_in_common_from_the_start() {
+    use trainer::train::{MIN_SHARED_PREFIX, shared_prefix};
+    let row = |shared: i64, len: i64, r: i64| -> Vec<i64> {
+        (0..len)
+            .map(|t| {
+                if t < shared {
+                    t % 64
+                } else {
+                    (t + 7 * r + 1) % 64
+                }
+            })
+            .collect()
+    };
+    // 40 tokens in common, then every row its own.
+    assert_eq!(
+        shared_prefix(&[row(40, 60, 0), row(40, 50, 1), row(40, 90, 2)]),
+        40
+    );
+    // One row shares with nothing.
+    assert_eq!(shared_prefix(&[row(40, 60, 0)]), 0);
+    assert_eq!(shared_prefix(&[]), 0);
+    // Under the floor, nothing is run once.
+    let few = MIN_SHARED_PREFIX as i64 - 1;
+    assert_eq!(shared_prefix(&[row(few, 60, 0), row(few, 60, 1)]), 0);
+    // A row's inputs are its tokens but the last: a 41-token row shares at most 40 of them.
+    assert_eq!(shared_prefix(&[row(60, 41, 0), row(60, 80, 1)]), 40);
+    // Identical rows keep one position of their own in the padded width.
+    assert_eq!(shared_prefix(&[row(50, 50, 0), row(50, 50, 0)]), 48);
+}
+
+/// RL rows of `lens` tokens whose first `shared` tokens are the same in every row and the rest
+/// the row's own; the loss counts every position from `loss_from` on (inside the shared part
+/// too), with advantages of both signs.
+fn prompt_rows(lens: &[i64], shared: i64, loss_from: usize) -> Vec<Sequence> {
+    lens.iter()
+        .enumerate()
+        .map(|(r, &n)| {
+            let tokens: Vec<i64> = (0..n)
+                .map(|t| {
+                    if t < shared {
+                        (t * 11 + 7) % 64
+                    } else {
+                        (t * 5 + r as i64 * 17 + 3) % 64
+                    }
+                })
+                .collect();
+            let mut s = seq(tokens, vec![if r % 2 == 0 { 0.8 } else { -0.5 }]);
+            s.loss_mask = (0..n as usize).map(|t| t >= loss_from).collect();
+            s
+        })
+        .collect()
+}
+
+/// Rows that share a prompt run it once in their micro-batch (both the kept-activation pass and
+/// the checkpointed one, and the KL reference's forward): the step's loss, its metrics and every
+/// gradient are those of each row run whole, alone in its micro-batch, and the step reports the
+/// positions it ran once.
+#[test]
+fn rows_sharing_a_prompt_run_it_once_with_the_loss_and_gradients_of_each_row_whole() {
+    use trainer::loss::PolicyLossConfig;
+    use trainer::optim::AdamWConfig;
+    use trainer::train::TrainConfig;
+    let data = prompt_rows(&[70, 52, 90, 61], 40, 20);
+    for checkpoint in [false, true] {
+        let step = |micro_batch_tokens: i64| {
+            let cfg = TrainConfig {
+                loss: PolicyLossConfig::default(),
+                optim: AdamWConfig {
+                    lr: 0.0,
+                    max_grad_norm: 0.0,
+                    ..AdamWConfig::default()
+                },
+                micro_batch_tokens,
+                logit_chunk: 7,
+                grad_checkpoint: checkpoint,
+                minibatches_per_step: 1,
+                skip_null_rows: true,
+                reflection_lr_scale: 1.0,
+            };
+            // The KL term's frozen reference (other weights) takes the shared forward too.
+            let mut tr =
+                Trainer::with_reference(fresh_full(23), Some(fresh_full(24)), cfg).unwrap();
+            let m = tr.rl_step(&data).unwrap();
+            (m, trained_grads(&tr))
+        };
+        // One micro-batch of the four rows; then every row alone (a budget under any row).
+        let (shared, ours) = step(1024);
+        let (whole, want) = step(2);
+        assert_eq!((shared.micro_batches, whole.micro_batches), (1, 4));
+        assert_eq!(
+            shared.shared_prefix_tokens,
+            40 * 3,
+            "checkpoint={checkpoint}"
+        );
+        assert_eq!(whole.shared_prefix_tokens, 0);
+        assert_eq!(shared.tokens, whole.tokens);
+        let close = |what: &str, a: f64, b: f64| {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs().max(1e-3),
+                "checkpoint={checkpoint}: {what} {a} vs {b}"
+            );
+        };
+        close("loss", shared.loss, whole.loss);
+        close("entropy", shared.entropy, whole.entropy);
+        close("kl", shared.kl, whole.kl);
+        close("grad_norm", shared.grad_norm, whole.grad_norm);
+        for ((name, g), (_, w)) in ours.iter().zip(&want) {
+            let scale = w.abs().max().double_value(&[]);
+            let d = (g - w).abs().max().double_value(&[]);
+            assert!(scale > 0.0, "{name}: no gradient");
+            assert!(
+                d <= 1e-5 * scale,
+                "checkpoint={checkpoint}: {name}: max |diff| {d} (scale {scale})"
+            );
+        }
+    }
+}
+
+/// The no-grad forward a KL reference and the step's starting log-probs take.
+#[test]
+fn hidden_states_of_rows_sharing_a_prefix_are_those_of_each_row_whole() {
+    let m = fresh_full(29);
+    let rows = prompt_rows(&[70, 52, 90, 61], 40, 0);
+    let width = rows.iter().map(|s| s.tokens.len()).max().unwrap();
+    let flat: Vec<i64> = rows
+        .iter()
+        .flat_map(|s| {
+            let mut t = s.tokens.clone();
+            t.resize(width, 0);
+            t
+        })
+        .collect();
+    let ids = Tensor::from_slice(&flat).view([rows.len() as i64, width as i64]);
+    tch::no_grad(|| {
+        let shared = m.hidden_shared(&ids, 40, Fwd::POLICY);
+        let whole = m.hidden(&ids, Fwd::POLICY);
+        assert_eq!(shared.size(), whole.size());
+        let d = (&shared - &whole).abs().max().double_value(&[]);
+        assert!(d < 1e-5, "max |diff| {d}");
+        // A prefix that leaves no position of the rows' own runs every row whole.
+        let all = m.hidden_shared(&ids, width as i64, Fwd::POLICY);
+        assert_eq!((&all - &whole).abs().max().double_value(&[]), 0.0);
+    });
 }
 
 #[test]

@@ -49,6 +49,12 @@ pub struct StepMetrics {
     /// and figures can differ by that row between world sizes (the update does not).
     #[serde(default)]
     pub null_sequences: usize,
+    /// Positions the step did not run again because rows of one micro-batch share them (a
+    /// batch's common system prompt, run once for all its rows): per micro-batch, the shared
+    /// prefix times its rows less one, summed. 0 when no rows shared a prefix worth running
+    /// once.
+    #[serde(default)]
+    pub shared_prefix_tokens: i64,
     pub seconds: f64,
 }
 

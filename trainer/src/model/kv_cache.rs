@@ -30,6 +30,23 @@ impl LayerKv {
     pub fn seq_len(&self) -> i64 {
         self.k.as_ref().map_or(0, |k| k.size()[2])
     }
+
+    /// The same positions seen by `rows` rows: a one-row cache expanded (views, no copy), so
+    /// each row's next tokens attend to the shared positions. Under autograd the rows'
+    /// gradients of the shared keys and values sum into the one row's.
+    pub fn expand_rows(&self, rows: i64) -> Self {
+        let grow = |t: &Option<Tensor>| {
+            t.as_ref().map(|t| {
+                let mut shape = t.size();
+                shape[0] = rows;
+                t.expand(&shape, false)
+            })
+        };
+        Self {
+            k: grow(&self.k),
+            v: grow(&self.v),
+        }
+    }
 }
 
 /// The caller-owned KV cache: one entry per layer.
@@ -46,6 +63,13 @@ impl KvCache {
     }
     pub fn seq_len(&self) -> i64 {
         self.layers.first().map_or(0, LayerKv::seq_len)
+    }
+
+    /// Every layer's [`LayerKv::expand_rows`].
+    pub fn expand_rows(&self, rows: i64) -> Self {
+        Self {
+            layers: self.layers.iter().map(|l| l.expand_rows(rows)).collect(),
+        }
     }
 
     /// The first `len` positions (views: the cache is not copied; appending to the prefix

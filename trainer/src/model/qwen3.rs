@@ -502,28 +502,76 @@ impl Qwen3 {
             None => (k, v),
         };
         // SDPA's is_causal is top-left aligned; with earlier cached tokens and several new
-        // ones, an explicit mask lets new token i see keys 0..=past+i.
-        let (mask, causal) = if t == 1 {
-            (None, false)
-        } else if past == 0 {
-            (None, true)
+        // ones, new token i must see keys 0..=past+i. When the new tokens are at least as
+        // many as the cached ones, `past` zero queries before them make the causal kernel
+        // right (their rows are dropped), which costs at most the new tokens' own attention
+        // again and runs faster than libtorch's kernel with an explicit mask (1.0 s against
+        // 1.45 s for a bf16 layer's forward and backward over 2,300 new and 700 cached
+        // positions, BENCHMARKS.md issue 25 session 84); fewer new tokens (a prefill after a
+        // long cached context) take the mask.
+        let y = if t == 1 || past == 0 {
+            Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, t > 1, None, true)
+        } else if past <= t {
+            let pad = q
+                .zeros_like()
+                .narrow(2, 0, 1)
+                .expand([b, nh, past, d], false);
+            let qp = Tensor::cat(&[pad, q], 2);
+            Tensor::scaled_dot_product_attention(&qp, &k, &v, None::<Tensor>, 0.0, true, None, true)
+                .narrow(2, past, t)
         } else {
             let s = past + t;
             let qi = Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(1) + past;
             let kj = Tensor::arange(s, (Kind::Int64, self.device)).unsqueeze(0);
-            (Some(kj.le_tensor(&qi)), false)
+            let mask = kj.le_tensor(&qi);
+            Tensor::scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, None, true)
         };
-        let y = Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, causal, None, true);
         a.o_proj
             .forward(&y.transpose(1, 2).reshape([b, t, nh * d]), f)
     }
 
+    /// Every layer over `ids` [B, T] whose rows all begin with the same `prefix` tokens: the
+    /// output of the last layer (before the final norm), [B, T, H]. The shared positions run
+    /// once, as one row whose keys and values every row's later positions attend to (the
+    /// row's `expand`, so backward sums the rows' gradients into them); the result and its
+    /// gradients are those of running every row whole, up to the order of float sums. A batch
+    /// of chat rollouts shares its system prompt: about 760 of a training row's 1,950 tokens
+    /// in the research world. `prefix` 0, a single row or a prefix that leaves no later
+    /// position runs every row whole. The caller vouches that the rows share the prefix.
+    /// With LoRA dropout on, the shared positions take one dropout draw for all rows: each
+    /// row's distribution is unchanged, the rows' draws there are no longer independent.
+    pub fn layers_forward(&self, ids: &Tensor, prefix: i64, f: Fwd) -> Tensor {
+        let (b, t) = (ids.size()[0], ids.size()[1]);
+        if prefix <= 0 || b < 2 || prefix >= t {
+            let mut xs = self.embed(ids);
+            for l in 0..self.layers.len() {
+                xs = self.layer_forward(l, &xs, 0, None, f);
+            }
+            return xs;
+        }
+        let mut shared = KvCache::new(self.layers.len());
+        let mut xp = self.embed(&ids.narrow(0, 0, 1).narrow(1, 0, prefix));
+        for (l, c) in shared.layers.iter_mut().enumerate() {
+            xp = self.layer_forward(l, &xp, 0, Some(c), f);
+        }
+        let mut rows = shared.expand_rows(b);
+        let mut xs = self.embed(&ids.narrow(1, prefix, t - prefix));
+        for (l, c) in rows.layers.iter_mut().enumerate() {
+            xs = self.layer_forward(l, &xs, prefix, Some(c), f);
+        }
+        let h = xs.size()[2];
+        Tensor::cat(&[xp.expand([b, prefix, h], false), xs], 1)
+    }
+
     /// Final hidden states (after the last norm), [B, T, H].
     pub fn hidden(&self, ids: &Tensor, f: Fwd) -> Tensor {
-        let mut xs = self.embed(ids);
-        for l in 0..self.layers.len() {
-            xs = self.layer_forward(l, &xs, 0, None, f);
-        }
+        self.hidden_shared(ids, 0, f)
+    }
+
+    /// [`Qwen3::hidden`] of rows that share their first `prefix` tokens, which run once
+    /// ([`Qwen3::layers_forward`]).
+    pub fn hidden_shared(&self, ids: &Tensor, prefix: i64, f: Fwd) -> Tensor {
+        let xs = self.layers_forward(ids, prefix, f);
         rms_norm(&xs, &self.norm, self.cfg.rms_norm_eps)
     }
 

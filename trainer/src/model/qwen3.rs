@@ -535,7 +535,7 @@ impl Qwen3 {
     /// once, as one row whose keys and values every row's later positions attend to (the
     /// row's `expand`, so backward sums the rows' gradients into them); the result and its
     /// gradients are those of running every row whole, up to the order of float sums. A batch
-    /// of chat rollouts shares its system prompt: about 760 of a training row's 1,950 tokens
+    /// of chat rollouts shares its system prompt: about 700 of a training row's 1,950 tokens
     /// in the research world. `prefix` 0, a single row or a prefix that leaves no later
     /// position runs every row whole. The caller vouches that the rows share the prefix.
     /// With LoRA dropout on, the shared positions take one dropout draw for all rows: each

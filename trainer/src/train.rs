@@ -455,8 +455,9 @@ fn loss_positions(mask: &Tensor) -> Tensor {
     mask.reshape([-1]).gt(0.0).nonzero().squeeze_dim(1)
 }
 
-/// Fewest shared leading positions worth running once: below it the split costs more than it
-/// saves (one more pass per layer for the shared row, the rows' keys and values concatenated).
+/// Fewest shared leading positions run once. A floor, not a measured break-even: the split
+/// costs one more pass per layer for the shared row and a copy of the rows' keys and values,
+/// which a few positions would not repay; a chat batch's shared system prompt is hundreds.
 pub const MIN_SHARED_PREFIX: usize = 32;
 
 /// How many leading input positions (a row's tokens but its last) every row of a micro-batch

@@ -15,7 +15,8 @@ use crate::dist::zero::{ZeroShard, ZeroStage};
 use crate::dist::{Collective, ReduceOp};
 use crate::error::{Result, TrainerError};
 use crate::loss::{self, Aggregation, PolicyLossConfig};
-use crate::model::{Fwd, LayerKv, Qwen3};
+use crate::model::qwen3::{join_shared, shared_positions, split_shared};
+use crate::model::{Fwd, Qwen3};
 use crate::optim::{AdamW, AdamWConfig, AdamWState};
 pub use crate::sequence::{SeqLimits, Sequence};
 
@@ -1533,11 +1534,7 @@ impl Trainer {
         // Rows that share their first `p` positions run them once, as one row whose keys and
         // values the rows' own positions attend to (`Qwen3::layers_forward`).
         let (b, t) = (m.ids.size()[0], m.ids.size()[1]);
-        let p = if b > 1 && m.prefix < t {
-            m.prefix.max(0)
-        } else {
-            0
-        };
+        let p = shared_positions(b, t, m.prefix);
         sums.shared += (p * (b - 1)) as f64;
         if !self.cfg.grad_checkpoint {
             let x = model.layers_forward(&m.ids, p, Fwd::TRAIN);
@@ -1559,24 +1556,7 @@ impl Trainer {
             }
         };
         // The shared row's input is kept per layer beside the rows'.
-        let (shared_ids, own_ids) = if p > 0 {
-            (
-                Some(m.ids.narrow(0, 0, 1).narrow(1, 0, p)),
-                m.ids.narrow(1, p, t - p),
-            )
-        } else {
-            (None, m.ids.shallow_clone())
-        };
-        let layer = |l: usize, shared: Option<&Tensor>, own: &Tensor| match shared {
-            None => (None, model.layer_forward(l, own, 0, None, Fwd::TRAIN)),
-            Some(xp) => {
-                let mut kv = LayerKv::default();
-                let yp = model.layer_forward(l, xp, 0, Some(&mut kv), Fwd::TRAIN);
-                let mut rows = kv.expand_rows(b);
-                let y = model.layer_forward(l, own, p, Some(&mut rows), Fwd::TRAIN);
-                (Some(yp), y)
-            }
-        };
+        let (shared_ids, own_ids) = split_shared(&m.ids, p);
         let mut inputs = Vec::with_capacity(n_layers + 1);
         let mut shared_inputs = Vec::with_capacity(n_layers + 1);
         tch::no_grad(|| {
@@ -1588,21 +1568,14 @@ impl Trainer {
                     shared_inputs.push(xp.shallow_clone());
                 }
                 seeded(l);
-                (xp, x) = layer(l, xp.as_ref(), &x);
+                (xp, x) = model.shared_layer_forward(l, xp.as_ref(), &x, Fwd::TRAIN);
             }
             inputs.push(x);
             shared_inputs.extend(xp);
         });
         // Head over every position, then layers in reverse, each recomputed with grad from its
         // detached input(s).
-        let last = match shared_inputs.last() {
-            Some(xp) => {
-                let own = &inputs[n_layers];
-                let h = own.size()[2];
-                Tensor::cat(&[xp.expand([b, p, h], false), own.shallow_clone()], 1)
-            }
-            None => inputs[n_layers].shallow_clone(),
-        };
+        let last = join_shared(shared_inputs.last(), &inputs[n_layers]);
         let leaf = last.detach().set_requires_grad(true);
         self.head_backward(&leaf, m, mode, sums);
         let full = leaf.grad();
@@ -1631,7 +1604,7 @@ impl Trainer {
                 .get(l)
                 .map(|x| x.detach().set_requires_grad(true));
             seeded(l);
-            let (yp, y) = layer(l, xpin.as_ref(), &xin);
+            let (yp, y) = model.shared_layer_forward(l, xpin.as_ref(), &xin, Fwd::TRAIN);
             let own = (y * &g).sum(Kind::Float);
             match (yp, &gp) {
                 (Some(yp), Some(gp)) => (own + (yp * gp).sum(Kind::Float)).backward(),

@@ -65,13 +65,6 @@ impl KvCache {
         self.layers.first().map_or(0, LayerKv::seq_len)
     }
 
-    /// Every layer's [`LayerKv::expand_rows`].
-    pub fn expand_rows(&self, rows: i64) -> Self {
-        Self {
-            layers: self.layers.iter().map(|l| l.expand_rows(rows)).collect(),
-        }
-    }
-
     /// The first `len` positions (views: the cache is not copied; appending to the prefix
     /// allocates anew and leaves this cache unchanged).
     pub fn prefix(&self, len: i64) -> Self {

@@ -26,6 +26,43 @@ pub enum DecodeAttention {
     Rows,
 }
 
+/// The leading positions of `rows` rows of `width` each that [`Qwen3::layers_forward`] runs
+/// once for `prefix` shared ones: `prefix`, or 0 when there is a single row or no position
+/// after it.
+pub fn shared_positions(rows: i64, width: i64, prefix: i64) -> i64 {
+    if rows > 1 && prefix > 0 && prefix < width {
+        prefix
+    } else {
+        0
+    }
+}
+
+/// `ids` [B, T] split for [`Qwen3::shared_layer_forward`]: the first row's first `prefix`
+/// positions (None when [`shared_positions`] is 0) and every row's positions after them.
+pub fn split_shared(ids: &Tensor, prefix: i64) -> (Option<Tensor>, Tensor) {
+    let (b, t) = (ids.size()[0], ids.size()[1]);
+    match shared_positions(b, t, prefix) {
+        0 => (None, ids.shallow_clone()),
+        p => (
+            Some(ids.narrow(0, 0, 1).narrow(1, 0, p)),
+            ids.narrow(1, p, t - p),
+        ),
+    }
+}
+
+/// The rows' states [B, P + T, H] from the shared row's [1, P, H] (expanded to every row) and
+/// their own [B, T, H]; with nothing shared, their own.
+pub fn join_shared(shared: Option<&Tensor>, own: &Tensor) -> Tensor {
+    match shared {
+        None => own.shallow_clone(),
+        Some(xp) => {
+            let (b, h) = (own.size()[0], own.size()[2]);
+            let p = xp.size()[1];
+            Tensor::cat(&[xp.expand([b, p, h], false), own.shallow_clone()], 1)
+        }
+    }
+}
+
 /// Qwen3RMSNorm: normalise in f32, scale by the weight in the input's dtype.
 pub fn rms_norm(xs: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let kind = xs.kind();
@@ -512,10 +549,7 @@ impl Qwen3 {
         let y = if t == 1 || past == 0 {
             Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, t > 1, None, true)
         } else if past <= t {
-            let pad = q
-                .zeros_like()
-                .narrow(2, 0, 1)
-                .expand([b, nh, past, d], false);
+            let pad = Tensor::zeros([b, nh, past, d], (q.kind(), q.device()));
             let qp = Tensor::cat(&[pad, q], 2);
             Tensor::scaled_dot_product_attention(&qp, &k, &v, None::<Tensor>, 0.0, true, None, true)
                 .narrow(2, past, t)
@@ -537,30 +571,41 @@ impl Qwen3 {
     /// gradients are those of running every row whole, up to the order of float sums. A batch
     /// of chat rollouts shares its system prompt: about 700 of a training row's 1,950 tokens
     /// in the research world. `prefix` 0, a single row or a prefix that leaves no later
-    /// position runs every row whole. The caller vouches that the rows share the prefix.
-    /// With LoRA dropout on, the shared positions take one dropout draw for all rows: each
-    /// row's distribution is unchanged, the rows' draws there are no longer independent.
+    /// position runs every row whole ([`shared_positions`]). The caller vouches that the rows
+    /// share the prefix. With LoRA dropout on, the shared positions take one dropout draw for
+    /// all rows: each row's distribution is unchanged, the rows' draws there are no longer
+    /// independent.
     pub fn layers_forward(&self, ids: &Tensor, prefix: i64, f: Fwd) -> Tensor {
-        let (b, t) = (ids.size()[0], ids.size()[1]);
-        if prefix <= 0 || b < 2 || prefix >= t {
-            let mut xs = self.embed(ids);
-            for l in 0..self.layers.len() {
-                xs = self.layer_forward(l, &xs, 0, None, f);
+        let (shared, own) = split_shared(ids, prefix);
+        let mut xp = shared.as_ref().map(|i| self.embed(i));
+        let mut xs = self.embed(&own);
+        for l in 0..self.layers.len() {
+            (xp, xs) = self.shared_layer_forward(l, xp.as_ref(), &xs, f);
+        }
+        join_shared(xp.as_ref(), &xs)
+    }
+
+    /// Layer `l` over rows that share their first positions: the shared row `shared` [1, P, H]
+    /// (None: nothing shared) at positions 0..P, then the rows' own positions `own` [B, T, H]
+    /// from P on, attending to the shared row's keys and values expanded to every row.
+    /// Returns both outputs; with nothing shared, [`Qwen3::layer_forward`] over `own`.
+    pub fn shared_layer_forward(
+        &self,
+        l: usize,
+        shared: Option<&Tensor>,
+        own: &Tensor,
+        f: Fwd,
+    ) -> (Option<Tensor>, Tensor) {
+        match shared {
+            None => (None, self.layer_forward(l, own, 0, None, f)),
+            Some(xp) => {
+                let mut kv = LayerKv::default();
+                let yp = self.layer_forward(l, xp, 0, Some(&mut kv), f);
+                let mut rows = kv.expand_rows(own.size()[0]);
+                let y = self.layer_forward(l, own, xp.size()[1], Some(&mut rows), f);
+                (Some(yp), y)
             }
-            return xs;
         }
-        let mut shared = KvCache::new(self.layers.len());
-        let mut xp = self.embed(&ids.narrow(0, 0, 1).narrow(1, 0, prefix));
-        for (l, c) in shared.layers.iter_mut().enumerate() {
-            xp = self.layer_forward(l, &xp, 0, Some(c), f);
-        }
-        let mut rows = shared.expand_rows(b);
-        let mut xs = self.embed(&ids.narrow(1, prefix, t - prefix));
-        for (l, c) in rows.layers.iter_mut().enumerate() {
-            xs = self.layer_forward(l, &xs, prefix, Some(c), f);
-        }
-        let h = xs.size()[2];
-        Tensor::cat(&[xp.expand([b, prefix, h], false), xs], 1)
     }
 
     /// Final hidden states (after the last norm), [B, T, H].

@@ -1215,42 +1215,109 @@ async fn nul_bytes_in_tool_calls_are_stored_not_fatal(pool: PgPool) {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_second_orchestrator_on_a_run_is_refused_naming_the_holder(pool: PgPool) {
     use orchestrator::infra::db::lease::{LeaseError, acquire};
+    use std::time::{Duration, Instant};
     let run_id = run(&pool, "r").await;
-    let first = acquire(&pool, run_id, "orchestrator pid 1 on host-a")
-        .await
-        .unwrap();
-    let err = acquire(&pool, run_id, "orchestrator pid 2 on host-b")
-        .await
-        .unwrap_err();
+    let first = acquire(
+        &pool,
+        run_id,
+        "orchestrator pid 1 on host-a",
+        Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    let err = acquire(
+        &pool,
+        run_id,
+        "orchestrator pid 2 on host-b",
+        Duration::ZERO,
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, LeaseError::Held { .. }), "{err}");
     let msg = err.to_string();
     assert!(
         msg.contains(&run_id.to_string()) && msg.contains("orchestrator pid 1 on host-a"),
         "{msg}"
     );
+    // A live holder is refused after the grace, not waited on for ever; the waiting connection
+    // is left clean (no lock_timeout kept for the next lease taken on it).
+    let t = Instant::now();
+    let err = acquire(&pool, run_id, "pid 2", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LeaseError::Held { .. }), "{err}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
     // Another run is free.
     let other = run(&pool, "r2").await;
-    acquire(&pool, other, "pid 2")
+    acquire(&pool, other, "pid 2", Duration::ZERO)
         .await
         .unwrap()
         .release()
         .await;
     first.release().await;
-    let again = acquire(&pool, run_id, "orchestrator pid 2 on host-b")
-        .await
-        .unwrap();
+    let again = acquire(
+        &pool,
+        run_id,
+        "orchestrator pid 2 on host-b",
+        Duration::ZERO,
+    )
+    .await
+    .unwrap();
     // A holder that goes away without releasing (its connection closes) frees the run too.
     drop(again);
     let mut ok = false;
     for _ in 0..50 {
-        if let Ok(l) = acquire(&pool, run_id, "pid 3").await {
+        if let Ok(l) = acquire(&pool, run_id, "pid 3", Duration::ZERO).await {
             l.release().await;
             ok = true;
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(ok, "a dropped lease is released when its connection closes");
+}
+
+/// A holder whose connection ends while another claimant waits (a SIGKILLed orchestrator whose
+/// backend has not yet read the closed socket when `--resume` starts) is not reported as holding
+/// the run: the claimant waits up to the grace and takes it the moment it is free.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_run_freed_within_the_grace_is_taken_not_refused(pool: PgPool) {
+    use orchestrator::infra::db::lease::{HELD_GRACE, acquire};
+    use std::time::{Duration, Instant};
+    let run_id = run(&pool, "r").await;
+    let dying = acquire(
+        &pool,
+        run_id,
+        "orchestrator pid 1 on host-a",
+        Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    let freed = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        drop(dying); // closes its connection without unlocking, as a killed process does
+    });
+    let t = Instant::now();
+    let lease = acquire(&pool, run_id, "orchestrator pid 2 on host-a", HELD_GRACE)
+        .await
+        .expect("a run freed within the grace is taken");
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(600) && waited < HELD_GRACE,
+        "took the run after {waited:?}"
+    );
+    freed.await.unwrap();
+    let row: (String,) = sqlx::query_as("SELECT holder FROM run_leases WHERE run_id = $1")
+        .bind(run_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(row.0, "orchestrator pid 2 on host-a");
+    lease.release().await;
 }
 
 /// Two orchestrators sharing an experiment's runs: a run the other holds is reported held (not
@@ -1259,10 +1326,16 @@ async fn a_second_orchestrator_on_a_run_is_refused_naming_the_holder(pool: PgPoo
 async fn orchestrators_sharing_an_experiment_take_only_free_unfinished_runs(pool: PgPool) {
     use orchestrator::infra::db::lease::acquire;
     use orchestrator::pipeline::run::{Claim, RunStatus, claim, mark};
+    use std::time::Duration;
     let run_id = run(&pool, "full-s17").await;
-    let other = acquire(&pool, run_id, "orchestrator pid 1 on host-a")
-        .await
-        .unwrap();
+    let other = acquire(
+        &pool,
+        run_id,
+        "orchestrator pid 1 on host-a",
+        Duration::ZERO,
+    )
+    .await
+    .unwrap();
     match claim(&pool, run_id).await.unwrap() {
         Claim::Held(e) => assert!(e.to_string().contains("pid 1 on host-a"), "{e}"),
         c => panic!("a held run was {c:?}"),
@@ -1276,7 +1349,7 @@ async fn orchestrators_sharing_an_experiment_take_only_free_unfinished_runs(pool
         Claim::Completed
     ));
     // The completed run's lease was given back: the next claimant is not refused.
-    acquire(&pool, run_id, "pid 3")
+    acquire(&pool, run_id, "pid 3", Duration::ZERO)
         .await
         .unwrap()
         .release()

@@ -194,7 +194,14 @@ pub enum Claim {
 /// policy servers and trainer) can share one experiment's runs this way: each runs the runs no
 /// other holds and that are not completed yet.
 pub async fn claim(pool: &PgPool, run_id: Uuid) -> Result<Claim, RunError> {
-    let lease = match db::lease::acquire(pool, run_id, &db::lease::this_process()).await {
+    let lease = match db::lease::acquire(
+        pool,
+        run_id,
+        &db::lease::this_process(),
+        db::lease::HELD_GRACE,
+    )
+    .await
+    {
         Ok(l) => l,
         Err(e @ db::lease::LeaseError::Held { .. }) => return Ok(Claim::Held(e)),
         Err(e) => return Err(e.into()),

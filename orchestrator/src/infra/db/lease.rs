@@ -50,14 +50,29 @@ impl From<sqlx::Error> for LeaseError {
     }
 }
 
+/// How long [`acquire`] waits on a held run before refusing it. A holder killed outright (SIGKILL,
+/// OOM) holds its lock until its Postgres backend reads the closed socket and exits; on a loaded
+/// machine that can come after the `--resume` that follows the kill (BENCHMARKS.md, issue 25
+/// session 85). A live holder is refused after this wait.
+pub const HELD_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Take the run for this process, or say who holds it. `holder` describes this process (host,
-/// pid) for the message another orchestrator will see.
-pub async fn acquire(pool: &PgPool, run_id: Uuid, holder: &str) -> Result<RunLease, LeaseError> {
+/// pid) for the message another orchestrator will see. A held run is waited on for `grace`
+/// (the lock is taken the moment its holder's connection ends), then refused.
+pub async fn acquire(
+    pool: &PgPool,
+    run_id: Uuid,
+    holder: &str,
+    grace: std::time::Duration,
+) -> Result<RunLease, LeaseError> {
     let mut conn = pool.acquire().await?.detach();
-    let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+    let mut got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
         .bind(key(run_id))
         .fetch_one(&mut conn)
         .await?;
+    if !got && !grace.is_zero() {
+        got = wait_for_lock(&mut conn, run_id, grace).await?;
+    }
     if !got {
         let row: Option<(String, String)> = sqlx::query_as(
             "SELECT holder, to_char(acquired_at, 'YYYY-MM-DD HH24:MI:SS TZ') FROM run_leases
@@ -86,6 +101,31 @@ pub async fn acquire(pool: &PgPool, run_id: Uuid, holder: &str) -> Result<RunLea
         conn: Some(conn),
         run_id,
     })
+}
+
+/// Block on the run's lock for at most `grace` (Postgres's `lock_timeout`, which bounds an
+/// advisory lock's wait too). False when the wait ran out (SQLSTATE 55P03, lock_not_available).
+async fn wait_for_lock(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    grace: std::time::Duration,
+) -> Result<bool, LeaseError> {
+    sqlx::query("SELECT set_config('lock_timeout', $1, false)")
+        .bind(format!("{}ms", grace.as_millis().max(1)))
+        .execute(&mut *conn)
+        .await?;
+    let waited = sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(key(run_id))
+        .execute(&mut *conn)
+        .await;
+    sqlx::query("SELECT set_config('lock_timeout', '0', false)")
+        .execute(&mut *conn)
+        .await?;
+    match waited {
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 impl RunLease {

@@ -263,6 +263,14 @@ pub struct ServeArgs {
     #[arg(long, env = "TRAINER_DECODE_ATTENTION", default_value = "auto",
           value_parser = ["auto", "masked", "rows"])]
     pub decode_attention: String,
+    /// The dtype the generation worker's batch cache stores keys and values in (vLLM's
+    /// `--kv-cache-dtype`): `auto`, the weights'; `bf16` under f32 weights halves the bytes a
+    /// decode round reads, which bound the CPU row kernel on a CPU without AMX (BENCHMARKS.md,
+    /// issue 25 session 85). The behaviour log-probs then come from keys and values rounded to
+    /// bf16, where the trainer's are f32 (the truncated importance weight covers the gap).
+    #[arg(long, env = "TRAINER_KV_CACHE_DTYPE", default_value = "auto",
+          value_parser = ["auto", "f32", "bf16"])]
+    pub kv_cache_dtype: String,
     #[arg(long, env = "TRAINER_SEED", default_value_t = 17)]
     pub seed: i64,
     /// cpu, cuda or auto.

@@ -64,6 +64,8 @@ pub struct ServeSettings {
     pub max_body_bytes: usize,
     pub prefix_cache_tokens: usize,
     pub decode_attention: crate::model::DecodeAttention,
+    /// The batch cache's dtype (`--kv-cache-dtype`); `None`: the weights'.
+    pub kv_cache_kind: Option<tch::Kind>,
     /// The bearer token every route but `/health` requires (`TRAINER_API_TOKEN`); needed to
     /// bind to anything but loopback.
     pub api_token: Option<ApiToken>,
@@ -376,6 +378,12 @@ impl ServeSettings {
                 "rows" => crate::model::DecodeAttention::Rows,
                 _ => crate::model::DecodeAttention::Auto,
             },
+            kv_cache_kind: parse_dtype(&a.kv_cache_dtype).map_err(|_| {
+                anyhow::anyhow!(
+                    "--kv-cache-dtype = {:?}; allowed: auto, f32, bf16",
+                    a.kv_cache_dtype
+                )
+            })?,
             api_token,
             publish,
         })
@@ -672,6 +680,20 @@ mod tests {
             crate::settings::resolve(&s.load.settings).unwrap().kind,
             Some(tch::Kind::BFloat16)
         );
+        assert_eq!(
+            s.kv_cache_kind, None,
+            "the cache in the weights' dtype unless asked"
+        );
+        let s = serve(&["--device", "cpu", "--kv-cache-dtype", "bf16"]).unwrap();
+        assert_eq!(s.kv_cache_kind, Some(tch::Kind::BFloat16));
+        assert_eq!(
+            s.load.settings.param_dtype,
+            wire::settings::ParamDtype::Auto
+        );
+        let e = serve(&["--device", "cpu", "--kv-cache-dtype", "fp8"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fp8") && e.contains("bf16"), "{e}");
         let e = serve(&["--device", "cpu", "--dtype", "fp8"])
             .unwrap_err()
             .to_string();

@@ -150,6 +150,7 @@ fn serve(mut s: ServeSettings) -> anyhow::Result<()> {
             max_body_bytes: s.max_body_bytes,
             prefix_cache_tokens: s.prefix_cache_tokens,
             decode_attention: s.decode_attention,
+            kv_cache_kind: s.kv_cache_kind,
             max_model_len: loaded.max_model_len,
             api_token: s.api_token,
         };

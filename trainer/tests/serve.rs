@@ -116,12 +116,45 @@ fn a_crash_mid_write_never_leaves_a_published_directory_incomplete() {
 #[test]
 fn batched_decode_equals_one_sequence_at_a_time() {
     for head_dim in [8, 64] {
-        batched_decode_case(false, head_dim);
-        batched_decode_case(true, head_dim);
+        batched_decode_case(false, head_dim, None);
+        batched_decode_case(true, head_dim, None);
     }
 }
 
-fn batched_decode_case(masked: bool, head_dim: i64) {
+/// A bf16 batch cache under f32 weights (`trainer serve --kv-cache-dtype bf16`): it stores bf16
+/// through grown, removed and added rows; both attention paths read the same rounded keys and
+/// values (the row kernel as they are, libtorch's kernel widened) and agree as the f32 paths
+/// do; against each sequence decoded alone in f32 the logits move by bf16's rounding (within 2%
+/// of their scale) but do move, so the rounding happened.
+#[test]
+fn a_bf16_batch_cache_under_f32_weights_decodes_within_its_rounding() {
+    let bf16 = Some(tch::Kind::BFloat16);
+    let (rows, rows_off) = batched_decode_case(false, 64, bf16);
+    let (masked, masked_off) = batched_decode_case(true, 64, bf16);
+    assert!(
+        rows_off > 1e-5 && masked_off > 1e-5,
+        "{rows_off}, {masked_off}"
+    );
+    for (step, (a, b)) in rows.iter().zip(&masked).enumerate() {
+        let diff = (a - b).abs().max().double_value(&[]);
+        let scale = b.abs().max().double_value(&[]).max(1.0);
+        // The first round reads the same rounded prefills: the f32 paths' agreement. Later
+        // rounds also read each path's own new keys and values, whose f32 differences (about
+        // 1e-6) round to bf16 on either side of a step of 2^-8 now and then: 1.6e-5 of the
+        // scale at most here, against the 7e-3 that bf16 moves the logits from f32 by.
+        let bound = if step == 0 { 4e-6 } else { 1e-4 };
+        assert!(diff < bound * scale, "step {step}: {diff} at scale {scale}");
+    }
+}
+
+/// One `batched_decode_equals_one_sequence_at_a_time` case (a batch cache of `cache`'s dtype,
+/// `None`: the weights'): each round's batched logits, and the largest difference from the
+/// sequences decoded alone relative to their scale.
+fn batched_decode_case(
+    masked: bool,
+    head_dim: i64,
+    cache: Option<tch::Kind>,
+) -> (Vec<tch::Tensor>, f64) {
     let cfg: trainer::model::Qwen3Config = serde_json::from_value(serde_json::json!({
         "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": head_dim,
@@ -142,7 +175,7 @@ fn batched_decode_case(masked: bool, head_dim: i64) {
         c
     };
     let mut one: Vec<trainer::model::KvCache> = Vec::new();
-    let mut many = trainer::model::BatchKv::default();
+    let mut many = trainer::model::BatchKv::with_kind(cache);
     for p in &prompts {
         one.push(prefill(p));
         assert_eq!(many.push(&prefill(p)), Some(one.len() - 1));
@@ -152,6 +185,13 @@ fn batched_decode_case(masked: bool, head_dim: i64) {
         (16, 512),
         "rows and positions grew by doubling"
     );
+    assert_eq!(many.kind(), Some(cache.unwrap_or(tch::Kind::Float)));
+    assert_eq!(
+        many.row_cache(1).layers[0].seq_len(),
+        7,
+        "a row given back whole"
+    );
+    let (mut rounds, mut worst) = (Vec::new(), 0.0_f64);
     for step in 0..6i64 {
         if step == 2 {
             // Two sequences end: the batch removes their rows as the worker does.
@@ -197,13 +237,23 @@ fn batched_decode_case(masked: bool, head_dim: i64) {
             // absolute 1e-5 this test held before. A wrong row, position or mask is off by
             // orders of magnitude more.
             let scale = single.abs().max().double_value(&[]).max(1.0);
+            let bound = if cache.is_some_and(|k| k != tch::Kind::Float) {
+                2e-2
+            } else {
+                4e-6
+            };
             assert!(
-                diff < 4e-6 * scale,
-                "masked {masked}, head_dim {head_dim}, step {step} row {i}: {diff} at scale {scale}"
+                diff < bound * scale,
+                "masked {masked}, head_dim {head_dim}, cache {cache:?}, step {step} row {i}: \
+                 {diff} at scale {scale}"
             );
+            worst = worst.max(diff / scale);
             assert_eq!(many.lens()[i], one[i].seq_len());
         }
+        rounds.push(batched);
     }
+    assert_eq!(many.kind(), Some(cache.unwrap_or(tch::Kind::Float)));
+    (rounds, worst)
 }
 
 /// Records every POST path and body; answers /get_server_info only when it plays SGLang.

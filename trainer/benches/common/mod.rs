@@ -39,6 +39,7 @@ pub async fn serve(dir: &Path, prefix_cache_tokens: usize) -> (String, Arc<AppSt
             max_body_bytes: 4096 << 20,
             prefix_cache_tokens,
             decode_attention: trainer::model::DecodeAttention::Auto,
+            kv_cache_kind: None,
             max_model_len: loaded.max_model_len,
             api_token: None,
         },

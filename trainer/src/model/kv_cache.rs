@@ -125,14 +125,38 @@ impl StepSlots {
 /// each time) up to what the batch needs and are kept for the next sequences (on CPU with the
 /// smoke model, 64 rows of 4,096 positions take 1 GiB); a finished sequence's row is refilled
 /// by the last row (`swap_remove`, like `Vec::swap_remove`), so rows stay dense.
+///
+/// The cache holds its keys and values in the weights' dtype, or in the one
+/// [`BatchKv::with_kind`] names (`trainer serve --kv-cache-dtype bf16` under f32 weights: half
+/// the bytes a decode round reads, which bound the CPU row kernel on a CPU without AMX;
+/// BENCHMARKS.md, issue 25 session 85). Rows are rounded to it as they are written and widened
+/// back to the prefill's dtype by [`BatchKv::row_cache`].
 #[derive(Debug, Default)]
 pub struct BatchKv {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     lens: Vec<i64>,
+    /// The storage dtype when it is not the weights' (`None`: theirs).
+    kind: Option<Kind>,
+    /// The dtype of the rows pushed (the prefill's), which `row_cache` gives back.
+    row_kind: Option<Kind>,
 }
 
 impl BatchKv {
+    /// An empty cache storing keys and values in `kind` whatever the weights' dtype (`None`:
+    /// the weights', as [`BatchKv::default`]).
+    pub fn with_kind(kind: Option<Kind>) -> Self {
+        Self {
+            kind,
+            ..Self::default()
+        }
+    }
+
+    /// The dtype the keys and values are stored in, once anything is allocated.
+    pub fn kind(&self) -> Option<Kind> {
+        self.k.first().map(Tensor::kind)
+    }
+
     /// Running rows.
     pub fn rows(&self) -> usize {
         self.lens.len()
@@ -156,6 +180,7 @@ impl BatchKv {
         let first = cache.layers.first()?.k.as_ref()?;
         let len = first.size()[2];
         let rows = self.lens.len() as i64;
+        self.row_kind = Some(first.kind());
         self.reserve_like(first, cache.layers.len(), rows + 1, len + 1);
         for (l, c) in cache.layers.iter().enumerate() {
             let (Some(k), Some(v)) = (&c.k, &c.v) else {
@@ -168,10 +193,17 @@ impl BatchKv {
         Some(rows as usize)
     }
 
-    /// A copy of row `i`'s cached positions as a one-sequence cache.
+    /// A copy of row `i`'s cached positions as a one-sequence cache, in the dtype of the rows
+    /// pushed (a bf16 cache under f32 weights gives its values widened back to f32).
     pub fn row_cache(&self, i: usize) -> KvCache {
         let n = self.lens.get(i).copied().unwrap_or(0);
-        let row = |t: &Tensor| Some(t.narrow(0, i as i64, 1).narrow(2, 0, n).copy());
+        let row = |t: &Tensor| {
+            let r = t.narrow(0, i as i64, 1).narrow(2, 0, n);
+            Some(match self.row_kind {
+                Some(k) if k != r.kind() => r.to_kind(k),
+                _ => r.copy(),
+            })
+        };
         KvCache {
             layers: self
                 .k
@@ -203,10 +235,12 @@ impl BatchKv {
 
     /// Room for `rows` rows of `positions` positions, allocated like `like` ([1, kv_heads, T,
     /// d]) for `layers` layers; existing rows are copied into a grown allocation, and converted
-    /// when `like` has another dtype (weights rebuilt in another dtype while rows are held).
+    /// when `like` has another dtype (weights rebuilt in another dtype while rows are held),
+    /// unless the cache names its own dtype.
     fn reserve_like(&mut self, like: &Tensor, layers: usize, rows: i64, positions: i64) {
         let (have_rows, have_pos) = self.allocated();
-        let same_kind = self.k.first().is_none_or(|t| t.kind() == like.kind());
+        let kind = self.kind.unwrap_or(like.kind());
+        let same_kind = self.k.first().is_none_or(|t| t.kind() == kind);
         if self.k.len() == layers && rows <= have_rows && positions <= have_pos && same_kind {
             return;
         }
@@ -221,7 +255,7 @@ impl BatchKv {
         let new_pos = grow(positions, have_pos, 256);
         let s = like.size();
         let (kv_heads, d) = (s[1], s[3]);
-        let opts = (like.kind(), like.device());
+        let opts = (kind, like.device());
         let fresh = |old: Option<&Tensor>| {
             let t = Tensor::zeros([new_rows, kv_heads, new_pos, d], opts);
             if let Some(o) = old {
@@ -260,9 +294,10 @@ impl BatchKv {
     }
 
     /// Before a decode step of a model holding `kind` weights: room for one more position in
-    /// every row, in `kind` (rows cached under weights of another dtype are converted), and
-    /// where the step writes and reads (built once for all layers).
+    /// every row, in `kind` or the cache's own dtype (rows cached under weights of another
+    /// dtype are converted), and where the step writes and reads (built once for all layers).
     pub(crate) fn begin_step(&mut self, device: tch::Device, kind: Kind) -> StepSlots {
+        let kind = self.kind.unwrap_or(kind);
         if let Some(like) = self.k.first().map(|t| t.narrow(0, 0, 1).to_kind(kind)) {
             let need = self.lens.iter().copied().max().unwrap_or(0) + 1;
             let layers = self.k.len();
@@ -282,8 +317,8 @@ impl BatchKv {
     }
 
     /// Write layer `l`'s new keys and values ([rows, kv_heads, 1, d]) at each row's next
-    /// position (`at`, from `begin_step`), and return views of the first `at.span` positions of
-    /// every row.
+    /// position (`at`, from `begin_step`), rounded to the cache's dtype, and return views of
+    /// the first `at.span` positions of every row (in the cache's dtype).
     pub(crate) fn write(
         &mut self,
         l: usize,
@@ -293,8 +328,9 @@ impl BatchKv {
     ) -> (Tensor, Tensor) {
         let b = self.lens.len() as i64;
         let idx = [Some(&at.rows), None, Some(&at.pos)];
-        let _ = self.k[l].index_put_(&idx, &k.squeeze_dim(2), false);
-        let _ = self.v[l].index_put_(&idx, &v.squeeze_dim(2), false);
+        let kind = self.k[l].kind();
+        let _ = self.k[l].index_put_(&idx, &k.squeeze_dim(2).to_kind(kind), false);
+        let _ = self.v[l].index_put_(&idx, &v.squeeze_dim(2).to_kind(kind), false);
         (
             self.k[l].narrow(0, 0, b).narrow(2, 0, at.span),
             self.v[l].narrow(0, 0, b).narrow(2, 0, at.span),
@@ -341,6 +377,46 @@ mod tests {
         };
         let got = pick(&kv.row_cache(0).layers[0]).to_kind(Kind::Float);
         got.allclose(&pick(&want.layers[0]), 1e-2, 1e-2, false)
+    }
+
+    /// A cache of its own dtype (`BatchKv::with_kind`, `--kv-cache-dtype bf16` under f32
+    /// weights) stores it whatever the rows pushed and the decode step's weights are, rounds the
+    /// step's writes to it, and gives a row back in the prefill's dtype (for the prefix store,
+    /// whose entries extend f32 prefills).
+    #[test]
+    fn a_cache_of_its_own_dtype_keeps_it_and_gives_rows_back_widened() {
+        let mut kv = BatchKv::with_kind(Some(Kind::BFloat16));
+        assert_eq!(kv.kind(), None);
+        let row = one_row(Kind::Float, 3, 0.3);
+        kv.push(&row).unwrap();
+        assert_eq!(kv.kind(), Some(Kind::BFloat16));
+        let back = kv.row_cache(0);
+        let k = back.layers[0].k.as_ref().unwrap();
+        assert_eq!(k.kind(), Kind::Float);
+        let want = row.layers[0].k.as_ref().unwrap();
+        let rounded = want.to_kind(Kind::BFloat16).to_kind(Kind::Float);
+        assert!(
+            k.equal(&rounded),
+            "the stored values are bf16's rounding of the row's"
+        );
+        assert!(
+            !k.equal(want),
+            "and that rounding moved some (0.3 x n is not all bf16)"
+        );
+        let at = kv.begin_step(tch::Device::Cpu, Kind::Float);
+        let new = Tensor::full([1, 2, 1, 4], 1.0 / 3.0, (Kind::Float, tch::Device::Cpu));
+        let (kview, _) = kv.write(0, &new, &new, &at);
+        assert_eq!(kview.kind(), Kind::BFloat16);
+        kv.advance();
+        assert!(kv.k.iter().chain(&kv.v).all(|t| t.kind() == Kind::BFloat16));
+        let back = kv.row_cache(0);
+        let last = back.layers[0].k.as_ref().unwrap().narrow(2, 3, 1);
+        let third = new.to_kind(Kind::BFloat16).to_kind(Kind::Float);
+        assert!(
+            last.equal(&third),
+            "the step's write rounded to bf16: {last}"
+        );
+        assert!(!last.equal(&new));
     }
 
     /// Rows cached under f32 weights are converted, not refused, when weights of another dtype

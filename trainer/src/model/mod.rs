@@ -16,7 +16,7 @@ pub mod weights;
 pub use config::Qwen3Config;
 pub use kv_cache::{BatchKv, KvCache, LayerKv};
 pub use linear::{Fwd, Lora, LoraConfig, LoraTarget, Proj};
-pub use qwen3::{DecodeAttention, Qwen3};
+pub use qwen3::{DecodeAttention, DecodeOptions, Qwen3};
 pub use rope::Rope;
 
 /// libtorch's default generator is process-wide: seeding it and drawing from it must happen

@@ -26,6 +26,14 @@ pub enum DecodeAttention {
     Rows,
 }
 
+/// How a generation worker decodes: the attention path and the batch cache's dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DecodeOptions {
+    pub attention: DecodeAttention,
+    /// The batch cache's dtype ([`BatchKv::with_kind`]); `None`: the weights'.
+    pub kv_cache: Option<Kind>,
+}
+
 /// The leading positions of `rows` rows of `width` each that [`Qwen3::layers_forward`] runs
 /// once for `prefix` shared ones: `prefix`, or 0 when there is a single row or no position
 /// after it.
@@ -741,9 +749,9 @@ impl Qwen3 {
         // longest and masks the rest.
         let own = kv
             .layer(l)
-            .filter(|_| match how {
+            .filter(|(kc, _)| match how {
                 DecodeAttention::Auto => at.rows_pay(super::row_attention::relative_cost(
-                    q.kind(),
+                    kc.kind(),
                     d as usize,
                     g as usize,
                 )),
@@ -753,16 +761,26 @@ impl Qwen3 {
             .and_then(|(kc, vc)| super::row_attention::decode_rows(&q, kc, vc, &at.lens));
         let y = match own {
             Some(y) => y,
-            None => Tensor::scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                Some(mask.get_or_init(|| at.mask()).shallow_clone()),
-                0.0,
-                false,
-                None,
-                false,
-            ),
+            None => {
+                // A cache in another dtype than the weights (`BatchKv::with_kind`): libtorch's
+                // kernel wants one dtype, so the view is widened (a copy; the row kernel reads
+                // it as it is).
+                let (k, v) = if k.kind() == q.kind() {
+                    (k, v)
+                } else {
+                    (k.to_kind(q.kind()), v.to_kind(q.kind()))
+                };
+                Tensor::scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    Some(mask.get_or_init(|| at.mask()).shallow_clone()),
+                    0.0,
+                    false,
+                    None,
+                    false,
+                )
+            }
         };
         a.o_proj.forward(&y.reshape([b, 1, nh * d]), f)
     }

@@ -696,9 +696,9 @@ pub fn relative_cost(kind: Kind, d: usize, group: usize) -> (usize, usize) {
 /// Attention for a decode step: row i's queries `q[i]` ([rows, kv_heads, group, d]: query head
 /// `kv * group + j` reads kv head `kv`) over positions `0..lens[i]` of rows `0..rows` of the
 /// caches `k` and `v` ([capacity_rows, kv_heads, capacity, d], whole allocations). Returns
-/// [rows, kv_heads, group, d] in `q`'s dtype, or `None` when the caches are not contiguous CPU
-/// f32 or bf16 (with `q` of the same dtype) or the shapes disagree (the caller then uses
-/// libtorch's kernel). Rows are split over `tch::get_num_threads()` threads.
+/// [rows, kv_heads, group, d] in `q`'s dtype, or `None` when `q` and the caches are not
+/// contiguous CPU f32 or bf16 (the caches of one dtype; `q` of either, so f32 queries read a
+/// bf16 cache) or the shapes disagree (the caller then uses libtorch's kernel). Rows are split over `tch::get_num_threads()` threads.
 pub fn decode_rows(q: &Tensor, k: &Tensor, v: &Tensor, lens: &[usize]) -> Option<Tensor> {
     let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
     decode_rows_on(q, k, v, lens, threads)
@@ -734,7 +734,8 @@ fn decode_rows_on(
     {
         return None;
     }
-    if q.kind() != k.kind() || (q.kind() != Kind::Float && q.kind() != Kind::BFloat16) {
+    let float = |kind: Kind| kind == Kind::Float || kind == Kind::BFloat16;
+    if !float(q.kind()) || !float(k.kind()) || v.kind() != k.kind() {
         return None;
     }
     // bf16 queries are few (one position a row): widened once, so the kernel reads f32 queries
@@ -891,7 +892,21 @@ mod tests {
                 );
             }
         }
-        // Mixed dtypes are libtorch's.
+        // f32 queries (f32 weights over a bf16 cache, `BatchKv::with_kind`) read it as it is,
+        // and the output stays f32: SDPA over the widened values to f32's rounding.
+        let q32 = q.to_kind(Kind::Float) * 1.01;
+        for threads in [1, 2] {
+            let got = decode_rows_on(&q32, &k, &v, &lens, threads).unwrap();
+            assert_eq!(got.kind(), Kind::Float);
+            for (i, &n) in lens.iter().enumerate() {
+                let (i, n) = (i as i64, n as i64);
+                let want = sdpa_row(&q32, &k, &v, i, n);
+                let diff = (got.narrow(0, i, 1) - &want).abs().max().double_value(&[]);
+                let scale = want.abs().max().double_value(&[]).max(1.0);
+                assert!(diff <= 1e-5 * scale, "f32 queries, row {i}: {diff}");
+            }
+        }
+        // Keys and values of two dtypes are libtorch's.
         assert!(decode_rows(&q, &k.to_kind(Kind::Float), &v, &[1, 1, 1, 1]).is_none());
     }
 
@@ -1113,7 +1128,14 @@ mod tests {
     fn anything_but_contiguous_cpu_f32_or_bf16_is_left_to_libtorch() {
         let k = Tensor::zeros([2, 1, 8, 4], (Kind::Float, Device::Cpu));
         let q = Tensor::zeros([2, 1, 1, 4], (Kind::Float, Device::Cpu));
-        assert!(decode_rows(&q.to_kind(Kind::BFloat16), &k, &k, &[1, 1]).is_none());
+        assert!(decode_rows(&q.to_kind(Kind::Half), &k, &k, &[1, 1]).is_none());
+        let kh = k.to_kind(Kind::Half);
+        assert!(decode_rows(&q, &kh, &kh, &[1, 1]).is_none(), "an f16 cache");
+        let kb = k.to_kind(Kind::BFloat16);
+        assert!(
+            decode_rows(&q, &kb, &k, &[1, 1]).is_none(),
+            "keys and values apart"
+        );
         let strided = k.transpose(2, 3).contiguous().transpose(2, 3);
         assert_eq!(strided.size(), k.size());
         assert!(

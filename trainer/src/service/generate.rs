@@ -289,15 +289,16 @@ pub fn run_worker(
     stats: Arc<GenStats>,
     mut rx: mpsc::Receiver<GenJob>,
     prefix_cache_tokens: usize,
-    how: crate::model::DecodeAttention,
+    decode: crate::model::DecodeOptions,
 ) {
+    let how = decode.attention;
     use std::sync::atomic::Ordering::Relaxed;
     // Requests in flight by id; a request leaves when its last sample ends or it is abandoned.
     let mut jobs: std::collections::HashMap<usize, Pending> = std::collections::HashMap::new();
     let mut next_job = 0usize;
     let mut seqs: Vec<Seq> = Vec::new();
     // Row i of the batch cache is seqs[i]'s (both remove by swapping in the last).
-    let mut kv = BatchKv::default();
+    let mut kv = BatchKv::with_kind(decode.kv_cache);
     let mut store = PrefixStore::new(prefix_cache_tokens);
     let mut seed_counter: u64 = 0x5eed;
     loop {
@@ -683,8 +684,13 @@ mod tests {
 
     /// A worker over a random tiny policy and a tokenizer trained on a small corpus, run until
     /// `jobs` (all queued before it starts, so one wave admits them) are answered: the samples
-    /// per job, and the prompt tokens reused from the prefix cache.
-    fn serve_queued(jobs: &[Vec<u32>], prefix_cache_tokens: usize) -> (Vec<Sample>, u64) {
+    /// per job, and the prompt tokens reused from the prefix cache. `kv_cache`: the batch
+    /// cache's dtype (`None`: the weights', f32).
+    fn serve_queued(
+        jobs: &[Vec<u32>],
+        prefix_cache_tokens: usize,
+        kv_cache: Option<Kind>,
+    ) -> (Vec<Sample>, u64) {
         let dir = tempfile::tempdir().unwrap();
         let corpus = dir.path().join("corpus.jsonl");
         let lines: Vec<String> = (0..50)
@@ -746,7 +752,10 @@ mod tests {
             stats.clone(),
             rx,
             prefix_cache_tokens,
-            crate::model::DecodeAttention::Masked,
+            crate::model::DecodeOptions {
+                attention: crate::model::DecodeAttention::Masked,
+                kv_cache,
+            },
         );
         let samples = replies
             .into_iter()
@@ -770,9 +779,9 @@ mod tests {
         other.extend((0..8).map(|k| (k * 11 % 60 + 2) as u32));
         assert_ne!(other[20], prompt[20]);
         let jobs = [prompt.clone(), prompt, other];
-        let (cached, hits) = serve_queued(&jobs, 1_000);
+        let (cached, hits) = serve_queued(&jobs, 1_000, None);
         assert_eq!(hits, 29 + 20);
-        let (fresh, none) = serve_queued(&jobs, 0);
+        let (fresh, none) = serve_queued(&jobs, 0, None);
         assert_eq!(none, 0);
         for (a, b) in cached.iter().zip(&fresh) {
             assert_eq!(a.token_ids, b.token_ids);
@@ -781,5 +790,30 @@ mod tests {
             }
         }
         assert_eq!(cached[0].token_ids, cached[1].token_ids);
+    }
+
+    /// A worker with a bf16 batch cache under f32 weights (`--kv-cache-dtype bf16`) serves
+    /// the same requests with log-probs within bf16's rounding of the f32 cache's, and not equal
+    /// to them (the cache really is bf16).
+    #[test]
+    fn a_bf16_cache_serves_within_its_rounding() {
+        let prompt: Vec<u32> = (0..30).map(|k| (k * 7 % 60 + 3) as u32).collect();
+        let mut other = prompt[..20].to_vec();
+        other.extend((0..8).map(|k| (k * 11 % 60 + 2) as u32));
+        let jobs = [prompt.clone(), prompt, other];
+        let (f32s, _) = serve_queued(&jobs, 1_000, None);
+        let (bf16s, hits) = serve_queued(&jobs, 1_000, Some(Kind::BFloat16));
+        assert_eq!(hits, 29 + 20, "the prompt's prefill is shared as with f32");
+        let mut worst = 0.0_f32;
+        for (a, b) in f32s.iter().zip(&bf16s) {
+            assert_eq!(a.logprobs.len(), b.logprobs.len());
+            for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                worst = worst.max((x - y).abs());
+            }
+        }
+        assert!(
+            worst > 0.0 && worst < 0.05,
+            "largest log-prob change {worst}"
+        );
     }
 }

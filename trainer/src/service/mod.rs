@@ -136,6 +136,8 @@ pub struct ServeConfig {
     pub prefix_cache_tokens: usize,
     /// How decode rounds attend (`--decode-attention`).
     pub decode_attention: crate::model::DecodeAttention,
+    /// The generation worker's batch-cache dtype (`--kv-cache-dtype`); `None`: the weights'.
+    pub kv_cache_kind: Option<tch::Kind>,
     /// Model context length reported to clients (generation is also held to the model's own
     /// position limit).
     pub max_model_len: usize,
@@ -317,12 +319,15 @@ impl AppState {
         {
             let (p, t, s) = (policy.clone(), tokenizer.clone(), stats.clone());
             let prefix_tokens = cfg.prefix_cache_tokens;
-            let how = cfg.decode_attention;
+            let decode = crate::model::DecodeOptions {
+                attention: cfg.decode_attention,
+                kv_cache: cfg.kv_cache_kind,
+            };
             let alive = worker_alive.clone();
             let started = std::thread::Builder::new()
                 .name("generate".into())
                 .spawn(move || {
-                    generate::run_worker(p, t, eos, s, rx, prefix_tokens, how);
+                    generate::run_worker(p, t, eos, s, rx, prefix_tokens, decode);
                     alive.store(false, Ordering::SeqCst);
                 });
             if let Err(e) = started {

@@ -97,6 +97,7 @@ pub fn serve_on(
             max_body_bytes: 64 << 20,
             prefix_cache_tokens: 1 << 17,
             decode_attention: trainer::model::DecodeAttention::Auto,
+            kv_cache_kind: None,
             max_model_len: loaded.max_model_len,
             api_token,
         },

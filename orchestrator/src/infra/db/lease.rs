@@ -52,8 +52,9 @@ impl From<sqlx::Error> for LeaseError {
 
 /// How long [`acquire`] waits on a held run before refusing it. A holder killed outright (SIGKILL,
 /// OOM) holds its lock until its Postgres backend reads the closed socket and exits; on a loaded
-/// machine that can come after the `--resume` that follows the kill (BENCHMARKS.md, issue 25
-/// session 85). A live holder is refused after this wait.
+/// machine that can come after the `--resume` that follows the kill (the test
+/// `sigkill_mid_step_then_resume_loses_and_duplicates_nothing` was refused so once in session
+/// 84). A live holder is refused after this wait.
 pub const HELD_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Take the run for this process, or say who holds it. `holder` describes this process (host,

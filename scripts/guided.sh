@@ -23,6 +23,9 @@
 #   GUIDED_RESUME     an experiment id to continue (after a crash or Ctrl-C)
 #   GUIDED_PAIRS      server pairs, 2 (default: one seed on each) or 1 (one after the other)
 #   BIN               directory of the release binaries (default target/release; built if absent)
+#   TRAINER_KV_CACHE_DTYPE  read by every `trainer serve`: bf16 keeps the policy server's batch
+#                     cache in bf16 under f32 weights (a step 1.22x faster on a Xeon with
+#                     AVX-512 and no AMX; BENCHMARKS.md, issue 25 session 85); default auto
 #   DATABASE_URL      default postgres://postgres@127.0.0.1:5432/rubricem (read by
 #                     scripts/ablation-mini.sh, which applies the migrations; the steps before
 #                     it need no database)

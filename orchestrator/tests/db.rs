@@ -12,6 +12,7 @@
 mod common;
 
 use orchestrator::domain::trajectory::{Segment, SegmentKind, Stage, Trajectory};
+use orchestrator::infra::db::lease::{LeaseError, RunLease, acquire};
 use orchestrator::infra::db::{self, DbError, MIGRATOR};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
@@ -1210,29 +1211,23 @@ async fn nul_bytes_in_tool_calls_are_stored_not_fatal(pool: PgPool) {
     assert_eq!(back.parsed["answer"], "a\u{FFFD}b");
 }
 
+/// A lease taken or refused at once (no grace): what a test of who holds a run wants.
+async fn lease_now(pool: &PgPool, run_id: Uuid, holder: &str) -> Result<RunLease, LeaseError> {
+    acquire(pool, run_id, holder, std::time::Duration::ZERO).await
+}
+
 /// One orchestrator per run: a second lease on a held run is refused naming the holder; once
 /// the first is released (or its process dies and its connection closes) the run can be taken.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_second_orchestrator_on_a_run_is_refused_naming_the_holder(pool: PgPool) {
-    use orchestrator::infra::db::lease::{LeaseError, acquire};
     use std::time::{Duration, Instant};
     let run_id = run(&pool, "r").await;
-    let first = acquire(
-        &pool,
-        run_id,
-        "orchestrator pid 1 on host-a",
-        Duration::ZERO,
-    )
-    .await
-    .unwrap();
-    let err = acquire(
-        &pool,
-        run_id,
-        "orchestrator pid 2 on host-b",
-        Duration::ZERO,
-    )
-    .await
-    .unwrap_err();
+    let first = lease_now(&pool, run_id, "orchestrator pid 1 on host-a")
+        .await
+        .unwrap();
+    let err = lease_now(&pool, run_id, "orchestrator pid 2 on host-b")
+        .await
+        .unwrap_err();
     assert!(matches!(err, LeaseError::Held { .. }), "{err}");
     let msg = err.to_string();
     assert!(
@@ -1253,25 +1248,20 @@ async fn a_second_orchestrator_on_a_run_is_refused_naming_the_holder(pool: PgPoo
     );
     // Another run is free.
     let other = run(&pool, "r2").await;
-    acquire(&pool, other, "pid 2", Duration::ZERO)
+    lease_now(&pool, other, "pid 2")
         .await
         .unwrap()
         .release()
         .await;
     first.release().await;
-    let again = acquire(
-        &pool,
-        run_id,
-        "orchestrator pid 2 on host-b",
-        Duration::ZERO,
-    )
-    .await
-    .unwrap();
+    let again = lease_now(&pool, run_id, "orchestrator pid 2 on host-b")
+        .await
+        .unwrap();
     // A holder that goes away without releasing (its connection closes) frees the run too.
     drop(again);
     let mut ok = false;
     for _ in 0..50 {
-        if let Ok(l) = acquire(&pool, run_id, "pid 3", Duration::ZERO).await {
+        if let Ok(l) = lease_now(&pool, run_id, "pid 3").await {
             l.release().await;
             ok = true;
             break;
@@ -1286,17 +1276,12 @@ async fn a_second_orchestrator_on_a_run_is_refused_naming_the_holder(pool: PgPoo
 /// the run: the claimant waits up to the grace and takes it the moment it is free.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_run_freed_within_the_grace_is_taken_not_refused(pool: PgPool) {
-    use orchestrator::infra::db::lease::{HELD_GRACE, acquire};
+    use orchestrator::infra::db::lease::HELD_GRACE;
     use std::time::{Duration, Instant};
     let run_id = run(&pool, "r").await;
-    let dying = acquire(
-        &pool,
-        run_id,
-        "orchestrator pid 1 on host-a",
-        Duration::ZERO,
-    )
-    .await
-    .unwrap();
+    let dying = lease_now(&pool, run_id, "orchestrator pid 1 on host-a")
+        .await
+        .unwrap();
     let freed = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(700)).await;
         drop(dying); // closes its connection without unlocking, as a killed process does
@@ -1324,18 +1309,11 @@ async fn a_run_freed_within_the_grace_is_taken_not_refused(pool: PgPool) {
 /// an error), a run the other completed meanwhile is reported completed, and a free run is taken.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn orchestrators_sharing_an_experiment_take_only_free_unfinished_runs(pool: PgPool) {
-    use orchestrator::infra::db::lease::acquire;
     use orchestrator::pipeline::run::{Claim, RunStatus, claim, mark};
-    use std::time::Duration;
     let run_id = run(&pool, "full-s17").await;
-    let other = acquire(
-        &pool,
-        run_id,
-        "orchestrator pid 1 on host-a",
-        Duration::ZERO,
-    )
-    .await
-    .unwrap();
+    let other = lease_now(&pool, run_id, "orchestrator pid 1 on host-a")
+        .await
+        .unwrap();
     match claim(&pool, run_id).await.unwrap() {
         Claim::Held(e) => assert!(e.to_string().contains("pid 1 on host-a"), "{e}"),
         c => panic!("a held run was {c:?}"),
@@ -1349,7 +1327,7 @@ async fn orchestrators_sharing_an_experiment_take_only_free_unfinished_runs(pool
         Claim::Completed
     ));
     // The completed run's lease was given back: the next claimant is not refused.
-    acquire(&pool, run_id, "pid 3", Duration::ZERO)
+    lease_now(&pool, run_id, "pid 3")
         .await
         .unwrap()
         .release()

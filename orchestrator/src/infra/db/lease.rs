@@ -104,27 +104,33 @@ pub async fn acquire(
     })
 }
 
-/// Block on the run's lock for at most `grace` (Postgres's `lock_timeout`, which bounds an
-/// advisory lock's wait too). False when the wait ran out (SQLSTATE 55P03, lock_not_available).
+/// Block on the run's lock for at most `grace`: Postgres's `lock_timeout`, which bounds an
+/// advisory lock's wait too, set for one transaction alone so the connection's own setting
+/// comes back whatever happens (a session-level advisory lock outlives the transaction that
+/// took it). False when the wait ran out (SQLSTATE 55P03, lock_not_available).
 async fn wait_for_lock(
     conn: &mut PgConnection,
     run_id: Uuid,
     grace: std::time::Duration,
 ) -> Result<bool, LeaseError> {
-    sqlx::query("SELECT set_config('lock_timeout', $1, false)")
+    let mut tx = conn.begin().await?;
+    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
         .bind(format!("{}ms", grace.as_millis().max(1)))
-        .execute(&mut *conn)
+        .execute(&mut *tx)
         .await?;
     let waited = sqlx::query("SELECT pg_advisory_lock($1)")
         .bind(key(run_id))
-        .execute(&mut *conn)
+        .execute(&mut *tx)
         .await;
-    sqlx::query("SELECT set_config('lock_timeout', '0', false)")
-        .execute(&mut *conn)
-        .await?;
     match waited {
-        Ok(_) => Ok(true),
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => Ok(false),
+        Ok(_) => {
+            tx.commit().await?;
+            Ok(true)
+        }
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
+            tx.rollback().await?;
+            Ok(false)
+        }
         Err(e) => Err(e.into()),
     }
 }

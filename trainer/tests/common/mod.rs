@@ -40,13 +40,30 @@ pub fn model_dir(tmp: &Path) -> PathBuf {
     out
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released).
+/// A free TCP port on 127.0.0.1 for a child process to bind later, taken below the kernel's
+/// ephemeral range. A port picked by binding `:0` and released lies inside that range, where any
+/// process's next outgoing connection or `bind(:0)` may take it before the child binds it: in
+/// one CI run a gloo rank's own connection took its HTTP port. Below the range only an explicit
+/// bind can, so each candidate is checked by binding it, and a counter keeps one test process
+/// from handing out the same port twice.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const FLOOR: u32 = 10_000;
+    let ceiling = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|&low| low > FLOOR + 1_000 && low <= 65_536)
+        .unwrap_or(32_768);
+    let span = ceiling - FLOOR;
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = (FLOOR + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {FLOOR}..{ceiling}");
 }
 
 /// A `trainer serve` running in-process.

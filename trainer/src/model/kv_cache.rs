@@ -93,6 +93,9 @@ pub struct StepSlots {
     pub lens: Vec<usize>,
     pub span: i64,
     pub positions: (usize, usize),
+    /// Per row, the row whose storage it reads its shared prompt from and that prompt's
+    /// positions (`(i, 0)`: none; [`BatchKv::push_shared`]).
+    pub shared: Vec<(usize, usize)>,
 }
 
 impl StepSlots {
@@ -131,6 +134,17 @@ impl StepSlots {
 /// the bytes a decode round reads, which bound the CPU row kernel on a CPU without AMX;
 /// BENCHMARKS.md, issue 25 session 85). Rows are rounded to it as they are written and widened
 /// back to the prefill's dtype by [`BatchKv::row_cache`].
+///
+/// Rows pushed with the tokens they hold and the weights that computed them
+/// ([`BatchKv::push_shared`]) that begin with the same tokens under the same weights (every
+/// task's system prompt, a group's samples of one prompt) read those positions from one row's
+/// storage, their source, rather than each from its own copy: the CPU row kernel then reads the
+/// shared prompt from memory once a layer while it stays in the core's cache (Hydragen, Juravsky
+/// et al. 2024, and vLLM's cascade attention share such a prefix's reads the same way). Every
+/// row still holds its own copy, so removing a source only moves its dependents to another.
+/// Copies taken from one prefill (the prefix store's) are equal bit for bit; positions computed
+/// apart (a prompt's last token, which the prefix store leaves to compute) hold the same
+/// tokens' keys and values up to the prefill's rounding.
 #[derive(Debug, Default)]
 pub struct BatchKv {
     k: Vec<Tensor>,
@@ -140,7 +154,22 @@ pub struct BatchKv {
     kind: Option<Kind>,
     /// The dtype of the rows pushed (the prefill's), which `row_cache` gives back.
     row_kind: Option<Kind>,
+    /// Per row: the tokens and weights tag it was pushed with (`None`: pushed without them,
+    /// shares nothing), and its source row and shared positions (`(i, 0)`: reads its own).
+    origin: Vec<Option<Origin>>,
+    shared: Vec<(usize, usize)>,
 }
+
+/// What a row's first positions hold: the keys and values of `tokens` under the weights `tag`
+/// names.
+#[derive(Debug, Clone)]
+struct Origin {
+    tokens: std::sync::Arc<Vec<u32>>,
+    tag: u64,
+}
+
+/// The fewest positions worth reading from another row (fewer are read from the row's own).
+pub const MIN_SHARED: usize = 32;
 
 impl BatchKv {
     /// An empty cache storing keys and values in `kind` whatever the weights' dtype (`None`:
@@ -174,8 +203,45 @@ impl BatchKv {
             .map_or((0, 0), |t| (t.size()[0], t.size()[2]))
     }
 
+    /// Add a row holding the prefill `cache` of `tokens` computed by the weights `tag` names
+    /// (a version: rows of other weights never share), reading the positions it shares with a
+    /// source row from that row ([`BatchKv`]); returns its index. The source is the row, itself
+    /// reading its own storage, whose pushed tokens share the longest prefix with `tokens` (at
+    /// least [`MIN_SHARED`]); with none the row is a source for the rows pushed after it.
+    /// `tokens` must be the tokens whose keys and values `cache` holds, in order.
+    pub fn push_shared(
+        &mut self,
+        cache: &KvCache,
+        tokens: std::sync::Arc<Vec<u32>>,
+        tag: u64,
+    ) -> Option<usize> {
+        let i = self.push(cache)?;
+        let len = usize::try_from(self.lens[i]).unwrap_or(0);
+        let best = (0..i)
+            .filter(|&r| self.shared[r].1 == 0)
+            .filter_map(|r| {
+                let o = self.origin[r].as_ref().filter(|o| o.tag == tag)?;
+                let common = o.tokens.iter().zip(tokens.iter());
+                let m = common.take_while(|(a, b)| a == b).count();
+                Some((r, m.min(len).min(o.tokens.len())))
+            })
+            .filter(|&(_, m)| m >= MIN_SHARED)
+            .max_by_key(|&(r, m)| (m, std::cmp::Reverse(r)));
+        if let Some(src) = best {
+            self.shared[i] = src;
+        }
+        self.origin[i] = Some(Origin { tokens, tag });
+        Some(i)
+    }
+
+    /// Per row, the row it reads its shared positions from and how many (`(i, 0)`: none).
+    pub fn shared(&self) -> &[(usize, usize)] {
+        &self.shared
+    }
+
     /// Add a row holding the prefill `cache` (one sequence: [1, kv_heads, T, d] per layer);
-    /// returns its index. An empty cache adds nothing and returns `None`.
+    /// returns its index. An empty cache adds nothing and returns `None`. The row shares
+    /// nothing ([`BatchKv::push_shared`] says what it holds).
     pub fn push(&mut self, cache: &KvCache) -> Option<usize> {
         let first = cache.layers.first()?.k.as_ref()?;
         let len = first.size()[2];
@@ -190,6 +256,8 @@ impl BatchKv {
             self.v[l].get(rows).narrow(1, 0, len).copy_(&v.get(0));
         }
         self.lens.push(len);
+        self.origin.push(None);
+        self.shared.push((rows as usize, 0));
         Some(rows as usize)
     }
 
@@ -217,11 +285,25 @@ impl BatchKv {
         }
     }
 
-    /// Remove row `i`: the last row moves into its place.
+    /// Remove row `i`: the last row moves into its place. Rows that read their shared positions
+    /// from row `i` read them from the one of them sharing the most (which reads its own from
+    /// then on: every row holds its own copy, and the others share with it at least what they
+    /// shared with row `i`).
     pub fn swap_remove(&mut self, i: usize) {
         let last = self.lens.len().saturating_sub(1);
         if i > last || self.lens.is_empty() {
             return;
+        }
+        let heir = (0..self.lens.len())
+            .filter(|&r| r != i && self.shared[r].1 > 0 && self.shared[r].0 == i)
+            .max_by_key(|&r| (self.shared[r].1, std::cmp::Reverse(r)));
+        if let Some(heir) = heir {
+            for r in 0..self.shared.len() {
+                if r != heir && self.shared[r].1 > 0 && self.shared[r].0 == i {
+                    self.shared[r].0 = heir;
+                }
+            }
+            self.shared[heir] = (heir, 0);
         }
         if i != last {
             let n = self.lens[last];
@@ -231,6 +313,14 @@ impl BatchKv {
             }
         }
         self.lens.swap_remove(i);
+        self.origin.swap_remove(i);
+        self.shared.swap_remove(i);
+        // The last row is row i now, for itself and for the rows that read from it.
+        for (r, s) in self.shared.iter_mut().enumerate() {
+            if s.0 == last || s.1 == 0 {
+                s.0 = if s.1 == 0 { r } else { i };
+            }
+        }
     }
 
     /// Room for `rows` rows of `positions` positions, allocated like `like` ([1, kv_heads, T,
@@ -277,9 +367,17 @@ impl BatchKv {
             .collect();
         if !same {
             self.lens.clear();
+            self.origin.clear();
+            self.shared.clear();
         }
         self.k = k;
         self.v = v;
+    }
+
+    /// The positions the next decode round's rows read from a source row's storage rather than
+    /// their own ([`BatchKv::push_shared`]).
+    pub fn shared_positions(&self) -> usize {
+        self.shared.iter().map(|&(_, m)| m).sum()
     }
 
     /// The cached positions the next decode round's attention needs (each row's past plus its
@@ -313,6 +411,7 @@ impl BatchKv {
                 .collect(),
             span: self.lens.iter().copied().max().unwrap_or(0) + 1,
             positions: self.round_positions(),
+            shared: self.shared.clone(),
         }
     }
 
@@ -417,6 +516,89 @@ mod tests {
             "the step's write rounded to bf16: {last}"
         );
         assert!(!last.equal(&new));
+    }
+
+    /// `push_shared` points a row at the earlier row (itself reading its own) whose tokens under
+    /// the same weights share the longest prefix with its own, when that is at least
+    /// `MIN_SHARED`; `swap_remove` keeps every row's source valid through removals of sources,
+    /// dependents and the last row: a source always reads its own, holds the shared positions,
+    /// and holds the same tokens there (checked after every operation of a long random run).
+    #[test]
+    fn rows_read_a_shared_prompt_from_one_source_through_removals() {
+        use std::sync::Arc;
+        let system: Vec<u32> = (0..40).collect();
+        let prompt = |task: u32, extra: u32| -> Arc<Vec<u32>> {
+            let mut t = system.clone();
+            t.extend((0..extra).map(|k| 1000 + task * 100 + k));
+            Arc::new(t)
+        };
+        let row = |n: usize| one_row(Kind::Float, n as i64, 0.5);
+        let mut kv = BatchKv::default();
+        let a = prompt(1, 10);
+        assert_eq!(kv.push_shared(&row(a.len()), a.clone(), 7), Some(0));
+        assert_eq!(kv.push_shared(&row(a.len()), a.clone(), 7), Some(1));
+        let b = prompt(2, 5);
+        assert_eq!(kv.push_shared(&row(b.len()), b.clone(), 7), Some(2));
+        assert_eq!(kv.push_shared(&row(b.len()), b.clone(), 8), Some(3));
+        let short: Arc<Vec<u32>> = Arc::new(system[..MIN_SHARED - 1].to_vec());
+        assert_eq!(kv.push_shared(&row(short.len()), short, 7), Some(4));
+        assert_eq!(kv.push(&row(20)), Some(5));
+        assert_eq!(
+            kv.shared(),
+            &[(0, 0), (0, 50), (0, 40), (3, 0), (4, 0), (5, 0)],
+            "a sibling shares its whole prompt, another task the system prompt; other weights, \
+             fewer than MIN_SHARED tokens and a row pushed without tokens share nothing"
+        );
+        assert_eq!(kv.shared_positions(), 90);
+        // The source leaves: the sibling sharing the most reads its own, the other reads it.
+        kv.swap_remove(0);
+        assert_eq!(kv.lens(), &[20, 50, 45, 45, 31]);
+        assert_eq!(kv.shared(), &[(0, 0), (1, 0), (1, 40), (3, 0), (4, 0)]);
+        let at = kv.begin_step(tch::Device::Cpu, Kind::Float);
+        assert_eq!(at.shared, kv.shared());
+
+        // A long random run of pushes and removals keeps every source valid.
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut kv = BatchKv::default();
+        let mut held: Vec<Arc<Vec<u32>>> = Vec::new();
+        for _ in 0..400 {
+            if held.len() < 12 && next() % 3 != 0 || held.is_empty() {
+                let t = prompt((next() % 4) as u32, (next() % 30) as u32);
+                let t = if next() % 5 == 0 {
+                    Arc::new(t[..(next() % t.len() as u64) as usize + 1].to_vec())
+                } else {
+                    t
+                };
+                kv.push_shared(&row(t.len()), t.clone(), next() % 2)
+                    .unwrap();
+                held.push(t);
+            } else {
+                let i = (next() % held.len() as u64) as usize;
+                held.swap_remove(i);
+                kv.swap_remove(i);
+            }
+            assert_eq!(kv.rows(), held.len());
+            for (i, &(src, m)) in kv.shared().iter().enumerate() {
+                if m == 0 {
+                    assert_eq!(src, i, "a row reading its own names itself");
+                    continue;
+                }
+                assert!(m >= MIN_SHARED && src < kv.rows() && src != i);
+                assert_eq!(kv.shared()[src].1, 0, "a source reads its own");
+                assert!(m as i64 <= kv.lens()[src] && m as i64 <= kv.lens()[i]);
+                let (o, s) = (&kv.origin[i], &kv.origin[src]);
+                let (o, s) = (o.as_ref().unwrap(), s.as_ref().unwrap());
+                assert_eq!(o.tag, s.tag, "the same weights");
+                assert_eq!(o.tokens[..m], s.tokens[..m], "the same tokens");
+                assert_eq!(o.tokens[..], held[i][..], "each row's own tokens");
+            }
+        }
     }
 
     /// Rows cached under f32 weights are converted, not refused, when weights of another dtype

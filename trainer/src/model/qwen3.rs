@@ -758,7 +758,9 @@ impl Qwen3 {
                 DecodeAttention::Masked => false,
                 DecodeAttention::Rows => true,
             })
-            .and_then(|(kc, vc)| super::row_attention::decode_rows(&q, kc, vc, &at.lens));
+            .and_then(|(kc, vc)| {
+                super::row_attention::decode_rows(&q, kc, vc, &at.lens, &at.shared)
+            });
         let y = match own {
             Some(y) => y,
             None => {

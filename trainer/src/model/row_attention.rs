@@ -4,7 +4,10 @@
 //! 3,500 positions in one wave, most of what a short row's attention reads is padding it then
 //! masks away, and a decode round on this hardware is bound by those reads (BENCHMARKS.md,
 //! issue 25 session 41). This kernel walks row i's keys and values `0..lens[i]` straight from
-//! the cache's storage, once for all the query heads that share a key/value head.
+//! the cache's storage, once for all the query heads that share a key/value head. A row whose
+//! first positions repeat another row's prompt (`BatchKv::push_shared`) reads them from that
+//! row's storage, so a prompt every row of a wave holds is read from memory once a layer while it
+//! stays in the core's cache; the rows' own positions are then asked for as read once.
 //!
 //! The decode step uses it where its cost per position read, weighed against libtorch's
 //! (`relative_cost`), makes reading only the rows' own positions cheaper (`StepSlots::rows_pay`):
@@ -171,14 +174,68 @@ struct Shape {
     capacity: usize,
 }
 
+/// One row's cached keys and values as a kernel reads them ([kv_heads, capacity, d] each):
+/// positions `0..m` from `shared_k` and `shared_v`, another row's storage whose first `m`
+/// positions hold the same tokens' keys and values (a prompt the rows share, read once for all
+/// of them while it stays in the core's cache; [`super::BatchKv`] says which), the rest from the
+/// row's own `k` and `v`. With `m = 0` only its own are read.
+#[derive(Clone, Copy)]
+struct RowKv<'a, T> {
+    k: &'a [T],
+    v: &'a [T],
+    shared_k: &'a [T],
+    shared_v: &'a [T],
+    m: usize,
+}
+
+impl<'a, T> RowKv<'a, T> {
+    /// A row read from its own storage alone.
+    fn own(k: &'a [T], v: &'a [T]) -> Self {
+        Self {
+            k,
+            v,
+            shared_k: k,
+            shared_v: v,
+            m: 0,
+        }
+    }
+
+    /// The keys position `t` is read from.
+    #[inline(always)]
+    fn keys(&self, t: usize) -> &'a [T] {
+        if t < self.m { self.shared_k } else { self.k }
+    }
+
+    /// The values position `t` is read from.
+    #[inline(always)]
+    fn values(&self, t: usize) -> &'a [T] {
+        if t < self.m { self.shared_v } else { self.v }
+    }
+
+    /// Ask for the `len` values at `at` of `from` (position `t`'s keys or values): a shared
+    /// position for every cache level, the row's own, which no other row reads, as read once
+    /// (non-temporal) when the row shares a prompt, so they do not push that prompt out before
+    /// the next row reads it.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn prefetch(&self, from: &[T], t: usize, at: usize, len: usize) {
+        let p = from.as_ptr().wrapping_add(at);
+        let bytes = len * std::mem::size_of::<T>();
+        if t < self.m || self.m == 0 {
+            prefetch(p, bytes);
+        } else {
+            prefetch_hint::<{ std::arch::x86_64::_MM_HINT_NTA }, T>(p, bytes);
+        }
+    }
+}
+
 /// Attention of one row's queries (all kv heads) over its first `n` cached positions, into
 /// `out` ([kv_heads, group, d]); `scores` is scratch.
 #[inline(always)]
 fn attend_row<T: Elem>(
     s: Shape,
     q: &[f32],
-    k: &[T],
-    v: &[T],
+    kv: RowKv<'_, T>,
     n: usize,
     out: &mut [f32],
     scores: &mut Vec<f32>,
@@ -192,7 +249,7 @@ fn attend_row<T: Elem>(
         let base = h * s.capacity * d;
         let qh = &q[h * g * d..(h + 1) * g * d];
         for t in 0..n {
-            let kt = &k[base + t * d..base + (t + 1) * d];
+            let kt = &kv.keys(t)[base + t * d..base + (t + 1) * d];
             for j in 0..g {
                 scores[j * n + t] = dot(&qh[j * d..(j + 1) * d], kt) * scale;
             }
@@ -200,7 +257,7 @@ fn attend_row<T: Elem>(
         softmax(&mut scores[..g * n], n);
         let oh = &mut out[h * g * d..(h + 1) * g * d];
         for t in 0..n {
-            let vt = &v[base + t * d..base + (t + 1) * d];
+            let vt = &kv.values(t)[base + t * d..base + (t + 1) * d];
             for j in 0..g {
                 let p = scores[j * n + t];
                 for (o, x) in oh[j * d..(j + 1) * d].iter_mut().zip(vt) {
@@ -222,12 +279,21 @@ const AHEAD: usize = 16;
 #[inline(always)]
 #[allow(unsafe_code)]
 fn prefetch<T>(p: *const T, bytes: usize) {
-    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    prefetch_hint::<{ std::arch::x86_64::_MM_HINT_T0 }, T>(p, bytes);
+}
+
+/// [`prefetch`] with the hint `H` (`_MM_HINT_NTA`: lines read once, kept out of the outer
+/// caches where the CPU can, so they do not push out a shared prompt read again by the next
+/// row).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(unsafe_code)]
+fn prefetch_hint<const H: i32, T>(p: *const T, bytes: usize) {
     let p = p.cast::<i8>();
     let mut o = 0;
     while o < bytes {
         // SAFETY: a prefetch is a hint that never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o)) };
+        unsafe { std::arch::x86_64::_mm_prefetch::<H>(p.wrapping_add(o)) };
         o += 64;
     }
 }
@@ -246,8 +312,9 @@ fn has_avx2_fma() -> bool {
 }
 
 /// Panics unless a SIMD kernel built for heads of `d` with `g` query heads a key/value head
-/// reads and writes only inside the slices it is given: head h's positions 0..n of d values
-/// (products checked, so a wrapped one cannot pass). The kernels' `unsafe` accesses rest on it.
+/// reads and writes only inside the slices it is given: head h's positions 0..n of d values,
+/// in the row's own storage and in the shared one (products checked, so a wrapped one cannot
+/// pass). The kernels' `unsafe` accesses rest on it.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn assert_row_shape<T>(
@@ -256,8 +323,7 @@ fn assert_row_shape<T>(
     g: usize,
     n: usize,
     q: &[f32],
-    k: &[T],
-    v: &[T],
+    kv: RowKv<'_, T>,
     out: &[f32],
 ) {
     let heads = s.kv_heads.checked_mul(g).and_then(|x| x.checked_mul(d));
@@ -270,7 +336,11 @@ fn assert_row_shape<T>(
             && s.group == g
             && n <= s.capacity
             && heads.is_some_and(|m| q.len() >= m && out.len() >= m)
-            && cache.is_some_and(|m| k.len() >= m && v.len() >= m),
+            && cache.is_some_and(|m| {
+                [kv.k, kv.v, kv.shared_k, kv.shared_v]
+                    .iter()
+                    .all(|x| x.len() >= m)
+            }),
         "row kernel shape"
     );
 }
@@ -278,7 +348,9 @@ fn assert_row_shape<T>(
 /// The row kernel written in AVX-512 for the head sizes of 64 and 128 with up to four query heads
 /// a key/value head: a row's queries and its output held in registers for the whole pass over
 /// its positions, a key or value read once as 16-wide vectors (bf16 widened by a shift), one
-/// fused multiply-add per 16 products and one horizontal sum per score. Over 32 rows of 2,048
+/// fused multiply-add per 16 products, and the scores of sixteen positions summed by one shuffle
+/// tree (45 shuffles and adds, where a horizontal sum a score took about 8 each: 1.06-1.1x on a
+/// bf16 cache, BENCHMARKS.md issue 25 session 86). Over 32 rows of 2,048
 /// positions the generic kernel compiled for AVX2 took 2.5-4x libtorch's time (1.1-1.2x less
 /// compiled for AVX-512), mostly in its per-score sums in lane order and its output kept in
 /// memory (BENCHMARKS.md, issue 25 session 79). The cache lines of the key or value `AHEAD`
@@ -290,12 +362,77 @@ fn assert_row_shape<T>(
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx512 {
-    use super::{AHEAD, Elem, Shape, prefetch, softmax};
+    use super::{AHEAD, Elem, RowKv, Shape, softmax};
     use std::arch::x86_64::{
-        __m512, _mm256_loadu_si256, _mm512_castsi512_ps, _mm512_cvtepu16_epi32, _mm512_fmadd_ps,
-        _mm512_loadu_ps, _mm512_mul_ps, _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_setzero_ps,
-        _mm512_slli_epi32, _mm512_storeu_ps,
+        __m512, _mm256_loadu_si256, _mm512_add_ps, _mm512_castsi512_ps, _mm512_cvtepu16_epi32,
+        _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_reduce_add_ps, _mm512_set1_ps,
+        _mm512_setzero_ps, _mm512_shuffle_f32x4, _mm512_shuffle_ps, _mm512_slli_epi32,
+        _mm512_storeu_ps, _mm512_unpackhi_ps, _mm512_unpacklo_ps,
     };
+
+    /// Each query head's products with position `t`'s key, sixteen lanes a head whose sum is
+    /// the score (before the scale); asks for the key `AHEAD` positions on.
+    ///
+    /// # Safety
+    /// `base + t d + d <= kv.keys(t).len()` with `d = 16 C` (what `row` asserts for `t < n`).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn products<T: Elem, const C: usize, const G: usize>(
+        qr: &[[__m512; C]; G],
+        kv: &RowKv<'_, T>,
+        base: usize,
+        t: usize,
+    ) -> [__m512; G] {
+        let d = 16 * C;
+        let ahead = t + AHEAD;
+        kv.prefetch(kv.keys(ahead), ahead, base + ahead * d, d);
+        let k = kv.keys(t);
+        let mut kt = [_mm512_setzero_ps(); C];
+        for (c, x) in kt.iter_mut().enumerate() {
+            // SAFETY: base + t d + 16 c + 16 <= base + t d + d <= k.len() (the caller's
+            // guarantee).
+            *x = unsafe { load(k.as_ptr().add(base + t * d + 16 * c)) };
+        }
+        let mut acc = [_mm512_setzero_ps(); G];
+        for (a, qj) in acc.iter_mut().zip(qr) {
+            *a = _mm512_mul_ps(qj[0], kt[0]);
+            for c in 1..C {
+                *a = _mm512_fmadd_ps(qj[c], kt[c], *a);
+            }
+        }
+        acc
+    }
+
+    /// Summing sixteen vectors at once, so each sum costs a sixteenth of a shuffle tree rather
+    /// than a whole one: `a` and `b` added pairwise within each 128-bit lane, interleaved (lane
+    /// L holds two partial sums of `a`'s and two of `b`'s lane L).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sum2(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+    }
+
+    /// Two [`sum2`] results of vectors a, b and c, d as lane L = [a, b, c, d]'s sums over lane L.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sum4(ab: __m512, cd: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(ab, cd),
+            _mm512_shuffle_ps::<0xEE>(ab, cd),
+        )
+    }
+
+    /// Adjacent 128-bit lanes of `x` and then `y` added: lanes [x0 + x1, x2 + x3, y0 + y1,
+    /// y2 + y3]. Applied to two [`sum4`] results, then to two of its own, it leaves sixteen
+    /// vectors' whole sums in their order.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sum_lanes(x: __m512, y: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(x, y),
+            _mm512_shuffle_f32x4::<0xDD>(x, y),
+        )
+    }
 
     /// Sixteen consecutive values from `p` as f32.
     ///
@@ -320,20 +457,19 @@ mod avx512 {
     pub(super) fn attend_row<T: Elem>(
         s: Shape,
         q: &[f32],
-        k: &[T],
-        v: &[T],
+        kv: RowKv<'_, T>,
         n: usize,
         out: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
         match (s.d, s.group) {
-            (64, 1) => row::<T, 4, 1>(s, q, k, v, n, out, scores),
-            (64, 2) => row::<T, 4, 2>(s, q, k, v, n, out, scores),
-            (64, 4) => row::<T, 4, 4>(s, q, k, v, n, out, scores),
-            (128, 1) => row::<T, 8, 1>(s, q, k, v, n, out, scores),
-            (128, 2) => row::<T, 8, 2>(s, q, k, v, n, out, scores),
-            (128, 4) => row::<T, 8, 4>(s, q, k, v, n, out, scores),
-            _ => super::attend_row(s, q, k, v, n, out, scores),
+            (64, 1) => row::<T, 4, 1>(s, q, kv, n, out, scores),
+            (64, 2) => row::<T, 4, 2>(s, q, kv, n, out, scores),
+            (64, 4) => row::<T, 4, 4>(s, q, kv, n, out, scores),
+            (128, 1) => row::<T, 8, 1>(s, q, kv, n, out, scores),
+            (128, 2) => row::<T, 8, 2>(s, q, kv, n, out, scores),
+            (128, 4) => row::<T, 8, 4>(s, q, kv, n, out, scores),
+            _ => super::attend_row(s, q, kv, n, out, scores),
         }
     }
 
@@ -343,18 +479,15 @@ mod avx512 {
     fn row<T: Elem, const C: usize, const G: usize>(
         s: Shape,
         q: &[f32],
-        k: &[T],
-        v: &[T],
+        kv: RowKv<'_, T>,
         n: usize,
         out: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
         let d = 16 * C;
         // Every read and write below stays inside the slices (asserted).
-        super::assert_row_shape(s, d, G, n, q, k, v, out);
+        super::assert_row_shape(s, d, G, n, q, kv, out);
         let scale = 1.0 / (d as f32).sqrt();
-        // One position's key or value, in bytes (what a prefetch asks for).
-        let pos_bytes = d * std::mem::size_of::<T>();
         scores.clear();
         scores.resize(G * n, 0.0);
         for h in 0..s.kv_heads {
@@ -366,26 +499,58 @@ mod avx512 {
                     *x = unsafe { _mm512_loadu_ps(q.as_ptr().add((h * G + j) * d + 16 * c)) };
                 }
             }
-            for t in 0..n {
-                prefetch(k.as_ptr().wrapping_add(base + (t + AHEAD) * d), pos_bytes);
-                let mut kt = [_mm512_setzero_ps(); C];
-                for (c, x) in kt.iter_mut().enumerate() {
-                    // SAFETY: base + t d + 16 c + 16 <= (h + 1) capacity d <= k.len(), as t < n
-                    // <= capacity (asserted).
-                    *x = unsafe { load(k.as_ptr().add(base + t * d + 16 * c)) };
-                }
-                for (j, qj) in qr.iter().enumerate() {
-                    let mut acc = _mm512_mul_ps(qj[0], kt[0]);
-                    for c in 1..C {
-                        acc = _mm512_fmadd_ps(qj[c], kt[c], acc);
+            // Scores sixteen positions at a time, summed by one shuffle tree; the rest one at a
+            // time.
+            let scale16 = _mm512_set1_ps(scale);
+            let whole = n / 16 * 16;
+            for t0 in (0..whole).step_by(16) {
+                let zero = [_mm512_setzero_ps(); G];
+                let (mut l1, mut l2, mut l3) = (zero, zero, zero);
+                for pair in 0..8 {
+                    let t = t0 + 2 * pair;
+                    // SAFETY: t + 1 < n <= capacity, so base + (t + 1) d + d <= (h + 1)
+                    // capacity d <= both keys' lengths (asserted).
+                    let (a, b) = unsafe {
+                        (
+                            products::<T, C, G>(&qr, &kv, base, t),
+                            products::<T, C, G>(&qr, &kv, base, t + 1),
+                        )
+                    };
+                    for j in 0..G {
+                        let w = sum2(a[j], b[j]);
+                        if pair % 2 == 0 {
+                            l1[j] = w;
+                            continue;
+                        }
+                        let x = sum4(l1[j], w);
+                        if pair % 4 == 1 {
+                            l2[j] = x;
+                            continue;
+                        }
+                        let y = sum_lanes(l2[j], x);
+                        if pair == 3 {
+                            l3[j] = y;
+                            continue;
+                        }
+                        let z = _mm512_mul_ps(sum_lanes(l3[j], y), scale16);
+                        // SAFETY: j n + t0 + 16 <= j n + n <= G n = scores.len().
+                        unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(j * n + t0), z) };
                     }
-                    scores[j * n + t] = _mm512_reduce_add_ps(acc) * scale;
+                }
+            }
+            for t in whole..n {
+                // SAFETY: t < n <= capacity, as above.
+                let acc = unsafe { products::<T, C, G>(&qr, &kv, base, t) };
+                for (j, a) in acc.iter().enumerate() {
+                    scores[j * n + t] = _mm512_reduce_add_ps(*a) * scale;
                 }
             }
             softmax(&mut scores[..G * n], n);
             let mut o = [[_mm512_setzero_ps(); C]; G];
             for t in 0..n {
-                prefetch(v.as_ptr().wrapping_add(base + (t + AHEAD) * d), pos_bytes);
+                let ahead = t + AHEAD;
+                kv.prefetch(kv.values(ahead), ahead, base + ahead * d, d);
+                let v = kv.values(t);
                 let mut vt = [_mm512_setzero_ps(); C];
                 for (c, x) in vt.iter_mut().enumerate() {
                     // SAFETY: as for the keys.
@@ -421,7 +586,7 @@ mod avx512 {
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx2 {
-    use super::{AHEAD, Elem, Shape, prefetch, softmax};
+    use super::{AHEAD, Elem, RowKv, Shape, softmax};
     use std::arch::x86_64::{
         __m256, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_loadu_si128, _mm_movehdup_ps,
         _mm_movehl_ps, _mm256_add_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
@@ -461,20 +626,19 @@ mod avx2 {
     pub(super) fn attend_row<T: Elem>(
         s: Shape,
         q: &[f32],
-        k: &[T],
-        v: &[T],
+        kv: RowKv<'_, T>,
         n: usize,
         out: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
         match (s.d, s.group) {
-            (64, 1) => row::<T, 8, 1, 8>(s, q, k, v, n, out, scores),
-            (64, 2) => row::<T, 8, 2, 4>(s, q, k, v, n, out, scores),
-            (64, 4) => row::<T, 8, 4, 2>(s, q, k, v, n, out, scores),
-            (128, 1) => row::<T, 16, 1, 8>(s, q, k, v, n, out, scores),
-            (128, 2) => row::<T, 16, 2, 4>(s, q, k, v, n, out, scores),
-            (128, 4) => row::<T, 16, 4, 2>(s, q, k, v, n, out, scores),
-            _ => super::attend_row(s, q, k, v, n, out, scores),
+            (64, 1) => row::<T, 8, 1, 8>(s, q, kv, n, out, scores),
+            (64, 2) => row::<T, 8, 2, 4>(s, q, kv, n, out, scores),
+            (64, 4) => row::<T, 8, 4, 2>(s, q, kv, n, out, scores),
+            (128, 1) => row::<T, 16, 1, 8>(s, q, kv, n, out, scores),
+            (128, 2) => row::<T, 16, 2, 4>(s, q, kv, n, out, scores),
+            (128, 4) => row::<T, 16, 4, 2>(s, q, kv, n, out, scores),
+            _ => super::attend_row(s, q, kv, n, out, scores),
         }
     }
 
@@ -485,18 +649,16 @@ mod avx2 {
     fn row<T: Elem, const C: usize, const G: usize, const B: usize>(
         s: Shape,
         q: &[f32],
-        k: &[T],
-        v: &[T],
+        kv: RowKv<'_, T>,
         n: usize,
         out: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
         let d = 8 * C;
         // Every read and write below stays inside the slices (asserted).
-        super::assert_row_shape(s, d, G, n, q, k, v, out);
+        super::assert_row_shape(s, d, G, n, q, kv, out);
         assert!(C.is_multiple_of(B), "row kernel shape");
         let scale = 1.0 / (d as f32).sqrt();
-        let size = std::mem::size_of::<T>();
         scores.clear();
         scores.resize(G * n, 0.0);
         for h in 0..s.kv_heads {
@@ -509,11 +671,13 @@ mod avx2 {
                 }
             }
             for t in 0..n {
-                prefetch(k.as_ptr().wrapping_add(base + (t + AHEAD) * d), d * size);
+                let ahead = t + AHEAD;
+                kv.prefetch(kv.keys(ahead), ahead, base + ahead * d, d);
+                let k = kv.keys(t);
                 let mut acc = [[_mm256_setzero_ps(); 2]; G];
                 for c in 0..C {
                     // SAFETY: base + t d + 8 c + 8 <= (h + 1) capacity d <= k.len(), as t < n
-                    // <= capacity (asserted).
+                    // <= capacity (asserted for both the own and the shared keys).
                     let kc = unsafe { load(k.as_ptr().add(base + t * d + 8 * c)) };
                     for j in 0..G {
                         acc[j][c % 2] = _mm256_fmadd_ps(qr[j][c], kc, acc[j][c % 2]);
@@ -528,7 +692,8 @@ mod avx2 {
                 let mut o = [[_mm256_setzero_ps(); B]; G];
                 for t in 0..n {
                     let at = base + t * d + 8 * b;
-                    prefetch(v.as_ptr().wrapping_add(at + AHEAD * d), 8 * B * size);
+                    kv.prefetch(kv.values(t + AHEAD), t + AHEAD, at + AHEAD * d, 8 * B);
+                    let v = kv.values(t);
                     let mut vt = [_mm256_setzero_ps(); B];
                     for (c, x) in vt.iter_mut().enumerate() {
                         // SAFETY: at + 8 c + 8 <= base + t d + 8 C <= (h + 1) capacity d <=
@@ -559,13 +724,16 @@ mod avx2 {
     }
 }
 
-/// One call's inputs: the queries and whole caches as slices, and each row's length.
+/// One call's inputs: the queries and whole caches as slices, each row's length, and where
+/// each row reads its shared positions (`shared[i] = (row r, m)`: positions `0..m` from row r's
+/// storage; empty: every row reads its own).
 struct Call<'a, T> {
     s: Shape,
     q: &'a [f32],
     k: &'a [T],
     v: &'a [T],
     lens: &'a [usize],
+    shared: &'a [(usize, usize)],
 }
 
 impl<T: Elem> Call<'_, T> {
@@ -582,19 +750,32 @@ impl<T: Elem> Call<'_, T> {
         &self,
         first: usize,
         out: &mut [f32],
-        mut row: impl FnMut(Shape, &[f32], &[T], &[T], usize, &mut [f32], &mut Vec<f32>),
+        mut row: impl FnMut(Shape, &[f32], RowKv<'_, T>, usize, &mut [f32], &mut Vec<f32>),
     ) {
         let s = self.s;
         let q_row = s.kv_heads * s.group * s.d;
         let c_row = s.kv_heads * s.capacity * s.d;
+        let cache = |i: usize| {
+            (
+                &self.k[i * c_row..(i + 1) * c_row],
+                &self.v[i * c_row..(i + 1) * c_row],
+            )
+        };
         let mut scores = Vec::new();
         for (r, o) in out.chunks_exact_mut(q_row).enumerate() {
             let i = first + r;
+            let (k, v) = cache(i);
+            let mut kv = RowKv::own(k, v);
+            if let Some(&(src, m)) = self.shared.get(i)
+                && m > 0
+            {
+                (kv.shared_k, kv.shared_v) = cache(src);
+                kv.m = m;
+            }
             row(
                 s,
                 &self.q[i * q_row..(i + 1) * q_row],
-                &self.k[i * c_row..(i + 1) * c_row],
-                &self.v[i * c_row..(i + 1) * c_row],
+                kv,
                 self.lens[i],
                 o,
                 &mut scores,
@@ -614,8 +795,8 @@ impl<T: Elem> Call<'_, T> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     fn block_avx512(&self, first: usize, out: &mut [f32]) {
-        self.block_with(first, out, |s, q, k, v, n, o, scores| {
-            avx512::attend_row(s, q, k, v, n, o, scores)
+        self.block_with(first, out, |s, q, kv, n, o, scores| {
+            avx512::attend_row(s, q, kv, n, o, scores)
         });
     }
 
@@ -624,8 +805,8 @@ impl<T: Elem> Call<'_, T> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     fn block_avx2fma(&self, first: usize, out: &mut [f32]) {
-        self.block_with(first, out, |s, q, k, v, n, o, scores| {
-            avx2::attend_row(s, q, k, v, n, o, scores)
+        self.block_with(first, out, |s, q, kv, n, o, scores| {
+            avx2::attend_row(s, q, kv, n, o, scores)
         });
     }
 
@@ -698,10 +879,23 @@ pub fn relative_cost(kind: Kind, d: usize, group: usize) -> (usize, usize) {
 /// caches `k` and `v` ([capacity_rows, kv_heads, capacity, d], whole allocations). Returns
 /// [rows, kv_heads, group, d] in `q`'s dtype, or `None` when `q` and the caches are not
 /// contiguous CPU f32 or bf16 (the caches of one dtype; `q` of either, so f32 queries read a
-/// bf16 cache) or the shapes disagree (the caller then uses libtorch's kernel). Rows are split over `tch::get_num_threads()` threads.
-pub fn decode_rows(q: &Tensor, k: &Tensor, v: &Tensor, lens: &[usize]) -> Option<Tensor> {
+/// bf16 cache) or the shapes disagree (the caller then uses libtorch's kernel). Rows are split
+/// over `tch::get_num_threads()` threads.
+///
+/// `shared[i] = (r, m)` (one per row, or none at all) says that row i's first `m` positions
+/// hold the same keys and values as row r's, which the row then reads from row r's storage: a
+/// prompt shared by many rows is read from memory once a layer while it stays in the core's
+/// cache, instead of once a row (`BatchKv`'s shared prompts). Row r must hold `m` positions; a
+/// row that names no source or `m = 0` reads its own.
+pub fn decode_rows(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    lens: &[usize],
+    shared: &[(usize, usize)],
+) -> Option<Tensor> {
     let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1);
-    decode_rows_on(q, k, v, lens, threads)
+    decode_rows_on(q, k, v, lens, shared, threads)
 }
 
 /// [`decode_rows`] on at most `threads` threads.
@@ -710,6 +904,7 @@ fn decode_rows_on(
     k: &Tensor,
     v: &Tensor,
     lens: &[usize],
+    shared: &[(usize, usize)],
     threads: usize,
 ) -> Option<Tensor> {
     let (qs, ks) = (q.size(), k.size());
@@ -731,6 +926,10 @@ fn decode_rows_on(
         || kd[1] != s.kv_heads
         || kd[3] != s.d
         || lens.iter().any(|&n| n == 0 || n > s.capacity)
+        || !(shared.is_empty() || shared.len() == rows)
+        || shared
+            .iter()
+            .any(|&(r, m)| m > 0 && lens.get(r).is_none_or(|&n| m > n))
     {
         return None;
     }
@@ -752,11 +951,11 @@ fn decode_rows_on(
     let out = if k.kind() == Kind::BFloat16 {
         // SAFETY: as above.
         let (kv, vv) = unsafe { (host::<u16>(k)?, host::<u16>(v)?) };
-        attend(s, qv, kv, vv, lens, threads)
+        attend(s, qv, kv, vv, lens, shared, threads)
     } else {
         // SAFETY: as above.
         let (kv, vv) = unsafe { (host::<f32>(k)?, host::<f32>(v)?) };
-        attend(s, qv, kv, vv, lens, threads)
+        attend(s, qv, kv, vv, lens, shared, threads)
     };
     let y = Tensor::from_slice(&out).view([qs[0], qs[1], qs[2], qs[3]]);
     Some(if q.kind() == Kind::Float {
@@ -774,6 +973,7 @@ fn attend<T: Elem>(
     kv: &[T],
     vv: &[T],
     lens: &[usize],
+    shared: &[(usize, usize)],
     threads: usize,
 ) -> Vec<f32> {
     let rows = lens.len();
@@ -785,6 +985,7 @@ fn attend<T: Elem>(
         k: kv,
         v: vv,
         lens,
+        shared,
     };
     let work = |first: usize, chunk: &mut [f32]| call.block_best(first, chunk);
     let threads = threads.clamp(1, rows.max(1));
@@ -850,7 +1051,7 @@ mod tests {
         let q = Tensor::randn([rows, kvh, g, d], (Kind::Float, Device::Cpu));
         let lens = [1_usize, 7, 40, 13, 2];
         for threads in [1, 2, 3] {
-            let got = decode_rows_on(&q, &k, &v, &lens, threads).unwrap();
+            let got = decode_rows_on(&q, &k, &v, &lens, &[], threads).unwrap();
             for (i, &n) in lens.iter().enumerate() {
                 let i = i as i64;
                 let n = n as i64;
@@ -860,6 +1061,75 @@ mod tests {
                     diff < 1e-5,
                     "row {i} ({n} positions), {threads} threads: {diff}"
                 );
+            }
+        }
+    }
+
+    /// A row that names a source reads its first `m` positions from the source row's storage
+    /// and the rest from its own: the kernel equals SDPA over the row's own cache with those
+    /// positions replaced by the source's (its own copy of them is overwritten with other
+    /// values here, so reading it would show), on one to three threads, f32 and bf16 caches,
+    /// shapes the SIMD kernels take and one only the generic kernel takes. Bad sources (a row
+    /// past the batch, more positions than the source holds, a source per row missing) are
+    /// refused, leaving libtorch's kernel.
+    #[test]
+    fn rows_read_their_shared_positions_from_the_source_row() {
+        let _rng = crate::model::rng_lock();
+        tch::manual_seed(8);
+        let (rows, kvh, cap) = (5_i64, 2_i64, 60_i64);
+        let lens = [50_usize, 41, 60, 7, 33];
+        // Row 1 and row 2 read from row 0, row 4 from row 2 (a source's source is its own
+        // storage: only row 2's own positions are read), row 3 alone.
+        let shared = [(0, 0), (0, 40), (0, 50), (3, 0), (2, 30)];
+        for (d, g) in [(64_i64, 2_i64), (16, 3)] {
+            for kind in [Kind::Float, Kind::BFloat16] {
+                let o = (kind, Device::Cpu);
+                let k = Tensor::randn([rows + 1, kvh, cap, d], o);
+                let v = Tensor::randn([rows + 1, kvh, cap, d], o);
+                let q = Tensor::randn([rows, kvh, g, d], o);
+                // What each row must read: its own storage with the shared positions taken
+                // from its source.
+                let (want_k, want_v) = (k.copy(), v.copy());
+                for (i, &(r, m)) in shared.iter().enumerate() {
+                    let m = m as i64;
+                    for (want, t) in [(&want_k, &k), (&want_v, &v)] {
+                        want.get(i as i64)
+                            .narrow(1, 0, m)
+                            .copy_(&t.get(r as i64).narrow(1, 0, m));
+                    }
+                }
+                for threads in [1, 2, 3] {
+                    let got = decode_rows_on(&q, &k, &v, &lens, &shared, threads)
+                        .unwrap()
+                        .to_kind(Kind::Float);
+                    for (i, &n) in lens.iter().enumerate() {
+                        let (i, n) = (i as i64, n as i64);
+                        let want = sdpa_row(&q, &want_k, &want_v, i, n);
+                        let diff = (got.narrow(0, i, 1) - &want).abs().max().double_value(&[]);
+                        let tol = if kind == Kind::Float {
+                            1e-5
+                        } else {
+                            want.abs().max().double_value(&[]).max(1.0) / 128.0
+                        };
+                        assert!(
+                            diff <= tol,
+                            "d {d}, {kind:?}, row {i}, {threads} threads: {diff}"
+                        );
+                        if shared[i as usize].1 > 0 {
+                            let own = sdpa_row(&q, &k, &v, i, n);
+                            let apart = (got.narrow(0, i, 1) - own).abs().max().double_value(&[]);
+                            assert!(apart > 10.0 * tol, "row {i} read its own copy: {apart}");
+                        }
+                    }
+                }
+                let refused =
+                    |bad: &[(usize, usize)]| decode_rows_on(&q, &k, &v, &lens, bad, 1).is_none();
+                assert!(
+                    refused(&[(0, 0), (5, 3), (0, 0), (0, 0), (0, 0)]),
+                    "row past"
+                );
+                assert!(refused(&[(0, 0), (3, 8), (0, 0), (0, 0), (0, 0)]), "8 of 7");
+                assert!(refused(&[(0, 0), (0, 4)]), "a source per row");
             }
         }
     }
@@ -884,7 +1154,7 @@ mod tests {
         let q32 = q.to_kind(Kind::Float) * 1.01;
         for (q, tolerance) in [(&q, 1.0 / 128.0), (&q32, 1e-5)] {
             for threads in [1, 2] {
-                let got = decode_rows_on(q, &k, &v, &lens, threads).unwrap();
+                let got = decode_rows_on(q, &k, &v, &lens, &[], threads).unwrap();
                 assert_eq!(got.kind(), q.kind());
                 for (i, &n) in lens.iter().enumerate() {
                     let (i, n) = (i as i64, n as i64);
@@ -901,7 +1171,7 @@ mod tests {
             }
         }
         // Keys and values of two dtypes are libtorch's.
-        assert!(decode_rows(&q, &k.to_kind(Kind::Float), &v, &[1, 1, 1, 1]).is_none());
+        assert!(decode_rows(&q, &k.to_kind(Kind::Float), &v, &[1, 1, 1, 1], &[]).is_none());
     }
 
     /// The SIMD kernels (AVX-512, and AVX2 with FMA, each where this CPU has it) over every shape
@@ -926,7 +1196,7 @@ mod tests {
                 let k = Tensor::randn([rows + 1, kvh, cap, d], o);
                 let v = Tensor::randn([rows + 1, kvh, cap, d], o);
                 let q = Tensor::randn([rows, kvh, g, d], o);
-                let got = decode_rows_on(&q, &k, &v, &lens, 1)
+                let got = decode_rows_on(&q, &k, &v, &lens, &[], 1)
                     .unwrap()
                     .to_kind(Kind::Float);
                 for (i, &n) in lens.iter().enumerate() {
@@ -976,27 +1246,28 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     fn simd_same_as_generic<T: Elem>(s: Shape, q: &[f32], k: &[T], v: &[T], lens: &[usize]) {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            same_as_generic(s, q, k, v, lens, "avx512", |s, q, k, v, n, o, scratch| {
+            same_as_generic(s, q, k, v, lens, "avx512", |s, q, kv, n, o, scratch| {
                 // SAFETY: this CPU has AVX-512F (checked just above).
                 #[allow(unsafe_code)]
                 unsafe {
-                    avx512::attend_row(s, q, k, v, n, o, scratch)
+                    avx512::attend_row(s, q, kv, n, o, scratch)
                 }
             });
         }
         if has_avx2_fma() {
-            same_as_generic(s, q, k, v, lens, "avx2", |s, q, k, v, n, o, scratch| {
+            same_as_generic(s, q, k, v, lens, "avx2", |s, q, kv, n, o, scratch| {
                 // SAFETY: this CPU has AVX2 and FMA (checked just above).
                 #[allow(unsafe_code)]
                 unsafe {
-                    avx2::attend_row(s, q, k, v, n, o, scratch)
+                    avx2::attend_row(s, q, kv, n, o, scratch)
                 }
             });
         }
     }
 
     /// A SIMD kernel's rows (`kernel`, with [`attend_row`]'s arguments) equal the generic
-    /// kernel's.
+    /// kernel's, each row read from its own storage alone and again with its first positions
+    /// from the next row's (all but its last shared position where both rows have them).
     #[cfg(target_arch = "x86_64")]
     fn same_as_generic<T: Elem>(
         s: Shape,
@@ -1005,32 +1276,46 @@ mod tests {
         v: &[T],
         lens: &[usize],
         name: &str,
-        mut kernel: impl FnMut(Shape, &[f32], &[T], &[T], usize, &mut [f32], &mut Vec<f32>),
+        mut kernel: impl FnMut(Shape, &[f32], RowKv<'_, T>, usize, &mut [f32], &mut Vec<f32>),
     ) {
         let q_row = s.kv_heads * s.group * s.d;
         let c_row = s.kv_heads * s.capacity * s.d;
+        let cache = |i: usize| {
+            (
+                &k[i * c_row..(i + 1) * c_row],
+                &v[i * c_row..(i + 1) * c_row],
+            )
+        };
         let mut scratch = Vec::new();
         let (mut a, mut b) = (vec![0f32; q_row], vec![0f32; q_row]);
         for (i, &n) in lens.iter().enumerate() {
             let qi = &q[i * q_row..(i + 1) * q_row];
-            let (ki, vi) = (
-                &k[i * c_row..(i + 1) * c_row],
-                &v[i * c_row..(i + 1) * c_row],
-            );
-            attend_row(s, qi, ki, vi, n, &mut a, &mut scratch);
-            b.fill(f32::NAN);
-            kernel(s, qi, ki, vi, n, &mut b, &mut scratch);
-            let diff = a
-                .iter()
-                .zip(&b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0f32, |m, x| if x > m || x.is_nan() { x } else { m });
-            assert!(
-                diff < 1e-5,
-                "{name}: d {}, group {}, row {i}: {diff}",
-                s.d,
-                s.group
-            );
+            let (ki, vi) = cache(i);
+            let src = (i + 1) % lens.len();
+            let (sk, sv) = cache(src);
+            let shared = RowKv {
+                shared_k: sk,
+                shared_v: sv,
+                m: n.min(lens[src]).saturating_sub(1),
+                ..RowKv::own(ki, vi)
+            };
+            for kv in [RowKv::own(ki, vi), shared] {
+                attend_row(s, qi, kv, n, &mut a, &mut scratch);
+                b.fill(f32::NAN);
+                kernel(s, qi, kv, n, &mut b, &mut scratch);
+                let diff = a
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, |m, x| if x > m || x.is_nan() { x } else { m });
+                assert!(
+                    diff < 1e-5,
+                    "{name}: d {}, group {}, row {i}, {} shared: {diff}",
+                    s.d,
+                    s.group,
+                    kv.m
+                );
+            }
         }
     }
 
@@ -1061,8 +1346,9 @@ mod tests {
     }
 
     /// Milliseconds per call over 32 rows of 2,048 positions (one layer of the smoke model's
-    /// shape), f32 and bf16, one thread: `cargo test --release -p trainer --lib row_attention
-    /// -- --ignored --nocapture`.
+    /// shape), f32 and bf16, one thread, each row reading its own positions, and again with the
+    /// first 760 of rows 1-31 read from row 0 (a `guided` prompt, BENCHMARKS.md issue 25 session
+    /// 85): `cargo test --release -p trainer --lib row_attention -- --ignored --nocapture`.
     #[test]
     #[ignore = "a timing, not a check"]
     fn timing() {
@@ -1073,12 +1359,27 @@ mod tests {
             let v = Tensor::randn([rows, kvh, cap, d], (kind, Device::Cpu));
             let q = Tensor::randn([rows, kvh, g, d], (kind, Device::Cpu));
             let lens = vec![2048_usize; 32];
-            let _ = decode_rows_on(&q, &k, &v, &lens, 1).unwrap();
-            let t0 = std::time::Instant::now();
-            for _ in 0..20 {
-                let _ = decode_rows_on(&q, &k, &v, &lens, 1).unwrap();
+            let prompt: Vec<(usize, usize)> = (0..32)
+                .map(|i| if i == 0 { (0, 0) } else { (0, 760) })
+                .collect();
+            // Blocks of 10 calls, the two ways alternating; the median block of 9 each.
+            let block = |shared: &[(usize, usize)]| {
+                let t0 = std::time::Instant::now();
+                for _ in 0..10 {
+                    let _ = decode_rows_on(&q, &k, &v, &lens, shared, 1).unwrap();
+                }
+                t0.elapsed().as_secs_f64() * 1e3 / 10.0
+            };
+            let (mut own, mut one) = (Vec::new(), Vec::new());
+            for _ in 0..9 {
+                own.push(block(&[]));
+                one.push(block(&prompt));
             }
-            let ms = t0.elapsed().as_secs_f64() * 1e3 / 20.0;
+            let median = |mut x: Vec<f64>| {
+                x.sort_by(f64::total_cmp);
+                x[x.len() / 2]
+            };
+            let (ms, from_one) = (median(own), median(one));
             let t0 = std::time::Instant::now();
             for _ in 0..20 {
                 let _ = Tensor::scaled_dot_product_attention(
@@ -1093,7 +1394,11 @@ mod tests {
                 );
             }
             let sdpa = t0.elapsed().as_secs_f64() * 1e3 / 20.0;
-            println!("{kind:?}: rows {ms:.2} ms, sdpa {sdpa:.2} ms");
+            println!(
+                "{kind:?}: rows {ms:.2} ms, rows sharing a 760-position prompt {from_one:.2} ms \
+                 ({:.2}x), sdpa {sdpa:.2} ms",
+                ms / from_one
+            );
         }
     }
 
@@ -1122,30 +1427,36 @@ mod tests {
     fn anything_but_contiguous_cpu_f32_or_bf16_is_left_to_libtorch() {
         let k = Tensor::zeros([2, 1, 8, 4], (Kind::Float, Device::Cpu));
         let q = Tensor::zeros([2, 1, 1, 4], (Kind::Float, Device::Cpu));
-        assert!(decode_rows(&q.to_kind(Kind::Half), &k, &k, &[1, 1]).is_none());
+        assert!(decode_rows(&q.to_kind(Kind::Half), &k, &k, &[1, 1], &[]).is_none());
         let kh = k.to_kind(Kind::Half);
-        assert!(decode_rows(&q, &kh, &kh, &[1, 1]).is_none(), "an f16 cache");
+        assert!(
+            decode_rows(&q, &kh, &kh, &[1, 1], &[]).is_none(),
+            "an f16 cache"
+        );
         let kb = k.to_kind(Kind::BFloat16);
         assert!(
-            decode_rows(&q, &kb, &k, &[1, 1]).is_none(),
+            decode_rows(&q, &kb, &k, &[1, 1], &[]).is_none(),
             "keys and values apart"
         );
         let strided = k.transpose(2, 3).contiguous().transpose(2, 3);
         assert_eq!(strided.size(), k.size());
         assert!(
-            decode_rows(&q, &strided, &k, &[1, 1]).is_none(),
+            decode_rows(&q, &strided, &k, &[1, 1], &[]).is_none(),
             "not contiguous"
         );
         let q_grad = q.copy().set_requires_grad(true);
         assert!(
-            decode_rows(&q_grad, &k, &k, &[1, 1]).is_none(),
+            decode_rows(&q_grad, &k, &k, &[1, 1], &[]).is_none(),
             "records gradients"
         );
         assert!(
-            decode_rows(&q, &k, &k, &[1, 9]).is_none(),
+            decode_rows(&q, &k, &k, &[1, 9], &[]).is_none(),
             "a length past the capacity"
         );
-        assert!(decode_rows(&q, &k, &k, &[1]).is_none(), "a length per row");
-        assert!(decode_rows(&q, &k, &k, &[1, 8]).is_some());
+        assert!(
+            decode_rows(&q, &k, &k, &[1], &[]).is_none(),
+            "a length per row"
+        );
+        assert!(decode_rows(&q, &k, &k, &[1, 8], &[]).is_some());
     }
 }

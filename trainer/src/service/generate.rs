@@ -131,6 +131,9 @@ pub struct GenStats {
     /// length), and what a masked view of every row up to the longest spans (rows x span).
     pub decode_positions: std::sync::atomic::AtomicU64,
     pub decode_span_positions: std::sync::atomic::AtomicU64,
+    /// Of `decode_positions`, those a row reads from another row's storage when the row kernel
+    /// runs (a prompt the rows share, `BatchKv::push_shared`).
+    pub decode_shared_positions: std::sync::atomic::AtomicU64,
 }
 
 /// Finished sequences' keys and values, kept for requests that extend them: a rollout's next
@@ -392,8 +395,9 @@ pub fn run_worker(
                     // Samples of one request share the prompt's prefill: each gets a row of the
                     // batch cache holding a copy of it (a prefill of at least one token always
                     // gives a row; were rows and sequences ever to disagree, the next decode
-                    // step refuses and fails the round).
-                    let _ = kv.push(&cache);
+                    // step refuses and fails the round). The rows read the prompt they share
+                    // with earlier rows of these weights from one of them.
+                    let _ = kv.push_shared(&cache, shared.clone(), epoch);
                     seqs.push(Seq {
                         job: id,
                         sample: s,
@@ -460,6 +464,7 @@ pub fn run_worker(
         // What this round's attention needs (each row's past plus its new token) and what a
         // masked view of every row spans; counted when the round succeeds.
         let (own, spanned) = kv.round_positions();
+        let from_shared = kv.shared_positions();
         let mut t0 = std::time::Instant::now();
         let rows = match policy.lock() {
             Ok(p) => guarded("decode step", || {
@@ -492,6 +497,9 @@ pub fn run_worker(
                 stats
                     .decode_span_positions
                     .fetch_add(spanned as u64, Relaxed);
+                stats
+                    .decode_shared_positions
+                    .fetch_add(from_shared as u64, Relaxed);
                 for (j, s) in seqs.iter_mut().enumerate() {
                     s.next = flat
                         .get(j * v..(j + 1) * v)
@@ -691,6 +699,26 @@ mod tests {
         prefix_cache_tokens: usize,
         kv_cache: Option<Kind>,
     ) -> (Vec<Sample>, u64) {
+        let (samples, stats) = serve_queued_with(
+            jobs,
+            prefix_cache_tokens,
+            crate::model::DecodeOptions {
+                attention: crate::model::DecodeAttention::Masked,
+                kv_cache,
+            },
+        );
+        let hits = stats
+            .prefix_hit_tokens
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (samples, hits)
+    }
+
+    /// [`serve_queued`] with the decode options given: the samples and the worker's counters.
+    fn serve_queued_with(
+        jobs: &[Vec<u32>],
+        prefix_cache_tokens: usize,
+        decode: crate::model::DecodeOptions,
+    ) -> (Vec<Sample>, Arc<GenStats>) {
         let dir = tempfile::tempdir().unwrap();
         let corpus = dir.path().join("corpus.jsonl");
         let lines: Vec<String> = (0..50)
@@ -703,7 +731,7 @@ mod tests {
         let cfg: crate::model::Qwen3Config = serde_json::from_value(serde_json::json!({
             "vocab_size": 64, "hidden_size": 16, "intermediate_size": 24,
             "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-            "head_dim": 8, "max_position_embeddings": 64, "tie_word_embeddings": true
+            "head_dim": 8, "max_position_embeddings": 96, "tie_word_embeddings": true
         }))
         .unwrap();
         let model =
@@ -752,21 +780,13 @@ mod tests {
             stats.clone(),
             rx,
             prefix_cache_tokens,
-            crate::model::DecodeOptions {
-                attention: crate::model::DecodeAttention::Masked,
-                kv_cache,
-            },
+            decode,
         );
         let samples = replies
             .into_iter()
             .map(|r| r.blocking_recv().unwrap().unwrap().remove(0))
             .collect();
-        (
-            samples,
-            stats
-                .prefix_hit_tokens
-                .load(std::sync::atomic::Ordering::Relaxed),
-        )
+        (samples, stats)
     }
 
     /// Requests admitted in one wave reuse the prefill of those before them: a second request
@@ -790,6 +810,38 @@ mod tests {
             }
         }
         assert_eq!(cached[0].token_ids, cached[1].token_ids);
+    }
+
+    /// The rows of a wave that share a prompt read it from one row (`BatchKv::push_shared`): a
+    /// second request of a 50-token prompt its 50 positions, one sharing a 40-token head those
+    /// 40, every decode round; and the worker answers as with libtorch's kernel over each row's
+    /// own copy (the same tokens, log-probs within 1e-4).
+    #[test]
+    fn rows_sharing_a_prompt_read_it_from_one_row_and_answer_as_apart() {
+        let prompt: Vec<u32> = (0..50).map(|k| (k * 7 % 60 + 3) as u32).collect();
+        let mut other = prompt[..40].to_vec();
+        other.extend((0..8).map(|k| (k * 11 % 60 + 2) as u32));
+        assert_ne!(other[40], prompt[40]);
+        let jobs = [prompt.clone(), prompt, other];
+        let with = |attention| crate::model::DecodeOptions {
+            attention,
+            kv_cache: None,
+        };
+        let (shared, stats) =
+            serve_queued_with(&jobs, 1_000, with(crate::model::DecodeAttention::Rows));
+        let (apart, _) =
+            serve_queued_with(&jobs, 1_000, with(crate::model::DecodeAttention::Masked));
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let rounds = load(&stats.decode_rounds);
+        assert!(rounds >= 5, "{rounds} rounds");
+        // Every round the wave is whole: the second row reads 50 shared positions, the third 40.
+        assert_eq!(load(&stats.decode_shared_positions), 90 * rounds);
+        for (a, b) in shared.iter().zip(&apart) {
+            assert_eq!(a.token_ids, b.token_ids);
+            for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+            }
+        }
     }
 
     /// A worker with a bf16 batch cache under f32 weights (`--kv-cache-dtype bf16`) serves

@@ -1098,7 +1098,9 @@ async fn metrics(State(s): State<Arc<AppState>>) -> String {
          # TYPE trainer_decode_rounds_total counter\ntrainer_decode_rounds_total {}\n\
          # TYPE trainer_decode_positions_total counter\ntrainer_decode_positions_total {}\n\
          # TYPE trainer_decode_span_positions_total counter\n\
-         trainer_decode_span_positions_total {}\n",
+         trainer_decode_span_positions_total {}\n\
+         # TYPE trainer_decode_shared_positions_total counter\n\
+         trainer_decode_shared_positions_total {}\n",
         st.running.load(Ordering::Relaxed),
         st.waiting.load(Ordering::Relaxed),
         st.generated_tokens.load(Ordering::Relaxed),
@@ -1110,6 +1112,7 @@ async fn metrics(State(s): State<Arc<AppState>>) -> String {
         st.decode_rounds.load(Ordering::Relaxed),
         st.decode_positions.load(Ordering::Relaxed),
         st.decode_span_positions.load(Ordering::Relaxed),
+        st.decode_shared_positions.load(Ordering::Relaxed),
     )
 }
 

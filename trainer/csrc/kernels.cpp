@@ -1,5 +1,5 @@
 // The trainer's libtorch kernels that tch does not bind (see kernels.h): the fused AdamW
-// update. Errors come back as heap strings through the c10d shim's guard.
+// update, and libtorch's intra-op parallel loop for the CPU decode kernel. Errors come back as heap strings through the c10d shim's guard.
 
 #include "kernels.h"
 #include "c10d_types.hpp"
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/_fused_adamw.h>
 
 namespace {
@@ -31,6 +32,16 @@ std::vector<at::Tensor> tensors(void* const* ts, size_t n, const char* what) {
 }
 
 }  // namespace
+
+extern "C" char* rtorch_parallel_for(int64_t n, void (*f)(void*, int64_t, int64_t),
+                                     void* ctx) {
+  return rc10d::guard([&] {
+    if (f == nullptr) {
+      throw std::invalid_argument("null parallel_for body");
+    }
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) { f(ctx, begin, end); });
+  });
+}
 
 extern "C" char* rtorch_fused_adamw(void* const* params, void* const* grads,
                                     void* const* exp_avgs, void* const* exp_avg_sqs, size_t n,

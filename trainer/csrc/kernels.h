@@ -5,6 +5,7 @@
 #define RTORCH_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,6 +19,11 @@ extern "C" {
 char *rtorch_fused_adamw(void *const *params, void *const *grads, void *const *exp_avgs,
                          void *const *exp_avg_sqs, size_t n, double step, double lr,
                          double beta1, double beta2, double weight_decay, double eps);
+
+/* at::parallel_for over [0, n) with a grain of 1: f(ctx, begin, end) for disjoint chunks that
+ * cover the range, on libtorch's intra-op threads (the calling thread among them), returning
+ * once every chunk has ended. f must not unwind. */
+char *rtorch_parallel_for(int64_t n, void (*f)(void *, int64_t, int64_t), void *ctx);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,8 @@
 //! (`trainer/csrc/kernels.{h,cpp}`, built by `build.rs` beside the c10d shim): the fused AdamW
 //! update, `torch._fused_adamw_`, the kernel behind `torch.optim.AdamW(fused=True)` on CPU and
 //! CUDA. It reads each gradient once and writes each parameter and moment once, where the same
-//! update as tensor expressions takes about ten passes over the elements.
+//! update as tensor expressions takes about ten passes over the elements. And libtorch's
+//! intra-op parallel loop (`at::parallel_for`), which the CPU decode kernel runs its rows on.
 
 use std::ffi::{c_char, c_void};
 
@@ -11,6 +12,11 @@ use tch::Tensor;
 use crate::error::{Result, TrainerError};
 
 unsafe extern "C" {
+    fn rtorch_parallel_for(
+        n: i64,
+        f: unsafe extern "C" fn(*mut c_void, i64, i64),
+        ctx: *mut c_void,
+    ) -> *mut c_char;
     fn rtorch_fused_adamw(
         params: *const *mut c_void,
         grads: *const *mut c_void,
@@ -24,6 +30,50 @@ unsafe extern "C" {
         weight_decay: f64,
         eps: f64,
     ) -> *mut c_char;
+}
+
+/// Run `work(begin, end)` over disjoint chunks covering `0..n` on libtorch's intra-op threads
+/// (`at::parallel_for`, grain 1; the calling thread among them), returning once all have ended.
+/// The CPU decode kernel runs its rows so: threads it started itself met libtorch's OpenMP
+/// workers still spinning after the round's matrix products and shared the cores with them, so
+/// on two threads its rows ran slower than on one (BENCHMARKS.md, issue 25 session 86). A panic
+/// in `work` is caught on its thread and raised again here once every chunk has ended; a
+/// failure of the loop itself runs the whole range on this thread.
+pub fn parallel_for(n: usize, work: &(dyn Fn(usize, usize) + Sync)) {
+    type Caught = std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>;
+    struct Ctx<'a> {
+        work: &'a (dyn Fn(usize, usize) + Sync),
+        panic: Caught,
+    }
+    unsafe extern "C" fn body(ctx: *mut c_void, begin: i64, end: i64) {
+        // SAFETY: `ctx` is the `Ctx` below, alive until `rtorch_parallel_for` returns, which is
+        // after every call of this body; shared access only (the panic slot is a mutex).
+        let ctx = unsafe { &*(ctx.cast_const().cast::<Ctx<'_>>()) };
+        let run = || (ctx.work)(begin.max(0) as usize, end.max(0) as usize);
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+            let mut slot = ctx.panic.lock().unwrap_or_else(|e| e.into_inner());
+            slot.get_or_insert(p);
+        }
+    }
+    if n == 0 {
+        return;
+    }
+    let ctx = Ctx {
+        work,
+        panic: Caught::default(),
+    };
+    let len = i64::try_from(n).unwrap_or(i64::MAX);
+    // SAFETY: `body` matches the shim's callback type and never unwinds (it catches panics);
+    // `ctx` outlives the call.
+    let err = unsafe { rtorch_parallel_for(len, body, std::ptr::from_ref(&ctx).cast_mut().cast()) };
+    if let Some(p) = ctx.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        std::panic::resume_unwind(p);
+    }
+    // SAFETY: `err` is what the shim function just returned, passed here once.
+    if let Err(msg) = unsafe { crate::shim::take_error(err) } {
+        tracing::warn!(%msg, "at::parallel_for failed; running the range on this thread");
+        work(0, n);
+    }
 }
 
 /// The hyperparameters of one fused AdamW update.
@@ -109,4 +159,41 @@ pub fn fused_adamw(slots: &[AdamWSlot<'_>], h: &AdamWUpdate) -> Result<()> {
     // SAFETY: `err` is what the shim function just returned, passed here once.
     unsafe { crate::shim::take_error(err) }
         .map_err(|msg| TrainerError::Torch(tch::TchError::Torch(format!("fused AdamW: {msg}"))))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Every index of the range is run exactly once, on libtorch's threads (more than one when
+    /// there are); a panic in the body reaches the caller, after the other chunks ran.
+    #[test]
+    fn parallel_for_covers_the_range_once_and_raises_a_body_panic() {
+        let hits: Vec<AtomicUsize> = (0..37).map(|_| AtomicUsize::new(0)).collect();
+        let threads = std::sync::Mutex::new(std::collections::HashSet::new());
+        super::parallel_for(hits.len(), &|begin, end| {
+            threads.lock().unwrap().insert(std::thread::current().id());
+            for h in &hits[begin..end] {
+                h.fetch_add(1, Ordering::Relaxed);
+                // Long enough that one thread does not finish the range before another starts.
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        let used = threads.lock().unwrap().len();
+        assert!((1..=tch::get_num_threads().max(1) as usize).contains(&used));
+        super::parallel_for(0, &|_, _| panic!("an empty range runs nothing"));
+        let ran = AtomicUsize::new(0);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::parallel_for(4, &|begin, end| {
+                ran.fetch_add(end - begin, Ordering::Relaxed);
+                if begin == 0 {
+                    panic!("chunk at 0");
+                }
+            })
+        }));
+        let msg = caught.unwrap_err();
+        assert_eq!(msg.downcast_ref::<&str>(), Some(&"chunk at 0"));
+        assert_eq!(ran.load(Ordering::Relaxed), 4, "every chunk ran");
+    }
 }

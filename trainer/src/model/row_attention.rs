@@ -880,7 +880,7 @@ pub fn relative_cost(kind: Kind, d: usize, group: usize) -> (usize, usize) {
 /// [rows, kv_heads, group, d] in `q`'s dtype, or `None` when `q` and the caches are not
 /// contiguous CPU f32 or bf16 (the caches of one dtype; `q` of either, so f32 queries read a
 /// bf16 cache) or the shapes disagree (the caller then uses libtorch's kernel). Rows are split
-/// over `tch::get_num_threads()` threads.
+/// into `tch::get_num_threads()` blocks run on libtorch's intra-op threads.
 ///
 /// `shared[i] = (r, m)` (one per row, or none at all) says that row i's first `m` positions
 /// hold the same keys and values as row r's, which the row then reads from row r's storage: a
@@ -898,7 +898,7 @@ pub fn decode_rows(
     decode_rows_on(q, k, v, lens, shared, threads)
 }
 
-/// [`decode_rows`] on at most `threads` threads.
+/// [`decode_rows`] in at most `threads` blocks of rows.
 fn decode_rows_on(
     q: &Tensor,
     k: &Tensor,
@@ -941,8 +941,8 @@ fn decode_rows_on(
     // against bf16 keys and values.
     let q32 = (q.kind() == Kind::BFloat16 && q.device() == Device::Cpu && !q.requires_grad())
         .then(|| q.to_kind(Kind::Float).contiguous());
-    // SAFETY: the slices live until this function returns, and nothing here or on the threads
-    // it starts writes a tensor: the decode step wrote this step's keys and values into the
+    // SAFETY: the slices live until this function returns (`parallel_for` returns once every
+    // block has ended), and nothing here or on the threads the blocks run on writes a tensor: the decode step wrote this step's keys and values into the
     // caches (`BatchKv::write`) before calling, the caches belong to the calling thread, and
     // `q32` is this function's own.
     #[allow(unsafe_code)]
@@ -966,7 +966,8 @@ fn decode_rows_on(
 }
 
 /// The attention of `rows = lens.len()` rows into a new [rows, kv_heads, group, d] buffer, on
-/// at most `threads` threads.
+/// at most `threads` blocks of rows with about equal positions each, run by
+/// [`crate::kernels::parallel_for`].
 fn attend<T: Elem>(
     s: Shape,
     qv: &[f32],
@@ -1003,17 +1004,21 @@ fn attend<T: Elem>(
             }
         }
         bounds.push(rows);
-        // The first block runs on the calling thread, the others on scoped threads.
-        std::thread::scope(|sc| {
-            let (head, mut rest) = out.split_at_mut(bounds[1] * q_row);
-            for w in bounds.windows(2).skip(1) {
-                let (chunk, tail) = rest.split_at_mut((w[1] - w[0]) * q_row);
-                rest = tail;
-                let first = w[0];
-                let work = &work;
-                sc.spawn(move || work(first, chunk));
+        // The blocks run on libtorch's intra-op threads, whose OpenMP workers are awake from
+        // the round's matrix products (threads started here shared the cores with them).
+        let mut blocks = Vec::with_capacity(bounds.len() - 1);
+        let mut rest = out.as_mut_slice();
+        for w in bounds.windows(2) {
+            let (chunk, tail) = rest.split_at_mut((w[1] - w[0]) * q_row);
+            rest = tail;
+            blocks.push(std::sync::Mutex::new((w[0], chunk)));
+        }
+        crate::kernels::parallel_for(blocks.len(), &|begin, end| {
+            for b in &blocks[begin..end] {
+                let mut block = b.lock().unwrap_or_else(|e| e.into_inner());
+                let (first, ref mut chunk) = *block;
+                work(first, chunk);
             }
-            work(0, head);
         });
     }
     out

@@ -1234,8 +1234,7 @@ async fn a_second_orchestrator_on_a_run_is_refused_naming_the_holder(pool: PgPoo
         msg.contains(&run_id.to_string()) && msg.contains("orchestrator pid 1 on host-a"),
         "{msg}"
     );
-    // A live holder is refused after the grace, not waited on for ever; the waiting connection
-    // is left clean (no lock_timeout kept for the next lease taken on it).
+    // A live holder is refused after the grace, not waited on for ever.
     let t = Instant::now();
     let err = acquire(&pool, run_id, "pid 2", Duration::from_millis(300))
         .await

@@ -1,5 +1,6 @@
 // The trainer's libtorch kernels that tch does not bind (see kernels.h): the fused AdamW
-// update, and libtorch's intra-op parallel loop for the CPU decode kernel. Errors come back as heap strings through the c10d shim's guard.
+// update, and libtorch's intra-op parallel loop for the CPU decode kernel. Errors come back as
+// heap strings through the c10d shim's guard.
 
 #include "kernels.h"
 #include "c10d_types.hpp"

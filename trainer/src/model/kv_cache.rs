@@ -294,14 +294,16 @@ impl BatchKv {
         if i > last || self.lens.is_empty() {
             return;
         }
-        let heir = (0..self.lens.len())
+        let dependents: Vec<usize> = (0..self.lens.len())
             .filter(|&r| r != i && self.shared[r].1 > 0 && self.shared[r].0 == i)
+            .collect();
+        let heir = dependents
+            .iter()
+            .copied()
             .max_by_key(|&r| (self.shared[r].1, std::cmp::Reverse(r)));
         if let Some(heir) = heir {
-            for r in 0..self.shared.len() {
-                if r != heir && self.shared[r].1 > 0 && self.shared[r].0 == i {
-                    self.shared[r].0 = heir;
-                }
+            for &r in &dependents {
+                self.shared[r].0 = heir;
             }
             self.shared[heir] = (heir, 0);
         }

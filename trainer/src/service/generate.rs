@@ -789,26 +789,39 @@ mod tests {
         (samples, stats)
     }
 
-    /// Requests admitted in one wave reuse the prefill of those before them: a second request
-    /// of the same prompt (a group's next sample) all but its last token, one sharing a
-    /// 20-token head (a shared system prompt) those 20; and they answer as without the cache.
-    #[test]
-    fn requests_admitted_together_reuse_each_others_prompt() {
-        let prompt: Vec<u32> = (0..30).map(|k| (k * 7 % 60 + 3) as u32).collect();
-        let mut other = prompt[..20].to_vec();
-        other.extend((0..8).map(|k| (k * 11 % 60 + 2) as u32));
-        assert_ne!(other[20], prompt[20]);
-        let jobs = [prompt.clone(), prompt, other];
-        let (cached, hits) = serve_queued(&jobs, 1_000, None);
-        assert_eq!(hits, 29 + 20);
-        let (fresh, none) = serve_queued(&jobs, 0, None);
-        assert_eq!(none, 0);
-        for (a, b) in cached.iter().zip(&fresh) {
+    /// Three requests: a prompt of `len` tokens twice (a group's two samples), then one sharing
+    /// its first `head` tokens and going on otherwise (another task after a shared system
+    /// prompt).
+    fn jobs_sharing(len: u32, head: usize) -> [Vec<u32>; 3] {
+        let prompt: Vec<u32> = (0..len).map(|k| k * 7 % 60 + 3).collect();
+        let mut other = prompt[..head].to_vec();
+        other.extend((0..8).map(|k: u32| k * 11 % 60 + 2));
+        assert_ne!(other[head], prompt[head]);
+        [prompt.clone(), prompt, other]
+    }
+
+    /// The same tokens for every request, log-probs within 1e-4.
+    fn same_answers(a: &[Sample], b: &[Sample]) {
+        assert_eq!(a.len(), b.len());
+        for (a, b) in a.iter().zip(b) {
             assert_eq!(a.token_ids, b.token_ids);
             for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
                 assert!((x - y).abs() < 1e-4, "{x} vs {y}");
             }
         }
+    }
+
+    /// Requests admitted in one wave reuse the prefill of those before them: a second request
+    /// of the same prompt (a group's next sample) all but its last token, one sharing a
+    /// 20-token head (a shared system prompt) those 20; and they answer as without the cache.
+    #[test]
+    fn requests_admitted_together_reuse_each_others_prompt() {
+        let jobs = jobs_sharing(30, 20);
+        let (cached, hits) = serve_queued(&jobs, 1_000, None);
+        assert_eq!(hits, 29 + 20);
+        let (fresh, none) = serve_queued(&jobs, 0, None);
+        assert_eq!(none, 0);
+        same_answers(&cached, &fresh);
         assert_eq!(cached[0].token_ids, cached[1].token_ids);
     }
 
@@ -818,11 +831,7 @@ mod tests {
     /// own copy (the same tokens, log-probs within 1e-4).
     #[test]
     fn rows_sharing_a_prompt_read_it_from_one_row_and_answer_as_apart() {
-        let prompt: Vec<u32> = (0..50).map(|k| (k * 7 % 60 + 3) as u32).collect();
-        let mut other = prompt[..40].to_vec();
-        other.extend((0..8).map(|k| (k * 11 % 60 + 2) as u32));
-        assert_ne!(other[40], prompt[40]);
-        let jobs = [prompt.clone(), prompt, other];
+        let jobs = jobs_sharing(50, 40);
         let with = |attention| crate::model::DecodeOptions {
             attention,
             kv_cache: None,
@@ -836,12 +845,7 @@ mod tests {
         assert!(rounds >= 5, "{rounds} rounds");
         // Every round the wave is whole: the second row reads 50 shared positions, the third 40.
         assert_eq!(load(&stats.decode_shared_positions), 90 * rounds);
-        for (a, b) in shared.iter().zip(&apart) {
-            assert_eq!(a.token_ids, b.token_ids);
-            for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
-                assert!((x - y).abs() < 1e-4, "{x} vs {y}");
-            }
-        }
+        same_answers(&shared, &apart);
     }
 
     /// A worker with a bf16 batch cache under f32 weights (`--kv-cache-dtype bf16`) serves
@@ -849,10 +853,7 @@ mod tests {
     /// to them (the cache really is bf16).
     #[test]
     fn a_bf16_cache_serves_within_its_rounding() {
-        let prompt: Vec<u32> = (0..30).map(|k| (k * 7 % 60 + 3) as u32).collect();
-        let mut other = prompt[..20].to_vec();
-        other.extend((0..8).map(|k| (k * 11 % 60 + 2) as u32));
-        let jobs = [prompt.clone(), prompt, other];
+        let jobs = jobs_sharing(30, 20);
         let (f32s, _) = serve_queued(&jobs, 1_000, None);
         let (bf16s, hits) = serve_queued(&jobs, 1_000, Some(Kind::BFloat16));
         assert_eq!(hits, 29 + 20, "the prompt's prefill is shared as with f32");

@@ -255,12 +255,10 @@ impl Bridge {
             offset += w;
         }
         let world = offset;
-        let port = std::net::TcpListener::bind((master_address, 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| BridgeError::Store(format!("no free port on {master_address}: {e}")))?;
-        let store =
-            Store::tcp(master_address, port, true, world, timeout).map_err(BridgeError::Store)?;
+        // The store binds a port the OS picks and holds it from the start: a port probed,
+        // released and bound again could be taken in between (`dist::launch` does the same).
+        let (store, port) = Store::tcp_server_any_port(master_address, world, timeout)
+            .map_err(|e| BridgeError::Store(format!("no store on {master_address}: {e}")))?;
         let id = comm.unique_id()?;
         store
             .set("broadcast_from/0/0", &unique_id_pickle(module, &id))

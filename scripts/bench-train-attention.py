@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Causal attention of a training step on CPU, forward and backward: libtorch's flash kernel as
 the trainer calls it against exact causal query strips whose block products go through
-`torch.matmul` (issue 25 item 4, BENCHMARKS.md session 87).
+`torch.matmul`, and, for rows after a shared prefix, the zero queries the trainer ran before
+session 87 against its two flash calls merged by their log-sum-exps (issue 25 item 4,
+BENCHMARKS.md session 87).
 
 libtorch's CPU flash kernel walks 256-query blocks over 512-key blocks and computes a diagonal
 block whole, so causal attention costs more than half of full attention (the printed
-`causal / full`; an exact triangle would be 0.5). The trainer also runs the rows' own positions
-after a shared prefix of `past` positions with `past` zero queries before them
-(`Qwen3::attention`), which the kernel computes too. The strips below compute, for each strip of
-queries, the scores of exactly the keys it sees (the last strip-by-strip triangle aside), with a
-hand-written backward (recomputed scores from the forward's log-sum-exp) checked against the
-kernel's gradients; the ratio says whether removing that waste with unfused tensor operations
-pays.
+`causal / full`; an exact triangle would be 0.5). Rows' own positions after a shared prefix of
+`past` positions ran with `past` zero queries before them, which the kernel computes too; on
+CPU the trainer now runs them as two flash calls, the prefix's keys in full and the own keys
+causally (`kernels::prefix_causal_attention`, mirrored by `prefix_split` below). The strips
+compute, for each strip of queries, the scores of exactly the keys it sees (the last
+strip-by-strip triangle aside), with a hand-written backward (recomputed scores from the
+forward's log-sum-exp); both are checked against SDPA's output and gradients first. The ratios
+say whether removing each waste pays.
 
     usage: OMP_NUM_THREADS=1 scripts/bench-train-attention.py [--dtype float32|bfloat16]
            [--threads 1] [--strips 64,128,256]
@@ -94,13 +97,47 @@ def strip_attention(q, k, v, past, bq):
 
 
 def trainer_path(q, k, v, past):
-    """What `Qwen3::attention` runs: `past` zero queries before the rows' own, causal flash."""
+    """What `Qwen3::attention` ran before session 87 (and runs on CUDA): `past` zero queries
+    before the rows' own, causal flash."""
     b, h, _, d = q.shape
     qp = torch.cat([torch.zeros(b, h, past, d, dtype=q.dtype), q], 2) if past else q
     y = torch.nn.functional.scaled_dot_product_attention(
         qp, k, v, is_causal=True, enable_gqa=True
     )
     return y[:, :, past:]
+
+
+F = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+FB = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+class PrefixSplit(torch.autograd.Function):
+    """What `kernels::prefix_causal_attention` runs: the prefix's keys in full and the own keys
+    causally, merged by their log-sum-exps; the backward is both flash backwards given the
+    merged output and log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, kp, vp, ko, vo):
+        o1, l1 = F(q, kp, vp, 0.0, False)
+        o2, l2 = F(q, ko, vo, 0.0, True)
+        lse = torch.logaddexp(l1, l2)
+        o = torch.exp(l1 - lse)[..., None] * o1.float()
+        o = (o + torch.exp(l2 - lse)[..., None] * o2.float()).to(q.dtype)
+        ctx.save_for_backward(q, kp, vp, ko, vo, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, kp, vp, ko, vo, o, lse = ctx.saved_tensors
+        do = do.contiguous()
+        dq1, dkp, dvp = FB(do, q, kp, vp, o, lse, 0.0, False)
+        dq2, dko, dvo = FB(do, q, ko, vo, o, lse, 0.0, True)
+        return dq1 + dq2, dkp, dvp, dko, dvo
+
+
+def prefix_split(q, k, v, past):
+    t = q.shape[2]
+    return PrefixSplit.apply(q, k[:, :, :past], v[:, :, :past], k[:, :, past:], v[:, :, past:])
 
 
 def fwd_bwd(fn, q, k, v, do):
@@ -140,12 +177,16 @@ def main():
     for b, t, past in [(1, 300, 0), (2, 300, 100)]:
         q, k, v, do = inputs(b, t, past, dtype)
         ref = fwd_bwd(lambda q, k, v: trainer_path(q, k, v, past), q, k, v, do)
-        got = fwd_bwd(lambda q, k, v: strip_attention(q, k, v, past, 64), q, k, v, do)
-        err = max(float((x - y).abs().max() / x.abs().max()) for x, y in zip(ref, got))
-        if not err < tol:
-            raise SystemExit(f"strips differ from SDPA by {err:.2e} (limit {tol:.0e})")
-    print(f"strips equal SDPA (output and gradients) within {tol:.0e}; {a.dtype}, "
-          f"{a.threads} thread(s), best of 3, forward and backward")
+        for name, fn in [("strips", lambda q, k, v: strip_attention(q, k, v, past, 64)),
+                         ("the prefix split", lambda q, k, v: prefix_split(q, k, v, past))]:
+            if name != "strips" and past == 0:
+                continue
+            got = fwd_bwd(fn, q, k, v, do)
+            err = max(float((x - y).abs().max() / x.abs().max()) for x, y in zip(ref, got))
+            if not err < tol:
+                raise SystemExit(f"{name} differs from SDPA by {err:.2e} (limit {tol:.0e})")
+    print(f"strips and the prefix split equal SDPA (output and gradients) within {tol:.0e}; "
+          f"{a.dtype}, {a.threads} thread(s), best of 3, forward and backward")
     for t in (2000, 3000):
         q, k, v, do = inputs(1, t, 0, dtype)
         causal = best_of(lambda: fwd_bwd(lambda q, k, v: trainer_path(q, k, v, 0), q, k, v, do))
@@ -169,6 +210,12 @@ def main():
             )
             line += f" | strips of {bq} {got * 1e3:.0f} ms ({ref / got:.2f}x)"
         print(line, flush=True)
+    for b, t, past in [(4, 1250, 700), (6, 1250, 700), (8, 900, 700), (4, 2300, 700)]:
+        q, k, v, do = inputs(b, t, past, dtype)
+        ref = best_of(lambda: fwd_bwd(lambda q, k, v: trainer_path(q, k, v, past), q, k, v, do))
+        got = best_of(lambda: fwd_bwd(lambda q, k, v: prefix_split(q, k, v, past), q, k, v, do))
+        print(f"B={b} T={t} after {past} shared: zero queries {ref * 1e3:.0f} ms, "
+              f"two flash calls {got * 1e3:.0f} ms ({ref / got:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,14 @@ char *rtorch_fused_adamw(void *const *params, void *const *grads, void *const *e
  * once every chunk has ended. f must not unwind. */
 char *rtorch_parallel_for(int64_t n, void (*f)(void *, int64_t, int64_t), void *ctx);
 
+/* Causal attention of queries q [B, H, T, D] that follow P positions every row sees: each query
+ * attends to all of kp/vp [B, Hkv, P, D] and to ko/vo [B, Hkv, T, D] up to its own position
+ * (H a multiple of Hkv; libtorch's flash kernel for CPU tensors, scale 1/sqrt(D)). One autograd
+ * node: gradients reach q, kp, vp, ko and vo when they require them. *out receives a new
+ * tensor (a `torch::Tensor *` the caller owns) on success. */
+char *rtorch_prefix_causal_attention(void *q, void *kp, void *vp, void *ko, void *vo,
+                                     void **out);
+
 #ifdef __cplusplus
 }
 #endif

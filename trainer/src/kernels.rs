@@ -4,6 +4,8 @@
 //! CUDA. It reads each gradient once and writes each parameter and moment once, where the same
 //! update as tensor expressions takes about ten passes over the elements. And libtorch's
 //! intra-op parallel loop (`at::parallel_for`), which the CPU decode kernel runs its rows on.
+//! And [`prefix_causal_attention`]: a causal attention whose queries follow a prefix, as two of
+//! libtorch's CPU flash calls under one autograd node.
 
 use std::ffi::{c_char, c_void};
 
@@ -16,6 +18,14 @@ unsafe extern "C" {
         n: i64,
         f: unsafe extern "C" fn(*mut c_void, i64, i64),
         ctx: *mut c_void,
+    ) -> *mut c_char;
+    fn rtorch_prefix_causal_attention(
+        q: *mut c_void,
+        kp: *mut c_void,
+        vp: *mut c_void,
+        ko: *mut c_void,
+        vo: *mut c_void,
+        out: *mut *mut c_void,
     ) -> *mut c_char;
     fn rtorch_fused_adamw(
         params: *const *mut c_void,
@@ -74,6 +84,59 @@ pub fn parallel_for(n: usize, work: &(dyn Fn(usize, usize) + Sync)) {
         tracing::warn!(%msg, "at::parallel_for failed; running the range on this thread");
         work(0, n);
     }
+}
+
+/// Causal attention of the queries `q` [B, H, T, D] at positions `past..past + T`, over keys and
+/// values `k`, `v` [B, Hkv, past + T, D] (H a multiple of Hkv, CPU tensors, scale 1/sqrt(D)):
+/// query i sees keys `0..=past + i`. What SDPA's `is_causal` (aligned to the top left) cannot
+/// say directly when `past > 0`; the trainer meets it where rows' own positions follow a shared
+/// prefix, and a cached prefill. It runs as two calls of libtorch's CPU flash kernel, every
+/// prefix key in full and the own keys causally, merged by their log-sum-exps, with one
+/// autograd node whose backward is the two flash backwards given the merged output (so the
+/// gradients are those of the one softmax). Nothing is computed for positions no query sees,
+/// where SDPA over `past` zero queries before `q` computes their causal attention too, and an
+/// explicit mask computes every block (BENCHMARKS.md, issue 25 session 87).
+pub fn prefix_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, past: i64) -> Result<Tensor> {
+    let (qs, ks) = (q.size(), k.size());
+    let bad = |why: String| {
+        Err(TrainerError::Config(format!(
+            "prefix causal attention: {why} (queries {qs:?}, keys {ks:?}, past {past})"
+        )))
+    };
+    if qs.len() != 4 || ks.len() != 4 || v.size() != ks {
+        return bad("queries, keys and values must be [B, H, T, D] alike".into());
+    }
+    let t = qs[2];
+    if past < 1 || ks[2] != past + t || ks[0] != qs[0] || ks[3] != qs[3] {
+        return bad(format!(
+            "the keys must hold past + T = {} positions",
+            past + t
+        ));
+    }
+    if ks[1] < 1 || qs[1] % ks[1] != 0 {
+        return bad("query heads must be a multiple of key heads".into());
+    }
+    if [q, k, v].iter().any(|x| x.device() != tch::Device::Cpu) {
+        return bad("CPU tensors only (libtorch's CPU flash kernel)".into());
+    }
+    let (kp, ko) = (k.narrow(2, 0, past), k.narrow(2, past, t));
+    let (vp, vo) = (v.narrow(2, 0, past), v.narrow(2, past, t));
+    let raw = |t: &Tensor| -> *mut c_void { t.as_ptr().cast_mut().cast() };
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the five pointers are live tch tensors (`torch::Tensor*`) borrowed for the call;
+    // the shim takes new references and writes `out` only on success, with a tensor it
+    // allocated that this side now owns.
+    let err = unsafe {
+        rtorch_prefix_causal_attention(raw(q), raw(&kp), raw(&vp), raw(&ko), raw(&vo), &mut out)
+    };
+    // SAFETY: `err` is what the shim function just returned, passed here once.
+    unsafe { crate::shim::take_error(err) }.map_err(|msg| {
+        TrainerError::Torch(tch::TchError::Torch(format!(
+            "prefix causal attention: {msg}"
+        )))
+    })?;
+    // SAFETY: on success `out` is a heap `torch::Tensor*` nobody else owns (tch's C_tensor).
+    Ok(unsafe { Tensor::from_ptr(out.cast()) })
 }
 
 /// The hyperparameters of one fused AdamW update.
@@ -164,6 +227,92 @@ pub fn fused_adamw(slots: &[AdamWSlot<'_>], h: &AdamWUpdate) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tch::{Kind, Tensor};
+
+    /// Output and gradients of `attend(q, k, v)` under the upstream gradient `dy`.
+    fn grads(
+        attend: impl Fn(&Tensor, &Tensor, &Tensor) -> Tensor,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        dy: &Tensor,
+    ) -> Vec<Tensor> {
+        let (q, k, v) = (
+            q.detach().set_requires_grad(true),
+            k.detach().set_requires_grad(true),
+            v.detach().set_requires_grad(true),
+        );
+        let y = attend(&q, &k, &v);
+        (&y * dy).sum(Kind::Float).backward();
+        vec![y.detach(), q.grad(), k.grad(), v.grad()]
+    }
+
+    /// Queries after a prefix, as two flash calls, equal SDPA with the explicit mask (query i
+    /// sees keys 0..=past+i) in output and in every gradient: fewer and more new positions than
+    /// prefix ones, grouped heads, f32 and bf16, a batch. Malformed shapes are refused.
+    #[test]
+    fn prefix_causal_attention_equals_the_masked_sdpa_with_its_gradients() {
+        tch::manual_seed(5);
+        for (kind, tol) in [(Kind::Float, 1e-5), (Kind::BFloat16, 2e-2)] {
+            for (b, t, past) in [(2, 37, 90), (3, 130, 41), (1, 64, 64)] {
+                let opts = (kind, tch::Device::Cpu);
+                let q = Tensor::randn([b, 4, t, 16], opts);
+                let k = Tensor::randn([b, 2, past + t, 16], opts);
+                let v = Tensor::randn([b, 2, past + t, 16], opts);
+                let dy = Tensor::randn([b, 4, t, 16], opts);
+                let qi = Tensor::arange(t, (Kind::Int64, tch::Device::Cpu)).unsqueeze(1) + past;
+                let kj = Tensor::arange(past + t, (Kind::Int64, tch::Device::Cpu)).unsqueeze(0);
+                let mask = kj.le_tensor(&qi);
+                let want = grads(
+                    |q, k, v| {
+                        Tensor::scaled_dot_product_attention(
+                            q,
+                            k,
+                            v,
+                            Some(&mask),
+                            0.0,
+                            false,
+                            None,
+                            true,
+                        )
+                    },
+                    &q,
+                    &k,
+                    &v,
+                    &dy,
+                );
+                let got = grads(
+                    |q, k, v| super::prefix_causal_attention(q, k, v, past).unwrap(),
+                    &q,
+                    &k,
+                    &v,
+                    &dy,
+                );
+                for (name, (w, g)) in ["output", "dq", "dk", "dv"]
+                    .iter()
+                    .zip(want.iter().zip(&got))
+                {
+                    assert_eq!(w.size(), g.size(), "{name}");
+                    let scale = w.abs().max().double_value(&[]).max(1e-6);
+                    let err = (w.to_kind(Kind::Float) - g.to_kind(Kind::Float))
+                        .abs()
+                        .max()
+                        .double_value(&[])
+                        / scale;
+                    assert!(err < tol, "{kind:?} b={b} t={t} past={past} {name}: {err}");
+                }
+            }
+        }
+        let q = Tensor::randn([1, 4, 8, 16], (Kind::Float, tch::Device::Cpu));
+        let k = Tensor::randn([1, 2, 12, 16], (Kind::Float, tch::Device::Cpu));
+        let short = super::prefix_causal_attention(&q, &k, &k, 3).unwrap_err();
+        assert!(short.to_string().contains("past + T = 11"), "{short}");
+        assert!(super::prefix_causal_attention(&q, &k, &k, 0).is_err());
+        let k3 = Tensor::randn([1, 3, 12, 16], (Kind::Float, tch::Device::Cpu));
+        let heads = super::prefix_causal_attention(&q, &k3, &k3, 4).unwrap_err();
+        assert!(heads.to_string().contains("multiple"), "{heads}");
+    }
 
     /// Every index of the range is run exactly once, on libtorch's threads (more than one when
     /// there are); a panic in the body reaches the caller, after the other chunks ran.

@@ -547,14 +547,27 @@ impl Qwen3 {
             None => (k, v),
         };
         // SDPA's is_causal is top-left aligned; with earlier cached tokens and several new
-        // ones, new token i must see keys 0..=past+i. When the new tokens are at least as
-        // many as the cached ones, `past` zero queries before them make the causal kernel
-        // right (their rows are dropped), which costs at most the new tokens' own attention
-        // again and runs faster than libtorch's kernel with an explicit mask (1.0 s against
-        // 1.45 s for a bf16 layer's forward and backward over 2,300 new and 700 cached
-        // positions, BENCHMARKS.md issue 25 session 84); fewer new tokens (a prefill after a
-        // long cached context) take the mask.
-        let y = if t == 1 || past == 0 {
+        // ones, new token i must see keys 0..=past+i. On CPU that is two flash calls, the
+        // cached keys in full and the new ones causally, under one autograd node
+        // (`kernels::prefix_causal_attention`: a layer's forward and backward 1.12-1.28x faster
+        // than the zero queries below, BENCHMARKS.md issue 25 session 87). Elsewhere,
+        // when the new tokens are at least as many as the cached ones, `past` zero queries
+        // before them make the causal kernel right (their rows are dropped), which costs at
+        // most the new tokens' own attention again and runs faster than libtorch's kernel
+        // with an explicit mask (1.0 s against 1.45 s for a bf16 layer's forward and backward
+        // over 2,300 new and 700 cached positions, session 84); fewer new tokens (a prefill
+        // after a long cached context) take the mask.
+        let split = (t > 1 && past > 0 && q.device() == Device::Cpu)
+            .then(|| crate::kernels::prefix_causal_attention(&q, &k, &v, past))
+            .and_then(|r| {
+                r.map_err(
+                    |e| tracing::warn!(%e, "prefix causal attention failed; falling back to SDPA"),
+                )
+                .ok()
+            });
+        let y = if let Some(y) = split {
+            y
+        } else if t == 1 || past == 0 {
             Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, t > 1, None, true)
         } else if past <= t {
             let pad = Tensor::zeros([b, nh, past, d], (q.kind(), q.device()));

@@ -107,7 +107,10 @@ pub fn prefix_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, past: i64) ->
         return bad("queries, keys and values must be [B, H, T, D] alike".into());
     }
     let t = qs[2];
-    if past < 1 || ks[2] != past + t || ks[0] != qs[0] || ks[3] != qs[3] {
+    if past < 1 {
+        return bad("past must be at least 1 (with none, SDPA's own causal mask is right)".into());
+    }
+    if ks[2] != past + t || ks[0] != qs[0] || ks[3] != qs[3] {
         return bad(format!(
             "the keys must hold past + T = {} positions",
             past + t
@@ -121,7 +124,6 @@ pub fn prefix_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, past: i64) ->
     }
     let (kp, ko) = (k.narrow(2, 0, past), k.narrow(2, past, t));
     let (vp, vo) = (v.narrow(2, 0, past), v.narrow(2, past, t));
-    let raw = |t: &Tensor| -> *mut c_void { t.as_ptr().cast_mut().cast() };
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: the five pointers are live tch tensors (`torch::Tensor*`) borrowed for the call;
     // the shim takes new references and writes `out` only on success, with a tensor it
@@ -137,6 +139,11 @@ pub fn prefix_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, past: i64) ->
     })?;
     // SAFETY: on success `out` is a heap `torch::Tensor*` nobody else owns (tch's C_tensor).
     Ok(unsafe { Tensor::from_ptr(out.cast()) })
+}
+
+/// A tch tensor as the shim takes it (`torch::Tensor*`), borrowed for one call.
+fn raw(t: &Tensor) -> *mut c_void {
+    t.as_ptr().cast_mut().cast()
 }
 
 /// The hyperparameters of one fused AdamW update.
@@ -195,7 +202,6 @@ pub fn fused_adamw(slots: &[AdamWSlot<'_>], h: &AdamWUpdate) -> Result<()> {
             )));
         }
     }
-    let raw = |t: &Tensor| -> *mut c_void { t.as_ptr().cast_mut().cast() };
     let p: Vec<_> = slots.iter().map(|s| raw(s.param)).collect();
     let g: Vec<_> = slots.iter().map(|s| raw(s.grad)).collect();
     let m: Vec<_> = slots.iter().map(|s| raw(s.m)).collect();
@@ -308,7 +314,8 @@ mod tests {
         let k = Tensor::randn([1, 2, 12, 16], (Kind::Float, tch::Device::Cpu));
         let short = super::prefix_causal_attention(&q, &k, &k, 3).unwrap_err();
         assert!(short.to_string().contains("past + T = 11"), "{short}");
-        assert!(super::prefix_causal_attention(&q, &k, &k, 0).is_err());
+        let none = super::prefix_causal_attention(&q, &k, &k, 0).unwrap_err();
+        assert!(none.to_string().contains("at least 1"), "{none}");
         let k3 = Tensor::randn([1, 3, 12, 16], (Kind::Float, tch::Device::Cpu));
         let heads = super::prefix_causal_attention(&q, &k3, &k3, 4).unwrap_err();
         assert!(heads.to_string().contains("multiple"), "{heads}");

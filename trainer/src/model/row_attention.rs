@@ -942,9 +942,9 @@ fn decode_rows_on(
     let q32 = (q.kind() == Kind::BFloat16 && q.device() == Device::Cpu && !q.requires_grad())
         .then(|| q.to_kind(Kind::Float).contiguous());
     // SAFETY: the slices live until this function returns (`parallel_for` returns once every
-    // block has ended), and nothing here or on the threads the blocks run on writes a tensor: the decode step wrote this step's keys and values into the
-    // caches (`BatchKv::write`) before calling, the caches belong to the calling thread, and
-    // `q32` is this function's own.
+    // block has ended), and nothing here or on the threads the blocks run on writes a tensor:
+    // the decode step wrote this step's keys and values into the caches (`BatchKv::write`)
+    // before calling, the caches belong to the calling thread, and `q32` is this function's own.
     #[allow(unsafe_code)]
     let qv = unsafe { host::<f32>(q32.as_ref().unwrap_or(q))? };
     #[allow(unsafe_code)]

@@ -1,6 +1,7 @@
 //! Build steps for libtorch: the c10d shim (trainer/csrc, C++ compiled with `cc` against the
 //! torch wheel's headers: the collective layer of `dist`, and `kernels.cpp`, the libtorch
-//! kernels tch does not bind: the fused AdamW update of `kernels`), an rpath to the libtorch directory
+//! kernels tch does not bind: the fused AdamW update of `kernels`, and `attention.cpp`, its bf16
+//! causal attention), an rpath to the libtorch directory
 //! (binaries and tests run without LD_LIBRARY_PATH), and `libtorch_cuda` linked with
 //! `--no-as-needed` when present, so `Cuda::is_available()` is true on a GPU machine (the linker
 //! otherwise drops the library, whose symbols nothing references directly: tch-rs issues #980,
@@ -30,6 +31,7 @@ fn main() {
         "c10d_types.hpp",
         "gloo_decl.hpp",
         "kernels.h",
+        "attention.cpp",
         "kernels.cpp",
         "nccl_shim.cpp",
     ] {
@@ -79,7 +81,8 @@ fn build_shim(lib: &Path) {
         .include(include.join("torch/csrc/api/include"))
         .include("csrc")
         .file("csrc/c10d_shim.cpp")
-        .file("csrc/kernels.cpp");
+        .file("csrc/kernels.cpp")
+        .file("csrc/attention.cpp");
     let cuda = nccl.then(|| {
         let found = CudaDirs::find(torch);
         b.define("RC10D_WITH_NCCL", None)

@@ -33,6 +33,18 @@ char *rtorch_parallel_for(int64_t n, void (*f)(void *, int64_t, int64_t), void *
 char *rtorch_prefix_causal_attention(void *q, void *kp, void *vp, void *ko, void *vo,
                                      void **out);
 
+/* Exact causal attention in bf16 on the CPU (attention.cpp): queries q [B, H, T, D] at
+ * positions past..past+T-1, keys and values k, v [B, Hkv, past + T, D]; query i sees keys
+ * 0..past+i (H a multiple of Hkv, D a multiple of 64, scale 1/sqrt(D)). One autograd node.
+ * Only the 256-key chunks each 48-query strip sees are computed, with AVX512-BF16 dot
+ * products where the CPU has them; `portable` != 0 forces the portable path (same arithmetic,
+ * slow). *out receives a new tensor the caller owns on success. */
+char *rtorch_causal_attention(void *q, void *k, void *v, int64_t past, int portable,
+                              void **out);
+
+/* 1 when rtorch_causal_attention runs on AVX512-BF16 here, else 0. */
+int rtorch_causal_attention_fast(void);
+
 #ifdef __cplusplus
 }
 #endif

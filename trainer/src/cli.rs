@@ -14,6 +14,13 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// The kernel of causal attention in bf16 on the CPU (training steps, prefill): `auto`, the
+    /// trainer's own exact causal kernel where the CPU has AVX512-BF16 (`kernels::causal_attention`),
+    /// else libtorch's flash kernel; `libtorch`, always libtorch's (for comparisons,
+    /// BENCHMARKS.md issue 25 session 88).
+    #[arg(long, global = true, env = "TRAINER_CAUSAL_ATTENTION", default_value = "auto",
+          value_parser = ["auto", "libtorch"])]
+    pub causal_attention: String,
 }
 
 #[derive(Debug, Subcommand)]

@@ -5,9 +5,12 @@
 //! update as tensor expressions takes about ten passes over the elements. And libtorch's
 //! intra-op parallel loop (`at::parallel_for`), which the CPU decode kernel runs its rows on.
 //! And [`prefix_causal_attention`]: a causal attention whose queries follow a prefix, as two of
-//! libtorch's CPU flash calls under one autograd node.
+//! libtorch's CPU flash calls under one autograd node. And [`causal_attention`]: the trainer's
+//! own bf16 causal attention for the CPU (`csrc/attention.cpp`), exact causal chunks on
+//! AVX512-BF16 dot products.
 
 use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tch::Tensor;
 
@@ -27,6 +30,15 @@ unsafe extern "C" {
         vo: *mut c_void,
         out: *mut *mut c_void,
     ) -> *mut c_char;
+    fn rtorch_causal_attention(
+        q: *mut c_void,
+        k: *mut c_void,
+        v: *mut c_void,
+        past: i64,
+        portable: i32,
+        out: *mut *mut c_void,
+    ) -> *mut c_char;
+    fn rtorch_causal_attention_fast() -> i32;
     fn rtorch_fused_adamw(
         params: *const *mut c_void,
         grads: *const *mut c_void,
@@ -136,6 +148,65 @@ pub fn prefix_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, past: i64) ->
         TrainerError::Torch(tch::TchError::Torch(format!(
             "prefix causal attention: {msg}"
         )))
+    })?;
+    // SAFETY: on success `out` is a heap `torch::Tensor*` nobody else owns (tch's C_tensor).
+    Ok(unsafe { Tensor::from_ptr(out.cast()) })
+}
+
+/// Whether [`causal_attention`] may run where it applies (`trainer --causal-attention auto`,
+/// the default); off, bf16 steps keep libtorch's flash kernel (`libtorch`, for comparisons).
+static OWN_CAUSAL: AtomicBool = AtomicBool::new(true);
+
+/// Choose the kernel of bf16 causal attention on the CPU for this process: the trainer's own
+/// ([`causal_attention`], where [`own_causal_attention`] says it applies) or libtorch's.
+pub fn set_own_causal_attention(on: bool) {
+    OWN_CAUSAL.store(on, Ordering::Relaxed);
+}
+
+/// Whether a causal attention over `q` runs on [`causal_attention`]: bf16 CPU queries whose head
+/// dimension is a multiple of 64, on a CPU with AVX512-BF16 (elsewhere its portable path is
+/// slower than libtorch's flash kernel), unless the process chose libtorch's.
+pub fn own_causal_attention(q: &Tensor) -> bool {
+    OWN_CAUSAL.load(Ordering::Relaxed)
+        && q.kind() == tch::Kind::BFloat16
+        && q.device() == tch::Device::Cpu
+        && q.size().last().is_some_and(|d| d % 64 == 0)
+        // SAFETY: a plain query of the shim, no arguments.
+        && unsafe { rtorch_causal_attention_fast() } == 1
+}
+
+/// Causal attention in bf16 on the CPU, forward and backward, on the trainer's own kernel
+/// (`trainer/csrc/attention.cpp`): queries `q` [B, H, T, D] at positions `past..past + T`
+/// (`past` >= 0), keys and values `k`, `v` [B, Hkv, past + T, D] (H a multiple of Hkv, D a
+/// multiple of 64, scale 1/sqrt(D)); query i sees keys `0..=past + i`. One autograd node.
+/// Where libtorch's CPU flash kernel computes 256 x 512 blocks whole across the diagonal (and,
+/// after a shared prefix, needs two calls) and on CPUs without AMX runs its bf16 block
+/// products through MKL's default GEMM (bf16 converted, an f32 kernel), this computes for
+/// strips of 48 queries only the 256-key chunks the strip sees, its products on AVX512-BF16
+/// dot products (BENCHMARKS.md, issue 25 session 88). On a CPU without them it runs a portable
+/// path of the same arithmetic, correct and slow: [`own_causal_attention`] says where to use it.
+pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, past: i64) -> Result<Tensor> {
+    causal_attention_on(q, k, v, past, false)
+}
+
+/// [`causal_attention`], on its portable path when `portable` (tests).
+fn causal_attention_on(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    past: i64,
+    portable: bool,
+) -> Result<Tensor> {
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the three pointers are live tch tensors borrowed for the call; the shim checks
+    // their shapes and dtype, takes new references and writes `out` only on success, with a
+    // tensor it allocated that this side now owns.
+    let err = unsafe {
+        rtorch_causal_attention(raw(q), raw(k), raw(v), past, i32::from(portable), &mut out)
+    };
+    // SAFETY: `err` is what the shim function just returned, passed here once.
+    unsafe { crate::shim::take_error(err) }.map_err(|msg| {
+        TrainerError::Torch(tch::TchError::Torch(format!("causal attention: {msg}")))
     })?;
     // SAFETY: on success `out` is a heap `torch::Tensor*` nobody else owns (tch's C_tensor).
     Ok(unsafe { Tensor::from_ptr(out.cast()) })
@@ -319,6 +390,98 @@ mod tests {
         let k3 = Tensor::randn([1, 3, 12, 16], (Kind::Float, tch::Device::Cpu));
         let heads = super::prefix_causal_attention(&q, &k3, &k3, 4).unwrap_err();
         assert!(heads.to_string().contains("multiple"), "{heads}");
+    }
+
+    /// The trainer's bf16 causal attention, portable path and (where the CPU has it) the
+    /// AVX512-BF16 one, against the same attention in f32 over the same bf16 values (SDPA with
+    /// the explicit mask): output and every gradient no further from it (relative RMS) than
+    /// libtorch's own bf16 kernel is, up to 15% and 1e-4. (Both round P and the results to
+    /// bf16 alike, so they land within 3% of each other; an exp whose second-order term is 10%
+    /// off lands 30-45% further.) No prefix and a prefix, strips and
+    /// chunks cut mid-way (T 300 > 256 keys; 430 keys), odd lengths, grouped heads, D 64 and
+    /// 128, a batch. Malformed input is refused with its shapes.
+    #[test]
+    fn causal_attention_matches_f32_attention_as_closely_as_libtorch_bf16() {
+        tch::manual_seed(11);
+        let cpu = tch::Device::Cpu;
+        let fast =
+            super::own_causal_attention(&Tensor::zeros([1, 1, 1, 64], (Kind::BFloat16, cpu)));
+        for (b, t, past, d) in [
+            (2, 37, 0, 64),
+            (1, 130, 300, 64),
+            (2, 101, 41, 128),
+            (1, 300, 0, 64),
+        ] {
+            let bf = (Kind::BFloat16, cpu);
+            let q = Tensor::randn([b, 4, t, d], bf);
+            let k = Tensor::randn([b, 2, past + t, d], bf);
+            let v = Tensor::randn([b, 2, past + t, d], bf);
+            let dy = Tensor::randn([b, 4, t, d], bf);
+            let qi = Tensor::arange(t, (Kind::Int64, cpu)).unsqueeze(1) + past;
+            let kj = Tensor::arange(past + t, (Kind::Int64, cpu)).unsqueeze(0);
+            let mask = kj.le_tensor(&qi);
+            let sdpa = |q: &Tensor, k: &Tensor, v: &Tensor| {
+                Tensor::scaled_dot_product_attention(q, k, v, Some(&mask), 0.0, false, None, true)
+            };
+            let f = |x: &Tensor| x.to_kind(Kind::Float);
+            let want = grads(sdpa, &f(&q), &f(&k), &f(&v), &f(&dy));
+            let libtorch = grads(sdpa, &q, &k, &v, &dy);
+            let err = |got: &[Tensor], i: usize| {
+                let w = &want[i];
+                let norm = |x: &Tensor| x.square().sum(Kind::Float).double_value(&[]).sqrt();
+                norm(&(w - f(&got[i]))) / norm(w).max(1e-6)
+            };
+            let mut paths = vec![("portable", true)];
+            if fast {
+                paths.push(("AVX512-BF16", false));
+            }
+            for (path, portable) in paths {
+                let got = grads(
+                    |q, k, v| super::causal_attention_on(q, k, v, past, portable).unwrap(),
+                    &q,
+                    &k,
+                    &v,
+                    &dy,
+                );
+                for (i, name) in ["output", "dq", "dk", "dv"].iter().enumerate() {
+                    assert_eq!(got[i].size(), want[i].size(), "{name}");
+                    assert_eq!(got[i].kind(), Kind::BFloat16, "{name}");
+                    let (ours, theirs) = (err(&got, i), err(&libtorch, i));
+                    assert!(
+                        ours <= 1.15 * theirs + 1e-4 && ours < 1e-2,
+                        "{path} b={b} t={t} past={past} d={d} {name}: {ours:.2e} from f32, \
+                         libtorch bf16 {theirs:.2e}"
+                    );
+                }
+            }
+        }
+        let r = |s: &[i64], kind| Tensor::randn(s, (kind, cpu));
+        let q = r(&[1, 4, 8, 64], Kind::BFloat16);
+        let k = r(&[1, 2, 12, 64], Kind::BFloat16);
+        let short = super::causal_attention(&q, &k, &k, 3)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            short.contains("past + T") && short.contains("[1, 2, 12, 64]"),
+            "{short}"
+        );
+        let narrow = r(&[1, 4, 8, 16], Kind::BFloat16);
+        let kn = r(&[1, 2, 8, 16], Kind::BFloat16);
+        let d16 = super::causal_attention(&narrow, &kn, &kn, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(d16.contains("multiple of 64"), "{d16}");
+        let qf = r(&[1, 4, 8, 64], Kind::Float);
+        let kf = r(&[1, 2, 8, 64], Kind::Float);
+        let f32 = super::causal_attention(&qf, &kf, &kf, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(f32.contains("bf16"), "{f32}");
+        let k3 = r(&[1, 3, 12, 64], Kind::BFloat16);
+        let heads = super::causal_attention(&q, &k3, &k3, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(heads.contains("multiple of key heads"), "{heads}");
     }
 
     /// Every index of the range is run exactly once, on libtorch's threads (more than one when

@@ -20,7 +20,9 @@ fn main() -> ExitCode {
         .init();
     let heap = trainer::alloc::keep_freed_memory();
     tracing::debug!(?heap, "glibc heap thresholds");
-    match Task::from_cli(Cli::parse()).and_then(run) {
+    let cli = Cli::parse();
+    trainer::kernels::set_own_causal_attention(cli.causal_attention == "auto");
+    match Task::from_cli(cli).and_then(run) {
         Ok(msg) => {
             #[allow(clippy::print_stdout)]
             if !msg.is_empty() {

@@ -557,14 +557,20 @@ impl Qwen3 {
         // with an explicit mask (1.0 s against 1.45 s for a bf16 layer's forward and backward
         // over 2,300 new and 700 cached positions, session 84); fewer new tokens (a prefill
         // after a long cached context) take the mask.
-        let split = (t > 1 && past > 0 && q.device() == Device::Cpu)
-            .then(|| crate::kernels::prefix_causal_attention(&q, &k, &v, past))
-            .and_then(|r| {
-                r.map_err(
-                    |e| tracing::warn!(%e, "prefix causal attention failed; falling back to SDPA"),
-                )
-                .ok()
-            });
+        // In bf16 on a CPU with AVX512-BF16, the trainer's own exact causal kernel, any `past`
+        // (`kernels::causal_attention`, BENCHMARKS.md issue 25 session 88).
+        let split = if t > 1 && crate::kernels::own_causal_attention(&q) {
+            Some(crate::kernels::causal_attention(&q, &k, &v, past))
+        } else {
+            (t > 1 && past > 0 && q.device() == Device::Cpu)
+                .then(|| crate::kernels::prefix_causal_attention(&q, &k, &v, past))
+        }
+        .and_then(|r| {
+            r.map_err(
+                |e| tracing::warn!(%e, "causal attention kernel failed; falling back to SDPA"),
+            )
+            .ok()
+        });
         let y = if let Some(y) = split {
             y
         } else if t == 1 || past == 0 {

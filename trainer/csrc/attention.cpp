@@ -180,6 +180,9 @@ struct Isa {
   // p = exp(s * scale - lse), ds = p * (dp - di) * scale, j < vis
   void (*grad_row)(const float* s, const float* dp, int64_t vis, int64_t n, float scale,
                    float lse, float di, bf16* p, bf16* ds);
+  // xT[j][i] = x[i][j] for j < ck, i < round_up(rows, 2) (zero past rows): x's rows kChunk
+  // apart, xT's kStrip apart, so that a key's pairs of queries lie side by side.
+  void (*transpose)(const bf16* x, int64_t rows, int64_t ck, bf16* xT);
 };
 
 float max_row_portable(const float* s, int64_t vis) {
@@ -214,6 +217,14 @@ void grad_row_portable(const float* s, const float* dp, int64_t vis, int64_t n, 
   }
   for (; j < n; ++j) {
     p[j] = ds[j] = 0;
+  }
+}
+
+void transpose_portable(const bf16* x, int64_t rows, int64_t ck, bf16* xT) {
+  for (int64_t j = 0; j < ck; ++j) {
+    for (int64_t i = 0; i < round_up(rows, 2); ++i) {
+      xT[j * kStrip + i] = i < rows ? x[i * kChunk + j] : 0;
+    }
   }
 }
 
@@ -287,12 +298,33 @@ RATTN_AVX512 void grad_row_avx512(const float* s, const float* dp, int64_t vis, 
   }
 }
 
+// A pair of rows at a time: 16 keys' (x[i][j], x[i+1][j]) as 16 dwords, scattered kStrip
+// values apart.
+RATTN_AVX512 void transpose_avx512(const bf16* x, int64_t rows, int64_t ck, bf16* xT) {
+  const __m512i apart = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
+                                                            5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(kStrip / 2));
+  for (int64_t i = 0; i < rows; i += 2) {
+    const bf16* a = x + i * kChunk;
+    for (int64_t j = 0; j < ck; j += 16) {
+      const __mmask16 k = lanes(ck - j);
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, a + j));
+      const __m512i hi = i + 1 < rows
+                             ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, a + kChunk + j))
+                             : _mm512_setzero_si512();
+      _mm512_mask_i32scatter_epi32(xT + j * kStrip + i, k, apart,
+                                   _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)), 4);
+    }
+  }
+}
+
 const Isa kPortable = {
     {nullptr, tile_portable<1>, tile_portable<2>, tile_portable<3>, tile_portable<4>,
      tile_portable<5>, tile_portable<6>},
     max_row_portable,
     exp_row_portable,
     grad_row_portable,
+    transpose_portable,
 };
 
 const Isa kAvx512 = {
@@ -301,6 +333,7 @@ const Isa kAvx512 = {
     max_row_avx512,
     exp_row_avx512,
     grad_row_avx512,
+    transpose_avx512,
 };
 
 bool have_avx512_bf16() {
@@ -438,12 +471,8 @@ void backward_unit(const Isa& isa, const Unit& u, const bf16* o, const bf16* dou
         }
         sum_keys(isa, u, ds.data(), rows, ckp / 2, kr.data(), pn, c0, dqa.data());
         // The keys' gradients sum over the strip's queries: P and dS transposed, a key a row.
-        for (int64_t j = 0; j < ck; ++j) {
-          for (int64_t i = 0; i < rp; ++i) {
-            pT[j * kStrip + i] = i < rows ? p[i * kChunk + j] : 0;
-            dsT[j * kStrip + i] = i < rows ? ds[i * kChunk + j] : 0;
-          }
-        }
+        isa.transpose(p.data(), rows, ck, pT.data());
+        isa.transpose(ds.data(), rows, ck, dsT.data());
         for (int64_t dt = 0; dt < d / kCols; ++dt) {
           const int64_t at = (dt * pt + r0 / 2) * kPair;
           product(isa, dsT.data(), kStrip, ck, rp / 2, qr.data() + at,

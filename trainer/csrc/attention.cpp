@@ -545,7 +545,7 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_
   if (k.size(1) < 1 || q.size(1) % k.size(1) != 0) {
     throw std::invalid_argument(what + "query heads must be a multiple of key heads");
   }
-  if (q.size(3) % kCols != 0) {
+  if (q.size(3) < kCols || q.size(3) % kCols != 0) {
     throw std::invalid_argument(what + "the head dimension must be a multiple of 64");
   }
 }

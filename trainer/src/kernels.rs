@@ -143,14 +143,8 @@ pub fn prefix_causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, past: i64) ->
     let err = unsafe {
         rtorch_prefix_causal_attention(raw(q), raw(&kp), raw(&vp), raw(&ko), raw(&vo), &mut out)
     };
-    // SAFETY: `err` is what the shim function just returned, passed here once.
-    unsafe { crate::shim::take_error(err) }.map_err(|msg| {
-        TrainerError::Torch(tch::TchError::Torch(format!(
-            "prefix causal attention: {msg}"
-        )))
-    })?;
-    // SAFETY: on success `out` is a heap `torch::Tensor*` nobody else owns (tch's C_tensor).
-    Ok(unsafe { Tensor::from_ptr(out.cast()) })
+    // SAFETY: `err` and `out` are what the shim function just returned and wrote.
+    unsafe { take_tensor(err, out, "prefix causal attention") }
 }
 
 /// Whether [`causal_attention`] may run where it applies (`trainer --causal-attention auto`,
@@ -170,7 +164,7 @@ pub fn own_causal_attention(q: &Tensor) -> bool {
     OWN_CAUSAL.load(Ordering::Relaxed)
         && q.kind() == tch::Kind::BFloat16
         && q.device() == tch::Device::Cpu
-        && q.size().last().is_some_and(|d| d % 64 == 0)
+        && q.size().last().is_some_and(|&d| d > 0 && d % 64 == 0)
         // SAFETY: a plain query of the shim, no arguments.
         && unsafe { rtorch_causal_attention_fast() } == 1
 }
@@ -204,11 +198,21 @@ fn causal_attention_on(
     let err = unsafe {
         rtorch_causal_attention(raw(q), raw(k), raw(v), past, i32::from(portable), &mut out)
     };
-    // SAFETY: `err` is what the shim function just returned, passed here once.
-    unsafe { crate::shim::take_error(err) }.map_err(|msg| {
-        TrainerError::Torch(tch::TchError::Torch(format!("causal attention: {msg}")))
-    })?;
-    // SAFETY: on success `out` is a heap `torch::Tensor*` nobody else owns (tch's C_tensor).
+    // SAFETY: `err` and `out` are what the shim function just returned and wrote.
+    unsafe { take_tensor(err, out, "causal attention") }
+}
+
+/// The tensor a shim function returned through its output slot, or its error prefixed with
+/// `what`.
+///
+/// # Safety
+/// `err` is what the shim function just returned, passed here once, and `out` the slot it
+/// wrote: on success a heap `torch::Tensor*` nobody else owns (tch's C_tensor).
+unsafe fn take_tensor(err: *mut c_char, out: *mut c_void, what: &str) -> Result<Tensor> {
+    // SAFETY: the caller's contract.
+    unsafe { crate::shim::take_error(err) }
+        .map_err(|msg| TrainerError::Torch(tch::TchError::Torch(format!("{what}: {msg}"))))?;
+    // SAFETY: on success `out` is the caller-vouched owned tensor.
     Ok(unsafe { Tensor::from_ptr(out.cast()) })
 }
 
@@ -397,9 +401,9 @@ mod tests {
     /// the explicit mask): output and every gradient no further from it (relative RMS) than
     /// libtorch's own bf16 kernel is, up to 15% and 1e-4. (Both round P and the results to
     /// bf16 alike, so they land within 3% of each other; an exp whose second-order term is 10%
-    /// off lands 30-45% further.) No prefix and a prefix, strips and
-    /// chunks cut mid-way (T 300 > 256 keys; 430 keys), odd lengths, grouped heads, D 64 and
-    /// 128, a batch. Malformed input is refused with its shapes.
+    /// off lands 30-45% further.) No prefix and a prefix, strips and chunks cut mid-way (T of
+    /// 300 across two 256-key chunks; 430 keys), odd lengths, grouped heads, D 64 and 128, a
+    /// batch. Malformed input is refused with its shapes.
     #[test]
     fn causal_attention_matches_f32_attention_as_closely_as_libtorch_bf16() {
         tch::manual_seed(11);
@@ -471,6 +475,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(d16.contains("multiple of 64"), "{d16}");
+        let empty = Tensor::zeros([1, 4, 8, 0], (Kind::BFloat16, cpu));
+        let ke = Tensor::zeros([1, 2, 8, 0], (Kind::BFloat16, cpu));
+        let d0 = super::causal_attention(&empty, &ke, &ke, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(d0.contains("multiple of 64"), "{d0}");
+        assert!(!super::own_causal_attention(&empty));
         let qf = r(&[1, 4, 8, 64], Kind::Float);
         let kf = r(&[1, 2, 8, 64], Kind::Float);
         let f32 = super::causal_attention(&qf, &kf, &kf, 0)

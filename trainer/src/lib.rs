@@ -51,8 +51,10 @@ pub fn dtype_name(kind: tch::Kind) -> &'static str {
 /// sub-leaf 1, EAX bit 5) on an AMD CPU; `None` where this build cannot tell (not x86-64).
 /// Measured on the smoke model's training step, one thread (`trainer bench`, BENCHMARKS.md
 /// issue 25): with AMX-BF16, 1.87x faster than f32 (session 77); with AVX512-BF16 on a Zen 4
-/// EPYC, 1.24x faster (session 83); with AVX512-BF16 alone on an Intel Xeon whose hypervisor
-/// hid AMX, 1.68x slower (session 82); with neither (a Zen 3 EPYC), 13x slower (session 81).
+/// EPYC, 1.24x faster (session 83), 1.85x since bf16 attention runs on the trainer's own kernel
+/// there (`kernels::causal_attention`, session 88); with AVX512-BF16 alone on an Intel Xeon
+/// whose hypervisor hid AMX, 1.68x slower (session 82, before that kernel; not measured since);
+/// with neither (a Zen 3 EPYC), 13x slower (session 81).
 pub fn cpu_fast_bf16() -> Option<bool> {
     #[cfg(target_arch = "x86_64")]
     return Some(amx_bf16() || amd_avx512_bf16());

@@ -40,6 +40,10 @@ pub struct BenchResult {
     pub trainable_params: i64,
     pub mfu: Option<f64>,
     pub threads: i32,
+    /// The kernel the step's causal attention ran on: `own` (`kernels::causal_attention`, bf16
+    /// on a CPU with AVX512-BF16) or `libtorch` (its SDPA kernels), so figures taken with
+    /// `--causal-attention` either way say which they are.
+    pub attention: &'static str,
     /// Peak GPU memory allocated during the timed steps, GiB (CUDA in the `nccl` build).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_gib: Option<f64>,
@@ -135,6 +139,14 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
         trainable_params: trainable,
         mfu,
         threads: tch::get_num_threads(),
+        attention: if crate::kernels::own_causal_attention(&tch::Tensor::zeros(
+            [1, 1, 1, spec.config.head_dim()],
+            (spec.kind, spec.device),
+        )) {
+            "own"
+        } else {
+            "libtorch"
+        },
         peak_gib: match spec.device {
             Device::Cuda(i) => {
                 crate::dist::cuda_peak_allocated(i, false).map(|b| b as f64 / (1u64 << 30) as f64)
@@ -147,5 +159,55 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
 fn sync(device: Device) {
     if let Device::Cuda(i) = device {
         tch::Cuda::synchronize(i as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::{Device, Kind};
+
+    use super::{BenchSpec, run};
+
+    /// A tiny bench runs and reports which attention kernel its step took: libtorch's in f32
+    /// and with heads 8 wide; the trainer's own in bf16 with heads 64 wide exactly where the
+    /// kernel applies on this CPU.
+    #[test]
+    fn a_bench_says_which_attention_kernel_it_ran() {
+        let spec = |head_dim: i64, kind| BenchSpec {
+            config: serde_json::from_value(serde_json::json!({
+                "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+                "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": head_dim, "max_position_embeddings": 128, "rope_theta": 10000.0,
+                "tie_word_embeddings": true
+            }))
+            .unwrap(),
+            lora: None,
+            seqs: 2,
+            seq_len: 24,
+            steps: 1,
+            warmup: 0,
+            grad_checkpoint: false,
+            device: Device::Cpu,
+            kind,
+            peak_flops: None,
+            entropy_bonus: 0.0,
+            shared_prefix: 8,
+        };
+        let own_here = crate::kernels::own_causal_attention(&tch::Tensor::zeros(
+            [1, 1, 1, 64],
+            (Kind::BFloat16, Device::Cpu),
+        ));
+        for (head_dim, kind, own) in [
+            (8, Kind::Float, false),
+            (64, Kind::Float, false),
+            (8, Kind::BFloat16, false),
+            (64, Kind::BFloat16, own_here),
+        ] {
+            let r = run(&spec(head_dim, kind)).unwrap();
+            assert_eq!(r.tokens_per_step, 48);
+            assert!(r.seconds_per_step > 0.0);
+            let want = if own { "own" } else { "libtorch" };
+            assert_eq!(r.attention, want, "head_dim {head_dim} {kind:?}");
+        }
     }
 }

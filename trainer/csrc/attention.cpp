@@ -595,12 +595,12 @@ extern "C" int rtorch_causal_attention_fast(void) { return have_avx512_bf16() ? 
 extern "C" char* rtorch_causal_attention(void* q, void* k, void* v, int64_t past, int portable,
                                          void** out) {
   return rc10d::guard([&] {
-    if (out == nullptr || q == nullptr || k == nullptr || v == nullptr) {
-      throw std::invalid_argument("null tensor or output slot");
+    if (out == nullptr) {
+      throw std::invalid_argument("null output slot");
     }
-    const auto& qt = *static_cast<at::Tensor*>(q);
-    const auto& kt = *static_cast<at::Tensor*>(k);
-    const auto& vt = *static_cast<at::Tensor*>(v);
+    const auto& qt = rc10d::tensor(q, "query");
+    const auto& kt = rc10d::tensor(k, "key");
+    const auto& vt = rc10d::tensor(v, "value");
     check(qt, kt, vt, past);
     auto y = CausalBf16::apply(qt, kt, vt, past, portable != 0);
     *out = new at::Tensor(std::move(y));

@@ -31,12 +31,7 @@ std::chrono::milliseconds ms(int64_t v) {
   return std::chrono::milliseconds(v);
 }
 
-at::Tensor& tensor_of(rc10d_tensor t) {
-  if (t == nullptr) {
-    throw std::invalid_argument("null tensor");
-  }
-  return *static_cast<at::Tensor*>(t);
-}
+at::Tensor& tensor_of(rc10d_tensor t) { return rc10d::tensor(t, "tensor"); }
 
 c10d::ReduceOp reduce_op(int op) {
   switch (op) {

@@ -1,10 +1,11 @@
-// The shim's handle types (opaque to Rust) and its error guard, shared by c10d_shim.cpp and
-// nccl_shim.cpp.
+// The shim's handle types (opaque to Rust), its error guard and its view of a tch tensor,
+// shared by c10d_shim.cpp, nccl_shim.cpp, kernels.cpp and attention.cpp.
 #pragma once
 
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 #include <c10/util/Exception.h>
@@ -38,6 +39,15 @@ inline std::string first_line(const char* what) {
   std::string s(what == nullptr ? "" : what);
   auto nl = s.find('\n');
   return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+// The tensor behind a tch C_tensor (a `torch::Tensor *`); a null one is refused as "null
+// <what>".
+inline at::Tensor& tensor(void* t, const char* what) {
+  if (t == nullptr) {
+    throw std::invalid_argument(std::string("null ") + what);
+  }
+  return *static_cast<at::Tensor*>(t);
 }
 
 // Run `f`; nullptr on success, else its error's first line. No exception crosses the boundary.

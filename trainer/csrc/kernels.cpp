@@ -71,13 +71,6 @@ struct PrefixCausal : public torch::autograd::Function<PrefixCausal> {
   }
 };
 
-at::Tensor& tensor(void* t, const char* what) {
-  if (t == nullptr) {
-    throw std::invalid_argument(std::string("null ") + what);
-  }
-  return *static_cast<at::Tensor*>(t);
-}
-
 }  // namespace
 
 extern "C" char* rtorch_prefix_causal_attention(void* q, void* kp, void* vp, void* ko, void* vo,
@@ -86,6 +79,7 @@ extern "C" char* rtorch_prefix_causal_attention(void* q, void* kp, void* vp, voi
     if (out == nullptr) {
       throw std::invalid_argument("null output slot");
     }
+    using rc10d::tensor;
     auto y = PrefixCausal::apply(tensor(q, "query"), tensor(kp, "prefix key"),
                                  tensor(vp, "prefix value"), tensor(ko, "own key"),
                                  tensor(vo, "own value"));

@@ -139,10 +139,11 @@ pub fn run(spec: &BenchSpec) -> Result<BenchResult> {
         trainable_params: trainable,
         mfu,
         threads: tch::get_num_threads(),
-        attention: if crate::kernels::own_causal_attention(&tch::Tensor::zeros(
-            [1, 1, 1, spec.config.head_dim()],
-            (spec.kind, spec.device),
-        )) {
+        attention: if crate::kernels::own_causal_attention(
+            spec.kind,
+            spec.device,
+            spec.config.head_dim(),
+        ) {
             "own"
         } else {
             "libtorch"
@@ -193,10 +194,7 @@ mod tests {
             entropy_bonus: 0.0,
             shared_prefix: 8,
         };
-        let own_here = crate::kernels::own_causal_attention(&tch::Tensor::zeros(
-            [1, 1, 1, 64],
-            (Kind::BFloat16, Device::Cpu),
-        ));
+        let own_here = crate::kernels::own_causal_attention(Kind::BFloat16, Device::Cpu, 64);
         for (head_dim, kind, own) in [
             (8, Kind::Float, false),
             (64, Kind::Float, false),

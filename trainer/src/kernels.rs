@@ -157,14 +157,16 @@ pub fn set_own_causal_attention(on: bool) {
     OWN_CAUSAL.store(on, Ordering::Relaxed);
 }
 
-/// Whether a causal attention over `q` runs on [`causal_attention`]: bf16 CPU queries whose head
-/// dimension is a multiple of 64, on a CPU with AVX512-BF16 (elsewhere its portable path is
-/// slower than libtorch's flash kernel), unless the process chose libtorch's.
-pub fn own_causal_attention(q: &Tensor) -> bool {
+/// Whether a causal attention over queries of `kind` on `device` with heads `head_dim` wide
+/// runs on [`causal_attention`]: bf16 on the CPU, a head dimension that is a positive multiple
+/// of 64, a CPU with AVX512-BF16 (elsewhere its portable path is slower than libtorch's flash
+/// kernel), unless the process chose libtorch's.
+pub fn own_causal_attention(kind: tch::Kind, device: tch::Device, head_dim: i64) -> bool {
     OWN_CAUSAL.load(Ordering::Relaxed)
-        && q.kind() == tch::Kind::BFloat16
-        && q.device() == tch::Device::Cpu
-        && q.size().last().is_some_and(|&d| d > 0 && d % 64 == 0)
+        && kind == tch::Kind::BFloat16
+        && device == tch::Device::Cpu
+        && head_dim > 0
+        && head_dim % 64 == 0
         // SAFETY: a plain query of the shim, no arguments.
         && unsafe { rtorch_causal_attention_fast() } == 1
 }
@@ -408,8 +410,7 @@ mod tests {
     fn causal_attention_matches_f32_attention_as_closely_as_libtorch_bf16() {
         tch::manual_seed(11);
         let cpu = tch::Device::Cpu;
-        let fast =
-            super::own_causal_attention(&Tensor::zeros([1, 1, 1, 64], (Kind::BFloat16, cpu)));
+        let fast = super::own_causal_attention(Kind::BFloat16, cpu, 64);
         for (b, t, past, d) in [
             (2, 37, 0, 64),
             (1, 130, 300, 64),
@@ -459,39 +460,27 @@ mod tests {
                 }
             }
         }
-        let r = |s: &[i64], kind| Tensor::randn(s, (kind, cpu));
-        let q = r(&[1, 4, 8, 64], Kind::BFloat16);
-        let k = r(&[1, 2, 12, 64], Kind::BFloat16);
-        let short = super::causal_attention(&q, &k, &k, 3)
-            .unwrap_err()
-            .to_string();
+        // What refusing queries and keys of these shapes and dtype says.
+        let refused = |q: &[i64], k: &[i64], kind, past| {
+            let (q, k) = (Tensor::zeros(q, (kind, cpu)), Tensor::zeros(k, (kind, cpu)));
+            super::causal_attention(&q, &k, &k, past)
+                .unwrap_err()
+                .to_string()
+        };
+        let bf = Kind::BFloat16;
+        let short = refused(&[1, 4, 8, 64], &[1, 2, 12, 64], bf, 3);
         assert!(
             short.contains("past + T") && short.contains("[1, 2, 12, 64]"),
             "{short}"
         );
-        let narrow = r(&[1, 4, 8, 16], Kind::BFloat16);
-        let kn = r(&[1, 2, 8, 16], Kind::BFloat16);
-        let d16 = super::causal_attention(&narrow, &kn, &kn, 0)
-            .unwrap_err()
-            .to_string();
+        let d16 = refused(&[1, 4, 8, 16], &[1, 2, 8, 16], bf, 0);
         assert!(d16.contains("multiple of 64"), "{d16}");
-        let empty = Tensor::zeros([1, 4, 8, 0], (Kind::BFloat16, cpu));
-        let ke = Tensor::zeros([1, 2, 8, 0], (Kind::BFloat16, cpu));
-        let d0 = super::causal_attention(&empty, &ke, &ke, 0)
-            .unwrap_err()
-            .to_string();
+        let d0 = refused(&[1, 4, 8, 0], &[1, 2, 8, 0], bf, 0);
         assert!(d0.contains("multiple of 64"), "{d0}");
-        assert!(!super::own_causal_attention(&empty));
-        let qf = r(&[1, 4, 8, 64], Kind::Float);
-        let kf = r(&[1, 2, 8, 64], Kind::Float);
-        let f32 = super::causal_attention(&qf, &kf, &kf, 0)
-            .unwrap_err()
-            .to_string();
+        assert!(!super::own_causal_attention(bf, cpu, 0));
+        let f32 = refused(&[1, 4, 8, 64], &[1, 2, 8, 64], Kind::Float, 0);
         assert!(f32.contains("bf16"), "{f32}");
-        let k3 = r(&[1, 3, 12, 64], Kind::BFloat16);
-        let heads = super::causal_attention(&q, &k3, &k3, 4)
-            .unwrap_err()
-            .to_string();
+        let heads = refused(&[1, 4, 8, 64], &[1, 3, 12, 64], bf, 4);
         assert!(heads.contains("multiple of key heads"), "{heads}");
     }
 

@@ -607,6 +607,29 @@ fn the_shared_prefix_is_what_every_row_of_two_or_more_has_in_common_from_the_sta
 /// RL rows of `lens` tokens whose first `shared` tokens are the same in every row and the rest
 /// the row's own; the loss counts every position from `loss_from` on (inside the shared part
 /// too), with advantages of both signs.
+/// A step that moves no weight (learning rate 0, no clipping), default loss, one minibatch:
+/// what comparing a step's loss and gradients between two batchings needs.
+fn unmoving_step(
+    micro_batch_tokens: i64,
+    logit_chunk: i64,
+    grad_checkpoint: bool,
+) -> trainer::train::TrainConfig {
+    trainer::train::TrainConfig {
+        loss: trainer::loss::PolicyLossConfig::default(),
+        optim: trainer::optim::AdamWConfig {
+            lr: 0.0,
+            max_grad_norm: 0.0,
+            ..trainer::optim::AdamWConfig::default()
+        },
+        micro_batch_tokens,
+        logit_chunk,
+        grad_checkpoint,
+        minibatches_per_step: 1,
+        skip_null_rows: true,
+        reflection_lr_scale: 1.0,
+    }
+}
+
 fn prompt_rows(lens: &[i64], shared: i64, loss_from: usize) -> Vec<Sequence> {
     lens.iter()
         .enumerate()
@@ -633,26 +656,10 @@ fn prompt_rows(lens: &[i64], shared: i64, loss_from: usize) -> Vec<Sequence> {
 /// positions it ran once.
 #[test]
 fn rows_sharing_a_prompt_run_it_once_with_the_loss_and_gradients_of_each_row_whole() {
-    use trainer::loss::PolicyLossConfig;
-    use trainer::optim::AdamWConfig;
-    use trainer::train::TrainConfig;
     let data = prompt_rows(&[70, 52, 90, 61], 40, 20);
     for checkpoint in [false, true] {
         let step = |micro_batch_tokens: i64| {
-            let cfg = TrainConfig {
-                loss: PolicyLossConfig::default(),
-                optim: AdamWConfig {
-                    lr: 0.0,
-                    max_grad_norm: 0.0,
-                    ..AdamWConfig::default()
-                },
-                micro_batch_tokens,
-                logit_chunk: 7,
-                grad_checkpoint: checkpoint,
-                minibatches_per_step: 1,
-                skip_null_rows: true,
-                reflection_lr_scale: 1.0,
-            };
+            let cfg = unmoving_step(micro_batch_tokens, 7, checkpoint);
             // The KL term's frozen reference (other weights) takes the shared forward too.
             let mut tr =
                 Trainer::with_reference(fresh_full(23), Some(fresh_full(24)), cfg).unwrap();
@@ -699,9 +706,6 @@ fn rows_sharing_a_prompt_run_it_once_with_the_loss_and_gradients_of_each_row_who
 /// 48-query strips and, with the prompt, than one 256-key chunk.
 #[test]
 fn bf16_rows_sharing_a_prompt_match_each_row_whole_with_heads_64_wide() {
-    use trainer::loss::PolicyLossConfig;
-    use trainer::optim::AdamWConfig;
-    use trainer::train::TrainConfig;
     let cfg: trainer::model::Qwen3Config = serde_json::from_value(serde_json::json!({
         "vocab_size": 64, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
@@ -713,20 +717,7 @@ fn bf16_rows_sharing_a_prompt_match_each_row_whole_with_heads_64_wide() {
         let model = |seed| Qwen3::random(cfg.clone(), seed, 0.2, Device::Cpu, Kind::BFloat16);
         let m = model(31).unwrap();
         m.set_trainable(true);
-        let tc = TrainConfig {
-            loss: PolicyLossConfig::default(),
-            optim: AdamWConfig {
-                lr: 0.0,
-                max_grad_norm: 0.0,
-                ..AdamWConfig::default()
-            },
-            micro_batch_tokens,
-            logit_chunk: 64,
-            grad_checkpoint: false,
-            minibatches_per_step: 1,
-            skip_null_rows: true,
-            reflection_lr_scale: 1.0,
-        };
+        let tc = unmoving_step(micro_batch_tokens, 64, false);
         // The KL term's frozen reference takes the no-grad forward through the same kernel.
         let mut tr = Trainer::with_reference(m, Some(model(32).unwrap()), tc).unwrap();
         let m = tr.rl_step(&data).unwrap();

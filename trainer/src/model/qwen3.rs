@@ -559,7 +559,7 @@ impl Qwen3 {
         // after a long cached context) take the mask.
         // In bf16 on a CPU with AVX512-BF16, the trainer's own exact causal kernel, any `past`
         // (`kernels::causal_attention`, BENCHMARKS.md issue 25 session 88).
-        let split = if t > 1 && crate::kernels::own_causal_attention(&q) {
+        let split = if t > 1 && crate::kernels::own_causal_attention(q.kind(), q.device(), d) {
             Some(crate::kernels::causal_attention(&q, &k, &v, past))
         } else {
             (t > 1 && past > 0 && q.device() == Device::Cpu)

@@ -10,9 +10,9 @@
 #      entity or answer with any training task);
 #   3. the offline teacher's demonstration of every RL task (`orchestrator sft-data`; it follows
 #      the world's evidence chain and never sees a gold rubric): credit.guidance_demos.
-# Each step is skipped when its output exists. Preparing took under a minute; the preset's 48
-# steps took about 45 minutes per seed with two runs side by side on a 2-core machine after the
-# release build (BENCHMARKS.md, issue 25 session 55, evaluations every 24 versions).
+# Each step is skipped when its output exists. Preparing took under a minute; the preset's 84
+# steps took 11.4-11.8 minutes of RL (18 on the wall clock with the evaluations) for one seed
+# alone on a 2-core Zen 4 in bf16 (GUIDED_PAIRS=1; BENCHMARKS.md, issue 25 session 89).
 #
 #   usage: scripts/guided.sh
 #   GUIDED_DIR        where everything goes (default runs/guided; the preset's paths name
@@ -23,7 +23,12 @@
 #   GUIDED_RESUME     an experiment id to continue (after a crash or Ctrl-C)
 #   GUIDED_PAIRS      server pairs, 2 (default: one seed on each) or 1 (one after the other)
 #   BIN               directory of the release binaries (default target/release; built if absent)
-#   TRAINER_KV_CACHE_DTYPE  read by every `trainer serve`: bf16 keeps the policy server's batch
+#   GUIDED_DTYPE      the trainer's and the servers' parameter dtype: auto (default) takes bf16
+#                     on a CPU with AVX512-BF16 (/proc/cpuinfo's avx512_bf16: the trainer's own
+#                     bf16 attention runs there, and the preset's 84 steps were measured so on a
+#                     Zen 4, session 89) and f32 elsewhere; f32 or bf16 choose. Sets
+#                     TRAINER_DTYPE for the servers and trainer.param_dtype before GUIDED_ARGS
+##   TRAINER_KV_CACHE_DTYPE  read by every `trainer serve`: bf16 keeps the policy server's batch
 #                     cache in bf16 under f32 weights (a step 1.22x faster on a Xeon with
 #                     AVX-512 and no AMX; BENCHMARKS.md, issue 25 session 85); default auto
 #   DATABASE_URL      default postgres://postgres@127.0.0.1:5432/rubricem (read by
@@ -36,6 +41,20 @@ DIR="${GUIDED_DIR:-runs/guided}"
 WARM="${GUIDED_WARM_START:-warm-starts/split-3-2-reflect}"
 BIN="${BIN:-target/release}"
 say() { echo "guided: $*" >&2; }
+
+case "${GUIDED_DTYPE:-auto}" in
+  auto)
+    DTYPE=f32
+    if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then DTYPE=bf16; fi
+    ;;
+  f32 | bf16) DTYPE="$GUIDED_DTYPE" ;;
+  *)
+    say "GUIDED_DTYPE=$GUIDED_DTYPE: expected auto, f32 or bf16"
+    exit 2
+    ;;
+esac
+export TRAINER_DTYPE="$DTYPE"
+say "parameters in $DTYPE (GUIDED_DTYPE=${GUIDED_DTYPE:-auto})"
 
 # shellcheck source=/dev/null
 source scripts/torch-env.sh
@@ -66,4 +85,4 @@ say "RL tasks $(wc -l <"$W/tasks-rl6.jsonl"), unseen evaluation tasks $(wc -l <"
 
 ABLATION_EXPERIMENT=guided ABLATION_DIR="$DIR/rl" ABLATION_MODEL="$DIR/model-sft" BIN="$BIN" \
   ABLATION_PAIRS="${GUIDED_PAIRS:-2}" ABLATION_RESUME="${GUIDED_RESUME:-}" \
-  ABLATION_ARGS="${GUIDED_ARGS:-}" bash scripts/ablation-mini.sh
+  ABLATION_ARGS="--set trainer.param_dtype=$DTYPE ${GUIDED_ARGS:-}" bash scripts/ablation-mini.sh

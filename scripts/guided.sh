@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The `guided` experiment end to end (orchestrator/experiments/guided.toml: the research world's
-# learning run, BENCHMARKS.md issue 25): every input under runs/guided, then both seeds side by
-# side on two server pairs (scripts/ablation-mini.sh), then `orchestrator report`.
+# learning run, BENCHMARKS.md issue 25): every input under runs/guided, then the seeds one after
+# another on one server pair (scripts/ablation-mini.sh), then `orchestrator report`.
 #   1. the smoke world split by lineage and the saved warm start warm-starts/split-3-2-reflect
 #      (scripts/init-smoke.sh with INIT_SFT_SPLIT=3:2 INIT_WARM_START=...: seconds, and it stops
 #      naming the file if this checkout generates other inputs than the warm start recorded);
@@ -21,14 +21,17 @@
 #   GUIDED_WARM_START the saved warm start (default warm-starts/split-3-2-reflect)
 #   GUIDED_ARGS       extra `orchestrator run` arguments (e.g. "--set experiment.seeds=[19]")
 #   GUIDED_RESUME     an experiment id to continue (after a crash or Ctrl-C)
-#   GUIDED_PAIRS      server pairs, 2 (default: one seed on each) or 1 (one after the other)
+#   GUIDED_PAIRS      server pairs, 1 (default: the seeds one after the other, each with the
+#                     machine to itself, as the smoke budget was measured) or 2 (one seed on
+#                     each, side by side: each seed's RL about 1.5x longer on 2 cores, 57
+#                     minutes against 38 in session 76)
 #   BIN               directory of the release binaries (default target/release; built if absent)
 #   GUIDED_DTYPE      the trainer's and the servers' parameter dtype: auto (default) takes bf16
 #                     on a CPU with AVX512-BF16 (/proc/cpuinfo's avx512_bf16: the trainer's own
 #                     bf16 attention runs there, and the preset's 84 steps were measured so on a
 #                     Zen 4, session 89) and f32 elsewhere; f32 or bf16 choose. Sets
 #                     TRAINER_DTYPE for the servers and trainer.param_dtype before GUIDED_ARGS
-##   TRAINER_KV_CACHE_DTYPE  read by every `trainer serve`: bf16 keeps the policy server's batch
+#   TRAINER_KV_CACHE_DTYPE  read by every `trainer serve`: bf16 keeps the policy server's batch
 #                     cache in bf16 under f32 weights (a step 1.22x faster on a Xeon with
 #                     AVX-512 and no AMX; BENCHMARKS.md, issue 25 session 85); default auto
 #   DATABASE_URL      default postgres://postgres@127.0.0.1:5432/rubricem (read by
@@ -84,5 +87,5 @@ fi
 say "RL tasks $(wc -l <"$W/tasks-rl6.jsonl"), unseen evaluation tasks $(wc -l <"$W/unseen-eval.jsonl"), demonstrations $(wc -l <"$DIR/rl-demos.jsonl")"
 
 ABLATION_EXPERIMENT=guided ABLATION_DIR="$DIR/rl" ABLATION_MODEL="$DIR/model-sft" BIN="$BIN" \
-  ABLATION_PAIRS="${GUIDED_PAIRS:-2}" ABLATION_RESUME="${GUIDED_RESUME:-}" \
+  ABLATION_PAIRS="${GUIDED_PAIRS:-1}" ABLATION_RESUME="${GUIDED_RESUME:-}" \
   ABLATION_ARGS="--set trainer.param_dtype=$DTYPE ${GUIDED_ARGS:-}" bash scripts/ablation-mini.sh

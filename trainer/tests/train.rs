@@ -604,9 +604,6 @@ fn the_shared_prefix_is_what_every_row_of_two_or_more_has_in_common_from_the_sta
     assert_eq!(shared_prefix(&[row(50, 50, 0), row(50, 50, 0)]), 48);
 }
 
-/// RL rows of `lens` tokens whose first `shared` tokens are the same in every row and the rest
-/// the row's own; the loss counts every position from `loss_from` on (inside the shared part
-/// too), with advantages of both signs.
 /// A step that moves no weight (learning rate 0, no clipping), default loss, one minibatch:
 /// what comparing a step's loss and gradients between two batchings needs.
 fn unmoving_step(
@@ -630,6 +627,9 @@ fn unmoving_step(
     }
 }
 
+/// RL rows of `lens` tokens whose first `shared` tokens are the same in every row and the rest
+/// the row's own; the loss counts every position from `loss_from` on (inside the shared part
+/// too), with advantages of both signs.
 fn prompt_rows(lens: &[i64], shared: i64, loss_from: usize) -> Vec<Sequence> {
     lens.iter()
         .enumerate()

@@ -26,11 +26,13 @@
 #                     each, side by side: each seed's RL about 1.5x longer on 2 cores, 57
 #                     minutes against 38 in session 76)
 #   BIN               directory of the release binaries (default target/release; built if absent)
-#   GUIDED_DTYPE      the trainer's and the servers' parameter dtype: auto (default) takes bf16
-#                     on a CPU with AVX512-BF16 (/proc/cpuinfo's avx512_bf16: the trainer's own
-#                     bf16 attention runs there, and the preset's 84 steps were measured so on a
-#                     Zen 4, session 89) and f32 elsewhere; f32 or bf16 choose. Sets
-#                     TRAINER_DTYPE for the servers and trainer.param_dtype before GUIDED_ARGS
+#   GUIDED_DTYPE      the trainer's and the servers' parameter dtype: auto (default) takes what
+#                     `trainer info --cpu-dtype` prints: bf16 with AMX-BF16 or AMD's
+#                     AVX512-BF16 (the preset's 84 steps were measured so on a Zen 4, session
+#                     89, and a Zen 5, session 90), f32 elsewhere (an Intel CPU with
+#                     AVX512-BF16 alone trained slower in bf16, session 82); f32 or bf16 choose.
+#                     Sets TRAINER_DTYPE for the servers and trainer.param_dtype before
+#                     GUIDED_ARGS
 #   TRAINER_KV_CACHE_DTYPE  read by every `trainer serve`: bf16 keeps the policy server's batch
 #                     cache in bf16 under f32 weights (a step 1.22x faster on a Xeon with
 #                     AVX-512 and no AMX; BENCHMARKS.md, issue 25 session 85); default auto
@@ -46,24 +48,22 @@ BIN="${BIN:-target/release}"
 say() { echo "guided: $*" >&2; }
 
 case "${GUIDED_DTYPE:-auto}" in
-  auto)
-    DTYPE=f32
-    if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then DTYPE=bf16; fi
-    ;;
-  f32 | bf16) DTYPE="$GUIDED_DTYPE" ;;
+  auto | f32 | bf16) ;;
   *)
     say "GUIDED_DTYPE=$GUIDED_DTYPE: expected auto, f32 or bf16"
     exit 2
     ;;
 esac
-export TRAINER_DTYPE="$DTYPE"
-say "parameters in $DTYPE (GUIDED_DTYPE=${GUIDED_DTYPE:-auto})"
 
 # shellcheck source=/dev/null
 source scripts/torch-env.sh
 if [[ ! -x "$BIN/orchestrator" || ! -x "$BIN/trainer" ]]; then
   cargo build --release -p orchestrator -p trainer
 fi
+DTYPE="${GUIDED_DTYPE:-auto}"
+if [[ "$DTYPE" == auto ]]; then DTYPE=$("$BIN/trainer" info --cpu-dtype); fi
+export TRAINER_DTYPE="$DTYPE"
+say "parameters in $DTYPE (GUIDED_DTYPE=${GUIDED_DTYPE:-auto})"
 
 INIT_SFT_SPLIT=3:2 INIT_WARM_START="$WARM" ORCH_BIN="$BIN/orchestrator" \
   TRAINER_BIN="$BIN/trainer" bash scripts/init-smoke.sh "$DIR"

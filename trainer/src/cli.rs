@@ -44,8 +44,27 @@ pub enum Command {
         #[arg(long, env = "TRAINER_SEED", default_value_t = 17)]
         seed: i64,
     },
-    /// Print what libtorch sees (version of the build, CUDA devices).
-    Info,
+    /// Print what libtorch sees (version of the build, CUDA devices) and the parameter dtype a
+    /// CPU training step runs fastest in here (bf16 with AMX-BF16 or AMD's AVX512-BF16, else
+    /// f32; BENCHMARKS.md issue 25 sessions 77-88).
+    Info {
+        /// Print only that dtype, `bf16` or `f32`, for scripts (`scripts/guided.sh`'s
+        /// `GUIDED_DTYPE=auto`).
+        #[arg(long)]
+        cpu_dtype: bool,
+    },
+    /// Average the weights of policy versions (full fine-tune checkpoint directories or model
+    /// directories, at least two) into one f32 safetensors file: latest-weight averaging
+    /// (LAWA, Kaddour 2022), e.g. a run's last checkpoints. Copy a model directory's config and
+    /// tokenizer beside it to serve the mean. Prints JSON.
+    Average {
+        /// The safetensors file to write (atomically), e.g. DIR/model.safetensors.
+        #[arg(long)]
+        out: PathBuf,
+        /// The directories to average, each with model.safetensors (or an index and shards).
+        #[arg(required = true, num_args = 2..)]
+        dirs: Vec<PathBuf>,
+    },
     /// Rewrite a ZeRO-sharded optimizer save (optimizer.zero-R-of-N.safetensors from every rank
     /// and optimizer.zero.json) in DIR as the single-file optimizer state a one-process trainer
     /// restores (optimizer.safetensors and optimizer.json). Prints JSON.

@@ -34,8 +34,10 @@ pub enum Task {
         out: PathBuf,
         seed: i64,
     },
-    /// `trainer info`.
-    Info,
+    /// `trainer info` (`--cpu-dtype`: the CPU's faster parameter dtype alone).
+    Info { cpu_dtype: bool },
+    /// `trainer average`.
+    Average { out: PathBuf, dirs: Vec<PathBuf> },
     /// `trainer consolidate`.
     Consolidate { dir: PathBuf },
     /// `trainer export`.
@@ -131,7 +133,8 @@ impl Task {
                 out,
                 seed,
             },
-            Command::Info => Task::Info,
+            Command::Info { cpu_dtype } => Task::Info { cpu_dtype },
+            Command::Average { out, dirs } => Task::Average { out, dirs },
             Command::Consolidate { dir } => Task::Consolidate { dir },
             Command::Export(a) => Task::Export(Box::new(export_options(*a)?)),
             Command::Plan {

@@ -5,6 +5,7 @@
 //! load, and small-model tooling (tokenizer training, random-init model dirs).
 
 pub mod alloc;
+pub mod average;
 pub mod bench;
 pub mod chat;
 pub mod checkpoint;
@@ -60,6 +61,18 @@ pub fn cpu_fast_bf16() -> Option<bool> {
     return Some(amx_bf16() || amd_avx512_bf16());
     #[cfg(not(target_arch = "x86_64"))]
     None
+}
+
+/// The parameter dtype a CPU training step runs fastest in here, as `trainer info --cpu-dtype`
+/// prints it: `bf16` where [`cpu_fast_bf16`] says so, else `f32` (also where it cannot tell).
+/// `trainer.param_dtype = "auto"` still means f32 on a CPU; scripts that pick bf16 for speed
+/// (`scripts/guided.sh`) ask this, since AVX512-BF16 alone is not enough on an Intel CPU.
+pub fn cpu_param_dtype() -> &'static str {
+    if cpu_fast_bf16() == Some(true) {
+        "bf16"
+    } else {
+        "f32"
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -142,6 +155,7 @@ mod tests {
                 .any(|l| l.starts_with("vendor_id") && l.ends_with("AuthenticAMD"));
             let flag = has("amx_bf16") || (amd && has("avx512_bf16"));
             assert_eq!(super::cpu_fast_bf16(), Some(flag));
+            assert_eq!(super::cpu_param_dtype(), if flag { "bf16" } else { "f32" });
         }
     }
 }

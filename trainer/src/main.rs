@@ -66,6 +66,7 @@ fn run(task: Task) -> anyhow::Result<String> {
         }
         Task::Bench(spec) => serde_json::to_string(&trainer::bench::run(&spec)?)?,
         Task::Plan(spec) => serde_json::to_string_pretty(&trainer::plan::plan(&spec))?,
+        Task::Average { out, dirs } => serde_json::to_string(&trainer::average::run(&dirs, &out)?)?,
         Task::Consolidate { dir } => {
             let (params, elements, step) = trainer::dist::zero::consolidate(&dir)?;
             serde_json::json!({"dir": dir, "params": params, "elements": elements, "step": step})
@@ -87,11 +88,13 @@ fn run(task: Task) -> anyhow::Result<String> {
             }
             serde_json::to_string(&report)?
         }
-        Task::Info => format!(
-            "cuda available: {}, devices: {}, cudnn: {}",
+        Task::Info { cpu_dtype: true } => trainer::cpu_param_dtype().to_string(),
+        Task::Info { cpu_dtype: false } => format!(
+            "cuda available: {}, devices: {}, cudnn: {}, cpu parameter dtype: {}",
             tch::Cuda::is_available(),
             tch::Cuda::device_count(),
-            tch::Cuda::cudnn_is_available()
+            tch::Cuda::cudnn_is_available(),
+            trainer::cpu_param_dtype()
         ),
     })
 }

@@ -595,3 +595,28 @@ fn a_reflection_pass_writes_its_rows_alone_then_trains_in_the_dtype_asked() {
         "{prov}"
     );
 }
+
+#[test]
+fn info_prints_the_cpu_parameter_dtype_the_scripts_read() {
+    // scripts/guided.sh's GUIDED_DTYPE=auto takes this line as the servers' and trainer's dtype.
+    let out = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["info", "--cpu-dtype"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "trainer info --cpu-dtype failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(printed.trim(), trainer::cpu_param_dtype(), "{printed:?}");
+    let full = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .arg("info")
+        .output()
+        .unwrap();
+    let full = String::from_utf8_lossy(&full.stdout);
+    assert!(
+        full.contains(&format!("cpu parameter dtype: {}", printed.trim())),
+        "{full}"
+    );
+}

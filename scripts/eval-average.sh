@@ -7,7 +7,11 @@
 # mean's v0 pairs task by task with the source run's own versions (BENCHMARKS.md, issue 25
 # session 90).
 #
+# It ends with the change of the mean and of the run's last evaluated version over the run's v0
+# on each set. scripts/guided.sh runs it for every seed of its experiment (GUIDED_AVERAGE).
+#
 #   usage: scripts/eval-average.sh SOURCE_EXPERIMENT SEED NAME VERSION VERSION...
+#   SOURCE_EXPERIMENT  the source experiment's name (its newest run of SEED) or id
 #   GUIDED_DIR     where scripts/guided.sh put the source run (default runs/guided)
 #   BIN            directory of the release binaries (default target/release)
 #   GUIDED_DTYPE   the servers' and trainer's dtype: auto (default: what `trainer info
@@ -42,7 +46,8 @@ for v in "$@"; do
   rel=$(psql "$DATABASE_URL" -Atq -v exp="$SOURCE" -v seed="$SEED" -v v="$v" <<'SQL'
 SELECT c.path FROM checkpoints c JOIN runs r ON r.id = c.run_id
 JOIN experiments e ON e.id = r.experiment_id
-WHERE e.name = :'exp' AND r.seed = :'seed'::int AND c.policy_version = :'v'::int
+WHERE (e.name = :'exp' OR e.id::text = :'exp') AND r.seed = :'seed'::int
+  AND c.policy_version = :'v'::int
 ORDER BY c.created_at DESC LIMIT 1;
 SQL
   )
@@ -65,3 +70,34 @@ export TRAINER_DTYPE="$DTYPE"
 ABLATION_EXPERIMENT=guided ABLATION_DIR="$OUT/rl" ABLATION_MODEL="$OUT/model" BIN="$BIN" \
   ABLATION_PAIRS=1 ABLATION_ARGS="--set trainer.param_dtype=$DTYPE --set experiment.name=$NAME \
   --set experiment.seeds=[$SEED] --set experiment.steps=1" bash scripts/ablation-mini.sh
+
+# The mean (v0 of experiment NAME) against the source run's first and last evaluated versions.
+psql "$DATABASE_URL" -q -v exp="$SOURCE" -v seed="$SEED" -v name="$NAME" <<'SQL'
+WITH src AS (
+    SELECT r.id FROM runs r JOIN experiments e ON e.id = r.experiment_id
+    WHERE (e.name = :'exp' OR e.id::text = :'exp') AND r.seed = :'seed'::int
+    ORDER BY r.created_at DESC LIMIT 1
+), mean AS (
+    SELECT ev.subset, ev.score FROM evaluations ev JOIN runs r ON r.id = ev.run_id
+    WHERE r.experiment_id = (SELECT id FROM experiments WHERE name = :'name'
+                             ORDER BY created_at DESC LIMIT 1)
+      AND r.seed = :'seed'::int AND ev.policy_version = 0
+), ends AS (
+    SELECT ev.subset,
+           min(ev.policy_version) AS first_v,
+           max(ev.policy_version) AS last_v
+    FROM evaluations ev WHERE ev.run_id = (SELECT id FROM src) GROUP BY ev.subset
+)
+SELECT s.subset,
+       round(f.score::numeric, 3)                 AS run_v0,
+       l.policy_version                            AS last_version,
+       round((l.score - f.score)::numeric, 3)     AS last_change,
+       round((m.score - f.score)::numeric, 3)     AS mean_change
+FROM ends s
+JOIN evaluations f ON f.run_id = (SELECT id FROM src) AND f.subset = s.subset
+     AND f.policy_version = s.first_v
+JOIN evaluations l ON l.run_id = (SELECT id FROM src) AND l.subset = s.subset
+     AND l.policy_version = s.last_v
+LEFT JOIN mean m ON m.subset = s.subset
+ORDER BY s.subset;
+SQL

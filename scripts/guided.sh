@@ -10,9 +10,12 @@
 #      entity or answer with any training task);
 #   3. the offline teacher's demonstration of every RL task (`orchestrator sft-data`; it follows
 #      the world's evidence chain and never sees a gold rubric): credit.guidance_demos.
+#   4. after `orchestrator report`, each seed's last four checkpoints (v72-v84) averaged, the
+#      policy the preset delivers, and evaluated on the same sets (scripts/eval-average.sh).
 # Each step is skipped when its output exists. Preparing took under a minute; the preset's 84
 # steps took 11.4-11.8 minutes of RL (18 on the wall clock with the evaluations) for one seed
-# alone on a 2-core Zen 4 in bf16 (GUIDED_PAIRS=1; BENCHMARKS.md, issue 25 session 89).
+# alone on a 2-core Zen 4 in bf16 (GUIDED_PAIRS=1; BENCHMARKS.md, issue 25 session 89), 7.2-8.3
+# (about 10.5 and 2.5 more for the average's evaluation) on a 2-core Zen 5 (session 90).
 #
 #   usage: scripts/guided.sh
 #   GUIDED_DIR        where everything goes (default runs/guided; the preset's paths name
@@ -36,6 +39,9 @@
 #   TRAINER_KV_CACHE_DTYPE  read by every `trainer serve`: bf16 keeps the policy server's batch
 #                     cache in bf16 under f32 weights (a step 1.22x faster on a Xeon with
 #                     AVX-512 and no AMX; BENCHMARKS.md, issue 25 session 85); default auto
+#   GUIDED_AVERAGE    how many of each seed's last checkpoints to average into its delivered
+#                     policy (default 4: v72, v76, v80 and v84, the rule of session 90), which
+#                     scripts/eval-average.sh evaluates after the report; 0 skips it
 #   DATABASE_URL      default postgres://postgres@127.0.0.1:5432/rubricem (read by
 #                     scripts/ablation-mini.sh, which applies the migrations; the steps before
 #                     it need no database)
@@ -89,3 +95,32 @@ say "RL tasks $(wc -l <"$W/tasks-rl6.jsonl"), unseen evaluation tasks $(wc -l <"
 ABLATION_EXPERIMENT=guided ABLATION_DIR="$DIR/rl" ABLATION_MODEL="$DIR/model-sft" BIN="$BIN" \
   ABLATION_PAIRS="${GUIDED_PAIRS:-1}" ABLATION_RESUME="${GUIDED_RESUME:-}" \
   ABLATION_ARGS="--set trainer.param_dtype=$DTYPE ${GUIDED_ARGS:-}" bash scripts/ablation-mini.sh
+
+# The delivered policy of each seed: the mean of its last GUIDED_AVERAGE checkpoints (v72-v84 of
+# the preset's 84 steps), evaluated beside the run's own versions (scripts/eval-average.sh).
+AVG="${GUIDED_AVERAGE:-4}"
+if [[ ! "$AVG" =~ ^[0-9]+$ || "$AVG" == 1 ]]; then
+  say "GUIDED_AVERAGE = $AVG; allowed: 0 (no average) or 2 and more checkpoints"
+  exit 2
+fi
+((AVG == 0)) && exit 0
+EXP="${GUIDED_RESUME:-$(grep -ao 'registered as [0-9a-f-]*' "$DIR/rl/a/run.log" | awk '{print $3}' | tail -1)}"
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rubricem}"
+NAME=$(psql "$DATABASE_URL" -Atq -v exp="$EXP" <<<"SELECT name FROM experiments WHERE id::text = :'exp';")
+for seed in $(psql "$DATABASE_URL" -Atq -v exp="$EXP" \
+  <<<"SELECT DISTINCT seed FROM runs WHERE experiment_id::text = :'exp' ORDER BY seed;"); do
+  mapfile -t versions < <(psql "$DATABASE_URL" -Atq -v exp="$EXP" -v seed="$seed" -v n="$AVG" <<'SQL'
+SELECT v FROM (
+    SELECT DISTINCT c.policy_version AS v FROM checkpoints c JOIN runs r ON r.id = c.run_id
+    WHERE r.experiment_id::text = :'exp' AND r.seed = :'seed'::int
+    ORDER BY v DESC LIMIT :'n'::int
+) last ORDER BY v;
+SQL
+  )
+  if ((${#versions[@]} < AVG)); then
+    say "seed $seed has ${#versions[@]} checkpoints, fewer than GUIDED_AVERAGE = $AVG: not averaged"
+    continue
+  fi
+  GUIDED_DIR="$DIR" GUIDED_DTYPE="$DTYPE" BIN="$BIN" bash scripts/eval-average.sh "$EXP" "$seed" \
+    "$NAME-avg-${EXP: -8}-s$seed" "${versions[@]}"
+done

@@ -124,3 +124,33 @@ SQL
   GUIDED_DIR="$DIR" GUIDED_DTYPE="$DTYPE" BIN="$BIN" bash scripts/eval-average.sh "$EXP" "$seed" \
     "$NAME-avg-${EXP: -8}-s$seed" "${versions[@]}"
 done
+
+# Over seeds: the change of each seed's mean, and of its last version, over its run's v0, with
+# the spread (sd over seeds) issue 25 reads the smoke target against.
+say "change over v0 across the seeds of $EXP: each seed's mean (mean_change) and last version"
+psql "$DATABASE_URL" -q -v exp="$EXP" -v prefix="$NAME-avg-${EXP: -8}-s" <<'SQL'
+WITH src AS (
+    SELECT r.id, r.seed FROM runs r WHERE r.experiment_id::text = :'exp'
+), ends AS (
+    SELECT s.seed, ev.subset,
+           min(ev.policy_version) AS first_v, max(ev.policy_version) AS last_v
+    FROM evaluations ev JOIN src s ON s.id = ev.run_id GROUP BY s.seed, ev.subset
+), per_seed AS (
+    SELECT e.seed, e.subset,
+           l.score - f.score AS last_change,
+           (SELECT m.score - f.score FROM evaluations m JOIN runs mr ON mr.id = m.run_id
+            WHERE mr.experiment_id = (SELECT id FROM experiments
+                                      WHERE name = :'prefix' || e.seed ORDER BY created_at DESC LIMIT 1)
+              AND m.subset = e.subset AND m.policy_version = 0) AS mean_change
+    FROM ends e
+    JOIN src s ON s.seed = e.seed
+    JOIN evaluations f ON f.run_id = s.id AND f.subset = e.subset AND f.policy_version = e.first_v
+    JOIN evaluations l ON l.run_id = s.id AND l.subset = e.subset AND l.policy_version = e.last_v
+)
+SELECT subset, count(mean_change) AS seeds,
+       round(avg(mean_change)::numeric, 3)         AS mean_change,
+       round(stddev_samp(mean_change)::numeric, 3) AS mean_change_sd,
+       round(avg(last_change)::numeric, 3)         AS last_change,
+       round(stddev_samp(last_change)::numeric, 3) AS last_change_sd
+FROM per_seed GROUP BY subset ORDER BY subset;
+SQL

@@ -60,6 +60,11 @@ case "${GUIDED_DTYPE:-auto}" in
     exit 2
     ;;
 esac
+AVG="${GUIDED_AVERAGE:-4}"
+if [[ ! "$AVG" =~ ^[0-9]+$ || "$AVG" == 1 ]]; then
+  say "GUIDED_AVERAGE = $AVG; allowed: 0 (no average) or 2 and more checkpoints"
+  exit 2
+fi
 
 # shellcheck source=/dev/null
 source scripts/torch-env.sh
@@ -98,11 +103,6 @@ ABLATION_EXPERIMENT=guided ABLATION_DIR="$DIR/rl" ABLATION_MODEL="$DIR/model-sft
 
 # The delivered policy of each seed: the mean of its last GUIDED_AVERAGE checkpoints (v72-v84 of
 # the preset's 84 steps), evaluated beside the run's own versions (scripts/eval-average.sh).
-AVG="${GUIDED_AVERAGE:-4}"
-if [[ ! "$AVG" =~ ^[0-9]+$ || "$AVG" == 1 ]]; then
-  say "GUIDED_AVERAGE = $AVG; allowed: 0 (no average) or 2 and more checkpoints"
-  exit 2
-fi
 ((AVG == 0)) && exit 0
 EXP="${GUIDED_RESUME:-$(grep -ao 'registered as [0-9a-f-]*' "$DIR/rl/a/run.log" | awk '{print $3}' | tail -1)}"
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/rubricem}"
